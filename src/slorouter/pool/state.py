@@ -1,0 +1,143 @@
+"""The pool as a struct of arrays.
+
+Scheduling works on numpy columns over candidate endpoints, so the pool keeps every per-endpoint signal in
+one array per signal, indexed by the endpoint's position. The metrics scraper writes scraped values, the
+in-flight tracker updates the router-local counters, and a ``Candidates`` view (see
+``slorouter.scheduling.types``) slices all columns at once for one request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Columns scraped from the model server's /metrics.
+SCRAPED_COLUMNS: dict[str, type] = {
+    "waiting": np.int64,  # vllm:num_requests_waiting
+    "running": np.int64,  # vllm:num_requests_running
+    "kv_usage": np.float64,  # vllm:kv_cache_usage_perc, 0..1
+    "block_size": np.int64,  # vllm:cache_config_info{block_size}
+    "num_gpu_blocks": np.int64,  # vllm:cache_config_info{num_gpu_blocks}
+    "metrics_time": np.float64,  # clock time of the scrape that produced the row
+}
+# Columns kept by the router itself, always fresh.
+INFLIGHT_COLUMNS: dict[str, type] = {
+    "inflight_requests": np.int64,  # dispatched and not yet finished
+    "inflight_prefill_tokens": np.int64,  # prompt tokens of requests not yet past their first token
+    "inflight_decode_tokens": np.int64,  # context tokens of requests past their first token
+}
+ALL_COLUMNS: dict[str, type] = {**SCRAPED_COLUMNS, **INFLIGHT_COLUMNS, "healthy": np.bool_}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-server replica, identified by ``host:port``."""
+
+    address: str
+    name: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.address
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """One scrape of a model server's load signals."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    block_size: int = 0
+    num_gpu_blocks: int = 0
+
+
+class PoolState:
+    """Endpoints and their per-endpoint signals, one numpy column per signal.
+
+    Endpoints are healthy when added; the scraper marks them unhealthy when their scrapes keep failing.
+    Not thread-safe: it is owned by one event loop (or by the discrete-event simulator).
+    """
+
+    def __init__(self, endpoints: list[Endpoint] | None = None) -> None:
+        self.endpoints: list[Endpoint] = []
+        self._position: dict[str, int] = {}
+        self.columns: dict[str, np.ndarray] = {
+            name: np.zeros(0, dtype=dtype) for name, dtype in ALL_COLUMNS.items()
+        }
+        for endpoint in endpoints or []:
+            self.add(endpoint)
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    def __contains__(self, address: str) -> bool:
+        return address in self._position
+
+    def position(self, address: str) -> int:
+        """Current index of an endpoint; raises KeyError when it has left the pool."""
+        return self._position[address]
+
+    def get(self, address: str) -> Endpoint | None:
+        pos = self._position.get(address)
+        return None if pos is None else self.endpoints[pos]
+
+    def add(self, endpoint: Endpoint) -> None:
+        if endpoint.address in self._position:
+            raise ValueError(f"endpoint {endpoint.address} is already in the pool")
+        self._position[endpoint.address] = len(self.endpoints)
+        self.endpoints.append(endpoint)
+        for name, column in self.columns.items():
+            initial = True if name == "healthy" else (-math.inf if name == "metrics_time" else 0)
+            self.columns[name] = np.append(column, np.array([initial], dtype=column.dtype))
+
+    def remove(self, address: str) -> Endpoint:
+        pos = self._position.pop(address)
+        endpoint = self.endpoints.pop(pos)
+        for name, column in self.columns.items():
+            self.columns[name] = np.delete(column, pos)
+        for later in self.endpoints[pos:]:
+            self._position[later.address] -= 1
+        return endpoint
+
+    # --- writers -------------------------------------------------------------------------------------
+    def set_metrics(self, address: str, snapshot: MetricsSnapshot, at: float) -> None:
+        pos = self._position[address]
+        cols = self.columns
+        cols["waiting"][pos] = snapshot.waiting
+        cols["running"][pos] = snapshot.running
+        cols["kv_usage"][pos] = snapshot.kv_usage
+        cols["block_size"][pos] = snapshot.block_size
+        cols["num_gpu_blocks"][pos] = snapshot.num_gpu_blocks
+        cols["metrics_time"][pos] = at
+
+    def set_healthy(self, address: str, healthy: bool) -> None:
+        self.columns["healthy"][self._position[address]] = healthy
+
+    def add_inflight(self, address: str, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
+        """Add (or with negative values, remove) router-local in-flight load; a missing endpoint is a no-op."""
+        pos = self._position.get(address)
+        if pos is None:
+            return
+        cols = self.columns
+        cols["inflight_requests"][pos] += requests
+        cols["inflight_prefill_tokens"][pos] += prefill_tokens
+        cols["inflight_decode_tokens"][pos] += decode_tokens
+
+    # --- readers -------------------------------------------------------------------------------------
+    def healthy_positions(self) -> np.ndarray:
+        return np.flatnonzero(self.columns["healthy"])
+
+    def is_healthy(self, address: str) -> bool:
+        pos = self._position.get(address)
+        return pos is not None and bool(self.columns["healthy"][pos])
+
+    def value(self, address: str, column: str) -> float:
+        return self.columns[column][self._position[address]].item()

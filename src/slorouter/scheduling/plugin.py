@@ -1,0 +1,168 @@
+"""Plugin kinds of the scheduling framework (after the original EPP's narrow interfaces).
+
+A plugin class subclasses ``Plugin`` and one or more kinds below; an instance is wired into every slot whose
+kind it implements. Plugins get their time and randomness from the ``PluginContext`` (never from ``time`` or
+``random``) so the same code runs in real and virtual time.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from slorouter.clock import Clock, MonotonicClock
+
+if TYPE_CHECKING:
+    from slorouter.pool.state import Endpoint, PoolState
+    from slorouter.scheduling.types import (
+        Candidates,
+        CycleState,
+        InferenceRequest,
+        ProfileRunResult,
+        SchedulingResult,
+    )
+
+
+class PluginParams(BaseModel):
+    """Base of every plugin's parameter model: unknown parameters are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+@dataclass
+class PluginContext:
+    """What the framework hands every plugin: time, randomness and the pool."""
+
+    clock: Clock = field(default_factory=MonotonicClock)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng())
+    pool: PoolState | None = None
+
+
+class Plugin:
+    """Base of all plugins. ``type_name`` is the registry key; ``Params`` validates the parameters."""
+
+    type_name: ClassVar[str] = ""
+    Params: ClassVar[type[PluginParams]] = PluginParams
+
+    def __init__(self, name: str, params: PluginParams, ctx: PluginContext) -> None:
+        self.name = name or self.type_name
+        self.params = params
+        self.ctx = ctx
+
+    def __repr__(self) -> str:
+        return f"{self.name}/{self.type_name}"
+
+
+class Filter(ABC):
+    @abstractmethod
+    def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
+        """Return the candidates that survive (possibly all, possibly none)."""
+
+
+class Scorer(ABC):
+    @abstractmethod
+    def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
+        """One float per candidate; the framework clamps to [0, 1] and applies the profile weight."""
+
+
+class Picker(ABC):
+    @abstractmethod
+    def pick(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, scores: np.ndarray
+    ) -> np.ndarray:
+        """Indices into ``candidates`` of the chosen endpoints, best first (at least one when non-empty)."""
+
+
+class ProfileHandler(ABC):
+    @abstractmethod
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profiles: list[str],
+        results: dict[str, ProfileRunResult | None],
+    ) -> list[str]:
+        """Names of the profiles to run next; empty ends the cycle."""
+
+    @abstractmethod
+    def process_results(
+        self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
+    ) -> SchedulingResult:
+        """Turn the profile results into the scheduling result (raises SchedulingError on failure)."""
+
+
+class DataProducer(ABC):
+    """Runs before admission and scheduling; attaches per-candidate arrays to ``candidates.attrs``."""
+
+    produces: ClassVar[tuple[str, ...]] = ()
+    consumes: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def produce(self, request: InferenceRequest, candidates: Candidates) -> None: ...
+
+
+class Admitter(ABC):
+    @abstractmethod
+    def admit(self, request: InferenceRequest, candidates: Candidates) -> None:
+        """Raise ``AdmissionDeniedError`` to reject the request."""
+
+
+class PreRequest(ABC):
+    @abstractmethod
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """Runs after the pick, before the request is forwarded."""
+
+
+@dataclass(slots=True)
+class ResponseInfo:
+    """What the front-end has seen of the upstream response so far.
+
+    ``tokens`` counts output tokens seen so far (SSE events carrying text, or ``usage`` at the end);
+    ``first_token_at`` is the clock time of the first one; ``usage`` is the upstream's ``usage`` when known.
+    """
+
+    endpoint: Endpoint
+    status: int = 0
+    streaming: bool = False
+    dispatched_at: float = 0.0
+    first_token_at: float | None = None
+    completed_at: float | None = None
+    tokens: int = 0
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class ResponseHeaderProcessor(ABC):
+    @abstractmethod
+    def on_response_headers(self, request: InferenceRequest, response: ResponseInfo) -> None: ...
+
+
+class ResponseBodyProcessor(ABC):
+    """Called on the first token (``start_of_stream``), on later chunks, and once at the end."""
+
+    @abstractmethod
+    def on_response_body(
+        self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
+    ) -> None: ...
+
+
+KIND_CLASSES: dict[str, type] = {
+    "ProfileHandler": ProfileHandler,
+    "Filter": Filter,
+    "Scorer": Scorer,
+    "Picker": Picker,
+    "DataProducer": DataProducer,
+    "Admitter": Admitter,
+    "PreRequest": PreRequest,
+    "ResponseHeaderProcessor": ResponseHeaderProcessor,
+    "ResponseBodyProcessor": ResponseBodyProcessor,
+}
+
+
+def kinds_of(plugin: Any) -> list[str]:
+    """The kind names a plugin instance implements."""
+    return [kind for kind, cls in KIND_CLASSES.items() if isinstance(plugin, cls)]

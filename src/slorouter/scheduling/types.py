@@ -1,0 +1,157 @@
+"""Data that flows through one scheduling cycle."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slorouter.pool.state import Endpoint, PoolState
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One parsed inference request, as the scheduler sees it.
+
+    ``prompt_text`` is what the approximate prefix index hashes: the plain prompt for completions, the JSON
+    of the ``messages`` array for chat completions. ``prompt_tokens`` is the router's token estimate.
+    ``state`` carries per-request data from a plugin's produce step to its later hooks.
+    """
+
+    request_id: str
+    model: str
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool = False
+    target_model: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    cache_salt: str = ""
+    received_at: float = 0.0
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.target_model:
+            self.target_model = self.model
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+
+class Candidates:
+    """A read-only view of some pool endpoints for one request, with their signals as numpy columns.
+
+    Columns (see ``slorouter.pool.state.ALL_COLUMNS``) are copied from the pool once, when first read, so a
+    scheduling cycle sees one consistent snapshot. Data producers attach per-candidate arrays in ``attrs``
+    (aligned with ``positions``); ``subset`` keeps columns and attributes aligned.
+    """
+
+    __slots__ = ("_columns", "attrs", "pool", "positions")
+
+    def __init__(
+        self,
+        pool: PoolState,
+        positions: np.ndarray,
+        columns: dict[str, np.ndarray] | None = None,
+        attrs: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.positions = positions
+        self._columns: dict[str, np.ndarray] = columns if columns is not None else {}
+        self.attrs: dict[str, np.ndarray] = attrs if attrs is not None else {}
+
+    @classmethod
+    def healthy(cls, pool: PoolState) -> Candidates:
+        return cls(pool, pool.healthy_positions())
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        eps = self.pool.endpoints
+        return [eps[p] for p in self.positions.tolist()]
+
+    def endpoint(self, i: int) -> Endpoint:
+        return self.pool.endpoints[int(self.positions[i])]
+
+    def column(self, name: str) -> np.ndarray:
+        col = self._columns.get(name)
+        if col is None:
+            col = self.pool.columns[name][self.positions]
+            self._columns[name] = col
+        return col
+
+    def subset(self, selector: np.ndarray | Sequence[int]) -> Candidates:
+        """Keep the candidates picked by a boolean mask or an array of indices, in that order."""
+        sel = np.asarray(selector)
+        return Candidates(
+            self.pool,
+            self.positions[sel],
+            {name: col[sel] for name, col in self._columns.items()},
+            {name: arr[sel] for name, arr in self.attrs.items()},
+        )
+
+
+class CycleState(dict[str, Any]):
+    """Scratch space shared by the plugins of one scheduling cycle."""
+
+
+@dataclass(slots=True)
+class ProfileRunResult:
+    """What one profile picked: target endpoints, best first, and their total scores."""
+
+    targets: list[Endpoint]
+    scores: list[float] = field(default_factory=list)
+    route: str = ""  # how the pick was made, for observability (e.g. "heuristic", "predicted")
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    profile_results: dict[str, ProfileRunResult]
+    primary_profile: str
+
+    @property
+    def primary(self) -> ProfileRunResult:
+        return self.profile_results[self.primary_profile]
+
+    @property
+    def target(self) -> Endpoint:
+        return self.primary.targets[0]
+
+
+class SchedulingError(Exception):
+    """A request cannot be scheduled. ``status`` is the HTTP status a front-end should answer with."""
+
+    status = 500
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class NoCandidatesError(SchedulingError):
+    """No healthy endpoint is available (HTTP 503)."""
+
+    status = 503
+    error_type = "service_unavailable"
+
+
+class NoEndpointPickedError(SchedulingError):
+    """Filters removed every candidate, or no profile produced a result (HTTP 429, as in the original)."""
+
+    status = 429
+    error_type = "rate_limit_exceeded"
+
+
+class AdmissionDeniedError(SchedulingError):
+    """An admitter rejected the request (HTTP 429 with a reason header; the original answers 500)."""
+
+    status = 429
+    error_type = "rate_limit_exceeded"
