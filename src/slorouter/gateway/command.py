@@ -1,0 +1,100 @@
+"""``slorouter serve``: run the gateway for a configured pool, or the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from slorouter.config import Config, ConfigError, load_config
+from slorouter.gateway.runtime import Router
+from slorouter.pool.config import PoolConfig
+
+log = logging.getLogger("slorouter")
+
+EMBEDDED_PODS = 4
+EMBEDDED_PROFILE = "llama3-8b-h100"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the OpenAI-compatible gateway. Without --config it runs the embedded default: "
+        f"{EMBEDDED_PODS} simulated {EMBEDDED_PROFILE} pods in-process and the gateway on 127.0.0.1:8080.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md)")
+    parser.add_argument("--host", help="listen address (overrides gateway.host)")
+    parser.add_argument("--port", type=_port, help="listen port (overrides gateway.port)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.set_defaults(func=run)
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be between 0 and 65535, got {port}")
+    return port
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config) if args.config else Config()
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        if overrides:
+            config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
+        if args.config and config.pool is None:
+            raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints lists the model servers)")
+        return uvloop.run(_serve(config, embedded=not args.config))
+    except ConfigError as exc:
+        print(f"slorouter: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"slorouter: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(config: Config, embedded: bool) -> int:
+    cluster = None
+    if embedded:
+        from slorouter.sim.server import start_pods
+
+        cluster = await start_pods(EMBEDDED_PODS, 0, EMBEDDED_PROFILE)
+        config = config.model_copy(update={"pool": PoolConfig(endpoints=list(cluster.addresses))})
+        log.info("embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses)
+    router = Router.build(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await router.start()
+        if embedded:
+            _print_try_it(router.address, cluster.model if cluster else "MODEL")
+        await stop.wait()
+    finally:
+        await router.stop()
+        if cluster is not None:
+            await cluster.close()
+    return 0
+
+
+def _print_try_it(address: str, model: str) -> None:
+    print(
+        f"\nslorouter is routing on http://{address} across {EMBEDDED_PODS} simulated pods. Try:\n\n"
+        f"  curl -s http://{address}/v1/completions -H 'Content-Type: application/json' \\\n"
+        f"    -d '{{\"model\": \"{model}\", \"prompt\": \"Hello, world\", \"max_tokens\": 16}}'\n\n"
+        f"  curl -sN http://{address}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi\"}}], "
+        f"\"max_tokens\": 16, \"stream\": true}}'\n\n"
+        "Press Ctrl-C to stop.\n",
+        flush=True,
+    )

@@ -1,0 +1,124 @@
+"""Parsing and validation of OpenAI-compatible request bodies.
+
+The gateway forwards the client's body bytes unchanged; it parses them only to validate and to learn what
+the scheduler needs (model, prompt text for prefix matching, token estimates, streaming).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from slorouter.gateway.errors import RequestError
+from slorouter.tokenizer import chat_to_prompt, count_tokens
+
+# What the OpenAI API does when max_tokens is omitted: completions default to 16 tokens; chat completions
+# run to the end of the context, so the router budgets a typical answer for its load accounting.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+CHAT_ASSUMED_MAX_TOKENS = 256
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    model: str
+    prompt_text: str  # what the prefix index hashes
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    cache_salt: str
+
+
+def _require_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"'{key}' must be an integer, got {type(value).__name__}", param=key)
+    if value < 1:
+        raise RequestError(f"'{key}' must be at least 1, got {value}", param=key)
+    return value
+
+
+def _common(body: Any) -> tuple[str, bool, str]:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise RequestError("'model' is required and must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise RequestError(f"'stream' must be a boolean, got {type(stream).__name__}", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError("'stream_options' must be an object", param="stream_options")
+    salt = body.get("cache_salt", "")
+    if salt is None:
+        salt = ""
+    if not isinstance(salt, str):
+        raise RequestError("'cache_salt' must be a string", param="cache_salt")
+    return model, stream, salt
+
+
+def _prompt_text(prompt: Any) -> tuple[str, int]:
+    """Text and token count of a completions prompt: a string, a list of strings, or token ids."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("'prompt' must not be empty", param="prompt")
+        return prompt, count_tokens(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            text = "".join(prompt)
+            return text, sum(count_tokens(p) for p in prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return " ".join(map(str, prompt)), len(prompt)
+    raise RequestError(
+        "'prompt' is required and must be a non-empty string, list of strings or list of token ids",
+        param="prompt",
+    )
+
+
+def parse_completion(raw: bytes) -> ParsedRequest:
+    body = _decode(raw)
+    model, stream, salt = _common(body)
+    text, tokens = _prompt_text(body.get("prompt"))
+    max_tokens = _require_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
+    return ParsedRequest(model, text, tokens, max_tokens, stream, salt)
+
+
+def parse_chat_completion(raw: bytes) -> ParsedRequest:
+    body = _decode(raw)
+    model, stream, salt = _common(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' is required and must be a non-empty array", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise RequestError(f"messages[{i}] must be an object", param="messages")
+        if not isinstance(message.get("role"), str):
+            raise RequestError(f"messages[{i}].role is required and must be a string", param="messages")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise RequestError(
+                f"messages[{i}].content must be a string, an array of parts or null", param="messages"
+            )
+    limit = _require_int(body, "max_completion_tokens")
+    limit = limit or _require_int(body, "max_tokens") or CHAT_ASSUMED_MAX_TOKENS
+    try:
+        rendered = chat_to_prompt(messages)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise RequestError(f"'messages' could not be read: {exc}", param="messages") from exc
+    # The prefix index hashes the messages' JSON, as the original EPP does, so prefixes follow turns.
+    prompt_text = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
+    return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt)
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        raise RequestError("the request body is empty; a JSON object is required")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from exc

@@ -1,0 +1,82 @@
+"""Assembling and running a router: pool, scraper, in-flight tracker, scheduler, Director and gateway."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from slorouter.clock import Clock, MonotonicClock
+from slorouter.config import Config, ConfigError
+from slorouter.director import Director
+from slorouter.gateway.app import Gateway
+from slorouter.metrics import GatewayMetrics
+from slorouter.pool.config import PoolConfig, endpoints_from_config
+from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.scraper import MetricsScraper
+from slorouter.pool.state import PoolState
+from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.plugin import PluginContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Router:
+    """Everything one running gateway needs, built from a validated ``Config``."""
+
+    config: Config
+    pool: PoolState
+    director: Director
+    gateway: Gateway
+    scraper: MetricsScraper
+    metrics: GatewayMetrics
+    _runner: web.AppRunner | None = field(default=None, repr=False)
+    _scrape_session: aiohttp.ClientSession | None = field(default=None, repr=False)
+    address: str = ""
+
+    @classmethod
+    def build(cls, config: Config, clock: Clock | None = None) -> Router:
+        if config.pool is None:
+            raise ConfigError("config: 'pool' is required (pool.endpoints lists the model servers)")
+        clock = clock or MonotonicClock()
+        pool = PoolState(endpoints_from_config(config.pool))
+        ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
+        setup = build_scheduler_setup(config.scheduler, ctx)
+        tracker = InFlightTracker(pool)
+        director = Director(pool, setup, tracker, clock)
+        metrics = GatewayMetrics(pool)
+        gateway = Gateway(config.gateway, director, metrics, clock)
+        scraper = _make_scraper(pool, config.pool, clock)
+        return cls(config, pool, director, gateway, scraper, metrics)
+
+    async def start(self) -> None:
+        """Scrape every endpoint once, then serve; returns once the gateway is listening."""
+        await self.scraper.scrape_once()
+        self.scraper.start()
+        self._runner = web.AppRunner(self.gateway.build_app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.gateway.host, self.config.gateway.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.address = f"{host}:{port}"
+        log.info("gateway listening on http://%s", self.address)
+
+    async def stop(self) -> None:
+        await self.scraper.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def _make_scraper(pool: PoolState, pool_config: PoolConfig, clock: Clock) -> MetricsScraper:
+    return MetricsScraper(
+        pool,
+        clock=clock,
+        interval_s=pool_config.scrape_interval_ms / 1000,
+        timeout_s=pool_config.scrape_timeout_ms / 1000,
+        unhealthy_after=pool_config.unhealthy_after_failures,
+    )

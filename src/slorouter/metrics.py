@@ -1,0 +1,115 @@
+"""The router's own Prometheus metrics.
+
+Names follow the original EPP where it has one (``inference_objective_*``), with both ``model_name`` and
+``target_model_name`` filled in; slorouter-specific series are prefixed ``slorouter_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from slorouter.pool.state import PoolState
+
+MODEL_LABELS = ("model_name", "target_model_name")
+
+# Bucket sets of the original EPP (seconds).
+GENERAL_LATENCY_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60,
+    120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8,
+    1, 1.5, 2, 3, 4.5, 6, 12, 18, 24, 30, 36, 48, 60, 90, 120, 180, 270, 360,
+)  # fmt: skip
+SCHEDULER_BUCKETS = (
+    0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+)  # fmt: skip
+
+
+class GatewayMetrics:
+    """All gateway series, in a registry of their own (several gateways may share a process in tests)."""
+
+    def __init__(self, pool: PoolState | None = None, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        if pool is not None:
+            r.register(PoolCollector(pool))
+        self.requests = Counter(
+            "slorouter_requests",
+            "Requests answered by the gateway, by serving endpoint ('none' if not routed) and HTTP status.",
+            ("endpoint", "code"),
+            registry=r,
+        )
+        self.scheduling_duration = Histogram(
+            "slorouter_scheduling_duration_seconds",
+            "Time to pick an endpoint (data producers, admitters and scheduler).",
+            buckets=SCHEDULER_BUCKETS,
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            "slorouter_upstream_retries",
+            "Requests retried on another endpoint after the first failed before any byte was sent.",
+            registry=r,
+        )
+        self.upstream_failures = Counter(
+            "slorouter_upstream_failures",
+            "Upstream failures by endpoint and phase (connect: before any byte; stream: mid-response).",
+            ("endpoint", "phase"),
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "slorouter_client_disconnects", "Requests whose client went away before the end.", registry=r
+        )
+        self.ttft = Histogram(
+            "inference_objective_request_ttft_seconds",
+            "Time to first token seen by the gateway (end-to-end latency for non-streaming responses).",
+            MODEL_LABELS,
+            buckets=GENERAL_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "inference_objective_request_tpot_seconds",
+            "Mean time per output token after the first, for streaming responses.",
+            MODEL_LABELS,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class PoolCollector(Collector):
+    """Per-endpoint pool signals, read from the pool's columns when Prometheus scrapes."""
+
+    def __init__(self, pool: PoolState) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        series = (
+            ("slorouter_endpoint_healthy", "1 if the endpoint is in the candidate set.", "healthy"),
+            ("slorouter_inflight_requests", "Requests dispatched and not yet finished.", "inflight_requests"),
+            (
+                "slorouter_inflight_prefill_tokens",
+                "Prompt tokens of in-flight requests not yet past their first token.",
+                "inflight_prefill_tokens",
+            ),
+            (
+                "slorouter_inflight_decode_tokens",
+                "Context tokens of in-flight requests past their first token.",
+                "inflight_decode_tokens",
+            ),
+            ("slorouter_endpoint_waiting_requests", "Last scraped vllm:num_requests_waiting.", "waiting"),
+            ("slorouter_endpoint_running_requests", "Last scraped vllm:num_requests_running.", "running"),
+            ("slorouter_endpoint_kv_cache_usage", "Last scraped vllm:kv_cache_usage_perc.", "kv_usage"),
+        )
+        addresses = [e.address for e in self.pool.endpoints]
+        for name, doc, column in series:
+            family = GaugeMetricFamily(name, doc, labels=["endpoint"])
+            for address, value in zip(addresses, self.pool.columns[column].tolist(), strict=True):
+                family.add_metric([address], float(value))
+            yield family

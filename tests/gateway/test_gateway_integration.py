@@ -1,0 +1,207 @@
+"""The gateway in front of real simulated pods on loopback: routing, streaming and failure handling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from aiohttp import web
+
+from slorouter.gateway.runtime import Router
+from slorouter.sim.server import SimCluster
+from tests.gateway.conftest import FakeUpstream, eventually, start_router
+
+MODEL = None  # filled from the cluster
+
+
+def _model(cluster: SimCluster) -> str:
+    return cluster.model
+
+
+async def _completion(http: aiohttp.ClientSession, router: Router, body: dict, **kw) -> aiohttp.ClientResponse:
+    return await http.post(f"http://{router.address}/v1/completions", json=body, **kw)
+
+
+async def test_non_streaming_completion_is_proxied(cluster, router, http):
+    body = {"model": cluster.model, "prompt": "Hello there, how are you today?", "max_tokens": 5}
+    async with await _completion(http, router, body) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-slorouter-endpoint"] in cluster.addresses
+        assert resp.headers["x-slorouter-route"] == "heuristic"
+        data = await resp.json()
+    assert data["object"] == "text_completion"
+    assert data["usage"]["completion_tokens"] == 5
+
+
+async def test_streaming_chat_completion_relays_every_token(cluster, router, http):
+    body = {
+        "model": cluster.model,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    url = f"http://{router.address}/v1/chat/completions"
+    async with http.post(url, json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        assert resp.headers["x-slorouter-endpoint"] in cluster.addresses
+        text = (await resp.read()).decode()
+    events = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    token_chunks = [c for c in chunks if c.get("choices")]
+    assert len(token_chunks) == 6
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+    # The gateway's own metrics saw the stream: TTFT and TPOT recorded, nothing left in flight.
+    await eventually(lambda: int(router.pool.columns["inflight_requests"].sum()) == 0)
+    async with http.get(f"http://{router.address}/metrics") as resp:
+        metrics = await resp.text()
+    assert "inference_objective_request_ttft_seconds_count{" in metrics
+    assert f'model_name="{cluster.model}"' in metrics
+    assert "inference_objective_request_tpot_seconds_count{" in metrics
+
+
+async def test_routing_avoids_a_loaded_pod(cluster, router, http):
+    busy = cluster.addresses[0]
+    # Load one pod directly (bypassing the gateway) with long requests that fill part of its KV cache.
+    long_prompt = "lorem ipsum dolor sit amet " * 1200
+    direct = [
+        asyncio.create_task(
+            http.post(
+                f"http://{busy}/v1/completions",
+                json={"model": cluster.model, "prompt": f"{i} {long_prompt}", "max_tokens": 4000},
+            )
+        )
+        for i in range(6)
+    ]
+    try:
+        await eventually(lambda: router.pool.value(busy, "kv_usage") > 0.02)
+        picked = []
+        for i in range(8):
+            body = {"model": cluster.model, "prompt": f"short question number {i}", "max_tokens": 2}
+            async with await _completion(http, router, body) as resp:
+                assert resp.status == 200
+                picked.append(resp.headers["x-slorouter-endpoint"])
+        assert busy not in picked
+    finally:
+        for task in direct:
+            task.cancel()
+        await asyncio.gather(*direct, return_exceptions=True)
+
+
+async def test_requests_follow_prefix_affinity(cluster, router, http):
+    history = "System: you are a helpful assistant who answers in detail. " * 40
+    body = {"model": cluster.model, "prompt": history + "User: first question", "max_tokens": 2}
+    async with await _completion(http, router, body) as resp:
+        first = resp.headers["x-slorouter-endpoint"]
+    for turn in range(5):
+        body = {"model": cluster.model, "prompt": history + f"User: follow-up {turn}", "max_tokens": 2}
+        async with await _completion(http, router, body) as resp:
+            assert resp.status == 200
+            assert resp.headers["x-slorouter-endpoint"] == first
+
+
+async def test_client_disconnect_cancels_the_upstream_request(cluster, router, http):
+    body = {"model": cluster.model, "prompt": "write forever", "max_tokens": 5000, "stream": True}
+    resp = await _completion(http, router, body)
+    assert resp.status == 200
+    target = resp.headers["x-slorouter-endpoint"]
+    await resp.content.readline()
+    resp.close()  # drop the connection mid-stream
+
+    async def upstream_idle() -> bool:
+        async with http.get(f"http://{target}/metrics") as m:
+            text = await m.text()
+        running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+        return bool(running) and float(running[0].rsplit(" ", 1)[1]) == 0
+
+    await eventually(upstream_idle)
+    await eventually(lambda: int(router.pool.columns["inflight_requests"].sum()) == 0)
+    await eventually(lambda: int(router.pool.columns["inflight_decode_tokens"].sum()) == 0)
+
+
+async def test_endpoint_killed_mid_stream_ends_with_an_error_event(http):
+    async def dies_mid_stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        request.transport.abort()  # the pod dies
+        return response
+
+    upstream = await FakeUpstream(dies_mid_stream).start()
+    router = await start_router([upstream.address])
+    try:
+        body = {"model": "fake", "prompt": "hi", "max_tokens": 10, "stream": True}
+        async with await _completion(http, router, body) as resp:
+            assert resp.status == 200
+            text = (await resp.read()).decode()
+        assert text.count('"text"') == 3
+        assert '"error"' in text
+        await eventually(lambda: int(router.pool.columns["inflight_requests"].sum()) == 0)
+        metrics = router.metrics.render().decode()
+        assert 'slorouter_upstream_failures_total{endpoint="' + upstream.address + '",phase="stream"} 1.0' in metrics
+    finally:
+        await router.stop()
+        await upstream.close()
+
+
+async def test_upstream_failing_before_responding_is_retried_elsewhere(cluster, http):
+    async def hangs_up(request: web.Request) -> web.StreamResponse:
+        request.transport.abort()
+        raise asyncio.CancelledError
+
+    bad = await FakeUpstream(hangs_up).start()
+    router = await start_router([bad.address, cluster.addresses[0]])
+    try:
+        for i in range(10):
+            body = {"model": cluster.model, "prompt": f"question {i}", "max_tokens": 2}
+            async with await _completion(http, router, body) as resp:
+                assert resp.status == 200, await resp.text()
+                assert resp.headers["x-slorouter-endpoint"] == cluster.addresses[0]
+        assert bad.calls >= 1
+        metrics = router.metrics.render().decode()
+        assert f"slorouter_upstream_retries_total {float(bad.calls)}" in metrics
+    finally:
+        await router.stop()
+        await bad.close()
+
+
+async def test_only_endpoint_failing_gives_502(http):
+    async def hangs_up(request: web.Request) -> web.StreamResponse:
+        request.transport.abort()
+        raise asyncio.CancelledError
+
+    bad = await FakeUpstream(hangs_up).start()
+    router = await start_router([bad.address])
+    try:
+        async with await _completion(http, router, {"model": "fake", "prompt": "x", "max_tokens": 1}) as resp:
+            assert resp.status == 502
+            error = (await resp.json())["error"]
+        assert "failed before responding" in error["message"]
+        assert int(router.pool.columns["inflight_requests"].sum()) == 0
+    finally:
+        await router.stop()
+        await bad.close()
+
+
+async def test_no_healthy_endpoint_gives_503(http):
+    # Nothing listens on this port: scrapes fail and the endpoint leaves the candidate set.
+    probe = await FakeUpstream(lambda r: None).start()  # type: ignore[arg-type]
+    dead = probe.address
+    await probe.close()
+    router = await start_router([dead], pool={"unhealthy_after_failures": 1})
+    try:
+        await eventually(lambda: not router.pool.is_healthy(dead))
+        async with await _completion(http, router, {"model": "m", "prompt": "x"}) as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"]
+            assert (await resp.json())["error"]["type"] == "ServiceUnavailableError"
+        async with http.get(f"http://{router.address}/ready") as resp:
+            assert resp.status == 503
+    finally:
+        await router.stop()

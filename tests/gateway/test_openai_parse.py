@@ -1,0 +1,83 @@
+"""Request parsing: what the scheduler learns from a body."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slorouter.gateway.app import _usage_from_tail
+from slorouter.gateway.errors import RequestError
+from slorouter.gateway.openai import (
+    CHAT_ASSUMED_MAX_TOKENS,
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    parse_chat_completion,
+    parse_completion,
+)
+from slorouter.tokenizer import count_tokens
+
+
+def _raw(body: object) -> bytes:
+    return json.dumps(body).encode()
+
+
+def test_completion_fields():
+    parsed = parse_completion(_raw({"model": "m", "prompt": "hello world", "max_tokens": 7, "stream": True}))
+    assert parsed.model == "m"
+    assert parsed.prompt_text == "hello world"
+    assert parsed.prompt_tokens == count_tokens("hello world")
+    assert parsed.max_tokens == 7
+    assert parsed.stream is True
+
+
+def test_completion_defaults_and_prompt_forms():
+    assert parse_completion(_raw({"model": "m", "prompt": "x"})).max_tokens == COMPLETIONS_DEFAULT_MAX_TOKENS
+    assert parse_completion(_raw({"model": "m", "prompt": [1, 2, 3]})).prompt_tokens == 3
+    parts = parse_completion(_raw({"model": "m", "prompt": ["ab", "cd"]}))
+    assert parts.prompt_text == "abcd"
+
+
+def test_chat_fields():
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    parsed = parse_chat_completion(_raw({"model": "m", "messages": messages, "max_completion_tokens": 9}))
+    assert parsed.max_tokens == 9
+    assert json.loads(parsed.prompt_text) == messages
+    assert parsed.prompt_tokens > 0
+    default = parse_chat_completion(_raw({"model": "m", "messages": messages}))
+    assert default.max_tokens == CHAT_ASSUMED_MAX_TOKENS
+
+
+def test_chat_prefix_text_grows_with_the_conversation():
+    first = [{"role": "user", "content": "a long question " * 20}]
+    second = [*first, {"role": "assistant", "content": "answer"}, {"role": "user", "content": "more"}]
+    a = parse_chat_completion(_raw({"model": "m", "messages": first})).prompt_text
+    b = parse_chat_completion(_raw({"model": "m", "messages": second})).prompt_text
+    assert b[: len(a) - 1] == a[:-1]  # same prefix up to the closing bracket
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "prompt": "x", "stream_options": 3}, "stream_options"),
+        ({"model": "m", "prompt": "x", "cache_salt": 3}, "cache_salt"),
+        ({"model": "m", "prompt": []}, "prompt"),
+        ({"model": "m", "prompt": ""}, "prompt"),
+        ({"model": 3, "prompt": "x"}, "model"),
+    ],
+)
+def test_completion_errors_name_the_param(body, param):
+    with pytest.raises(RequestError) as info:
+        parse_completion(_raw(body))
+    assert info.value.param == param
+    assert info.value.status == 400
+
+
+def test_usage_is_read_from_the_stream_tail():
+    tail = (
+        b'data: {"choices":[{"text":"a"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert _usage_from_tail(tail) == {"prompt_tokens": 3, "completion_tokens": 2}
+    assert _usage_from_tail(b'data: {"choices":[]}\n\n') is None
+    assert _usage_from_tail(b'garbage "usage" here') is None

@@ -1,0 +1,59 @@
+"""The serve configuration: defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from slorouter.config import ConfigError, load_config, parse_config
+
+
+def test_defaults():
+    config = parse_config({})
+    assert config.gateway.host == "127.0.0.1"
+    assert config.gateway.port == 8080
+    assert config.pool is None
+    assert config.scheduler is None
+
+
+def test_full_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "gateway: {host: 0.0.0.0, port: 9000}\n"
+        "pool: {endpoints: ['127.0.0.1:8100', '127.0.0.1:8101']}\n"
+        "scheduler:\n  plugins: [{type: queue-scorer}]\n"
+    )
+    config = load_config(path)
+    assert config.gateway.port == 9000
+    assert config.pool is not None and len(config.pool.endpoints) == 2
+    assert config.scheduler == {"plugins": [{"type": "queue-scorer"}]}
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"gatway": {}}, "gatway"),
+        ({"gateway": {"port": 70000}}, "gateway.port"),
+        ({"gateway": {"port": "http"}}, "gateway.port"),
+        ({"gateway": {"bogus": 1}}, "gateway.bogus"),
+        ({"pool": {"endpoints": ["nohostport"]}}, "pool.endpoints"),
+        ({"seed": "x"}, "seed"),
+    ],
+)
+def test_errors_name_the_key(data, needle):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert needle in str(info.value)
+
+
+def test_top_level_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="mapping"):
+        parse_config([1, 2])
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("gateway: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
