@@ -47,6 +47,9 @@ class Plugin:
 
     type_name: ClassVar[str] = ""
     Params: ClassVar[type[PluginParams]] = PluginParams
+    # Data keys (``Candidates.attrs`` names) this plugin reads. The loader auto-creates the registered default
+    # producer of every key that no configured plugin produces, and orders producers before their consumers.
+    consumes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str, params: PluginParams, ctx: PluginContext) -> None:
         self.name = name or self.type_name
@@ -93,6 +96,9 @@ class ProfileHandler(ABC):
         self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         """Turn the profile results into the scheduling result (raises SchedulingError on failure)."""
+
+    def validate_profiles(self, profile_names: list[str]) -> None:  # noqa: B027 (optional hook)
+        """Called by the config loader: raise ``ValueError`` if this handler cannot run these profiles."""
 
 
 class DataProducer(ABC):

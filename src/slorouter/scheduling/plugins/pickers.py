@@ -1,0 +1,95 @@
+"""Pickers (reference §2.3): choose target candidates from the total scores, best first."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from slorouter.scheduling.plugin import Picker, Plugin, PluginParams
+from slorouter.scheduling.registry import register_plugin
+from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
+
+
+class PickerParams(PluginParams):
+    max_num_of_endpoints: int = Field(1, alias="maxNumOfEndpoints")
+
+    @field_validator("max_num_of_endpoints")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        return max(value, 1)  # as in the original: ≤ 0 means 1
+
+
+class _CountedPicker(Plugin):
+    Params = PickerParams
+    params: PickerParams
+
+    @property
+    def max_endpoints(self) -> int:
+        return self.params.max_num_of_endpoints
+
+
+@register_plugin
+class MaxScorePicker(_CountedPicker, Picker):
+    """The highest total scores win; ties are broken uniformly at random (shuffle, then stable sort)."""
+
+    type_name = "max-score-picker"
+
+    def pick(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, scores: np.ndarray
+    ) -> np.ndarray:
+        rng = self.ctx.rng
+        if self.max_endpoints == 1:
+            best = np.flatnonzero(scores == scores.max())
+            return best[rng.integers(len(best), size=1)] if len(best) > 1 else best
+        shuffled = rng.permutation(len(scores))
+        order = shuffled[np.argsort(-scores[shuffled], kind="stable")]
+        return order[: self.max_endpoints]
+
+
+@register_plugin
+class RandomPicker(_CountedPicker, Picker):
+    """Uniformly random candidates, ignoring the scores."""
+
+    type_name = "random-picker"
+
+    def pick(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, scores: np.ndarray
+    ) -> np.ndarray:
+        return uniform_pick(self.ctx.rng, len(scores), self.max_endpoints)
+
+
+def uniform_pick(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    if k == 1:
+        return np.array([rng.integers(n)])
+    return rng.permutation(n)[:k]
+
+
+@register_plugin
+class WeightedRandomPicker(_CountedPicker, Picker):
+    """Random candidates with probability proportional to their total score (A-Res reservoir sampling).
+
+    Each candidate with score s > 0 draws U ~ Uniform(0, 1) and gets the key U^(1/s); the k largest keys
+    win, so for k = 1 P(i) = s_i / Σ s. Keys are compared as log(U)/s, which orders them identically but does
+    not underflow to ties for tiny scores. Candidates with s ≤ 0 are only chosen when fewer than k have
+    s > 0; when none has, the pick is uniform.
+    """
+
+    type_name = "weighted-random-picker"
+
+    def pick(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, scores: np.ndarray
+    ) -> np.ndarray:
+        rng = self.ctx.rng
+        k = self.max_endpoints
+        positive = scores > 0
+        if not positive.any():
+            return uniform_pick(rng, len(scores), k)
+        draws = rng.random(len(scores))
+        draws[draws == 0.0] = 1e-10
+        keys = np.full(len(scores), -np.inf)
+        keys[positive] = np.log(draws[positive]) / scores[positive]
+        if k == 1:
+            return np.array([int(np.argmax(keys))])
+        shuffled = rng.permutation(len(scores))  # random order among the zero-score candidates
+        order = shuffled[np.argsort(-keys[shuffled], kind="stable")]
+        return order[:k]

@@ -1,0 +1,321 @@
+"""Approximate prefix-cache affinity (reference §2.4): ``approx-prefix-cache-producer`` estimates how much of
+the request's prompt each candidate already holds in its KV cache, ``prefix-cache-scorer`` turns that into a
+score.
+
+The producer hashes the prompt in blocks (a chain, so a block's hash names the whole prefix up to it) and
+looks the hashes up in an index of what the router has sent where. The index is updated when a request is
+dispatched (PreRequest): it never sees the real cache, it models it.
+
+Deliberate differences from the original, both to model vLLM's cache more closely:
+- a candidate's match is its *strict* prefix: counting stops at the first block it does not hold (the
+  original counts every block it holds within the run of blocks held by *any* server, which over-counts
+  once early blocks were evicted);
+- a request's blocks enter a server's LRU last-block-first, so the shared leading blocks are the most
+  recently used and are evicted last (vLLM likewise evicts the tail of a sequence first).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+from pydantic import Field, model_validator
+
+from slorouter.pool.state import PoolState
+from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
+from slorouter.scheduling.plugin import DataProducer, Plugin, PluginContext, PluginParams, PreRequest, Scorer
+from slorouter.scheduling.registry import register_plugin
+from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest, SchedulingResult
+
+CHARS_PER_TOKEN = 4  # the original's fixed estimate; "characters" are UTF-8 bytes, as in Go strings
+PREFILL_PROFILE = "prefill"  # the disaggregation profile whose target also gets the request's blocks
+
+_hash64 = xxhash.xxh64_intdigest
+_pack_u64 = struct.Struct("<Q").pack
+
+
+def prefix_seed(model: str, cache_salt: str = "") -> int:
+    """xxhash64 of the target model name followed by the cache salt: the chain's starting value."""
+    return _hash64((model + cache_salt).encode())
+
+
+def prefix_block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int) -> list[int]:
+    """Chained block hashes: h_i = xxhash64(block_i ‖ little-endian uint64(h_{i−1})), h_{−1} = seed.
+
+    Input shorter than one block gives no hashes. Input beyond ``max_blocks`` blocks is ignored; otherwise a
+    trailing partial block is hashed like a full one.
+    """
+    if len(data) < block_chars or max_blocks <= 0:
+        return []
+    limit = max_blocks * block_chars
+    if len(data) > limit:
+        data = data[:limit]
+    hashes: list[int] = []
+    append = hashes.append
+    previous = seed
+    for start in range(0, len(data), block_chars):
+        previous = _hash64(data[start : start + block_chars] + _pack_u64(previous))
+        append(previous)
+    return hashes
+
+
+class PrefixIndex:
+    """Which servers hold which block hashes: ``hash → set(server)`` plus one LRU of hashes per server.
+
+    Evicting a hash from a server's LRU removes the server from that hash's set. Not thread-safe.
+    """
+
+    __slots__ = ("_holders", "_lrus")
+
+    def __init__(self) -> None:
+        self._holders: dict[int, set[str]] = {}
+        self._lrus: dict[str, OrderedDict[int, None]] = {}
+
+    def __len__(self) -> int:
+        """Total (server, hash) entries."""
+        return sum(len(lru) for lru in self._lrus.values())
+
+    @property
+    def servers(self) -> list[str]:
+        return list(self._lrus)
+
+    def server_size(self, server: str) -> int:
+        lru = self._lrus.get(server)
+        return 0 if lru is None else len(lru)
+
+    def holders(self, block_hash: int) -> frozenset[str]:
+        return frozenset(self._holders.get(block_hash, ()))
+
+    def insert(self, server: str, hashes: list[int], capacity: int) -> None:
+        """Record that ``server`` holds ``hashes``, then evict its least recently used beyond ``capacity``.
+
+        The leading blocks go in last, so they are the most recently used (see the module docstring).
+        """
+        lru = self._lrus.get(server)
+        if lru is None:
+            lru = self._lrus[server] = OrderedDict()
+        holders = self._holders
+        for block_hash in reversed(hashes):
+            if block_hash in lru:
+                lru.move_to_end(block_hash)
+                continue
+            lru[block_hash] = None
+            servers = holders.get(block_hash)
+            if servers is None:
+                holders[block_hash] = {server}
+            else:
+                servers.add(server)
+        for _ in range(len(lru) - max(capacity, 1)):
+            evicted, _ = lru.popitem(last=False)
+            self._forget(evicted, server)
+
+    def match(self, hashes: list[int]) -> dict[str, int]:
+        """Per server, how many leading blocks of ``hashes`` it holds (servers holding none are absent)."""
+        if not hashes:
+            return {}
+        holders = self._holders
+        alive = holders.get(hashes[0])
+        if not alive:
+            return {}
+        matched: dict[str, int] = {}
+        depth = 1
+        for block_hash in hashes[1:]:
+            servers = holders.get(block_hash)
+            if servers is None:
+                break
+            survivors = alive & servers
+            if len(survivors) < len(alive):
+                for server in alive - survivors:
+                    matched[server] = depth
+                if not survivors:
+                    return matched
+            alive = survivors
+            depth += 1
+        for server in alive:
+            matched[server] = depth
+        return matched
+
+    def remove_server(self, server: str) -> None:
+        lru = self._lrus.pop(server, None)
+        if lru is None:
+            return
+        for block_hash in lru:
+            self._forget(block_hash, server)
+
+    def retain_servers(self, keep: Iterable[str]) -> list[str]:
+        """Drop every server not in ``keep``; returns the dropped ones."""
+        keep_set = set(keep)
+        dropped = [server for server in self._lrus if server not in keep_set]
+        for server in dropped:
+            self.remove_server(server)
+        return dropped
+
+    def _forget(self, block_hash: int, server: str) -> None:
+        servers = self._holders.get(block_hash)
+        if servers is None:
+            return
+        servers.discard(server)
+        if not servers:
+            del self._holders[block_hash]
+
+
+class ApproxPrefixCacheParams(PluginParams):
+    auto_tune: bool = Field(True, alias="autoTune")
+    block_size_tokens: int = Field(16, alias="blockSizeTokens", gt=0)
+    max_prefix_blocks_to_match: int = Field(256, alias="maxPrefixBlocksToMatch", gt=0)
+    max_prefix_tokens_to_match: int = Field(0, alias="maxPrefixTokensToMatch", ge=0)
+    lru_capacity_per_server: int = Field(31_250, alias="lruCapacityPerServer", gt=0)
+    deprecated_block_size_chars: int | None = Field(None, alias="blockSize")
+
+    @model_validator(mode="after")
+    def _no_char_block_size_alone(self) -> ApproxPrefixCacheParams:
+        if self.deprecated_block_size_chars is not None and "block_size_tokens" not in self.model_fields_set:
+            raise ValueError("blockSize (in characters) is no longer supported: set blockSizeTokens instead")
+        return self
+
+
+@dataclass(slots=True)
+class PrefixRequestState:
+    """What ``produce`` leaves in ``request.state`` for ``pre_request`` (and for observability)."""
+
+    hashes: list[int]
+    block_size_tokens: int
+    matched: dict[str, int] = field(default_factory=dict)  # server address → leading blocks held
+    pool: PoolState | None = None
+
+    @property
+    def best_match_ratio(self) -> float:
+        if not self.hashes or not self.matched:
+            return 0.0
+        return max(self.matched.values()) / len(self.hashes)
+
+
+@register_plugin(default_producer=True)
+class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
+    """Attaches each candidate's prefix match (in blocks) and records dispatched requests in the index."""
+
+    type_name = "approx-prefix-cache-producer"
+    Params = ApproxPrefixCacheParams
+    params: ApproxPrefixCacheParams
+    produces = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS, PREFIX_BLOCK_SIZE_TOKENS)
+
+    def __init__(self, name: str, params: ApproxPrefixCacheParams, ctx: PluginContext) -> None:
+        super().__init__(name, params, ctx)
+        self.index = PrefixIndex()
+        self.state_key = f"prefix-cache:{self.name}"
+        self._seeds: dict[tuple[str, str], int] = {}
+
+    # --- DataProducer ---------------------------------------------------------------------------------
+    def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
+        block_tokens = self._block_size_tokens(candidates.column("block_size"))
+        state = self._request_state(request, block_tokens)
+        state.pool = candidates.pool
+        state.matched = matched = self.index.match(state.hashes)
+        n = len(candidates)
+        match_blocks = np.zeros(n, dtype=np.int64)
+        if matched:
+            pool = candidates.pool
+            candidate_of_position = np.full(len(pool), -1, dtype=np.int64)
+            candidate_of_position[candidates.positions] = np.arange(n)
+            for server, blocks in matched.items():
+                if server in pool:
+                    i = candidate_of_position[pool.position(server)]
+                    if i >= 0:
+                        match_blocks[i] = blocks
+        attrs = candidates.attrs
+        attrs[PREFIX_MATCH_BLOCKS] = match_blocks
+        attrs[PREFIX_TOTAL_BLOCKS] = np.full(n, len(state.hashes), dtype=np.int64)
+        attrs[PREFIX_BLOCK_SIZE_TOKENS] = np.full(n, block_tokens, dtype=np.int64)
+
+    # --- PreRequest -----------------------------------------------------------------------------------
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        state: PrefixRequestState | None = request.state.get(self.state_key)
+        pool = self.ctx.pool if self.ctx.pool is not None else (state.pool if state else None)
+        if state is None:  # the producer did not run for this request
+            reported = pool.columns["block_size"] if pool is not None else np.zeros(0, dtype=np.int64)
+            state = self._request_state(request, self._block_size_tokens(reported))
+        if not state.hashes:
+            return
+        targets = [result.target]
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.targets and prefill.targets[0] != result.target:
+            targets.append(prefill.targets[0])
+        for endpoint in targets:
+            self.index.insert(endpoint.address, state.hashes, self._lru_capacity(endpoint.address, pool))
+
+    # --- housekeeping ---------------------------------------------------------------------------------
+    def drop_departed_servers(self, pool: PoolState | None = None) -> list[str]:
+        """Forget servers that are no longer in the pool (the original does this every 2 minutes)."""
+        pool = pool if pool is not None else self.ctx.pool
+        if pool is None:
+            raise ValueError("no pool to compare the index with")
+        return self.index.retain_servers(endpoint.address for endpoint in pool.endpoints)
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _block_size_tokens(self, reported_block_sizes: np.ndarray) -> int:
+        """With autoTune, the first candidate's reported block size (the first that reports one)."""
+        if self.params.auto_tune and len(reported_block_sizes):
+            known = np.flatnonzero(reported_block_sizes > 0)
+            if len(known):
+                return int(reported_block_sizes[known[0]])
+        return self.params.block_size_tokens
+
+    def _max_blocks(self, block_tokens: int) -> int:
+        if self.params.max_prefix_tokens_to_match > 0:
+            return self.params.max_prefix_tokens_to_match // block_tokens
+        return self.params.max_prefix_blocks_to_match
+
+    def _request_state(self, request: InferenceRequest, block_tokens: int) -> PrefixRequestState:
+        state: PrefixRequestState | None = request.state.get(self.state_key)
+        if state is not None and state.block_size_tokens == block_tokens:
+            return state
+        hashes = prefix_block_hashes(
+            request.prompt_text.encode(),
+            self._seed(request.target_model, request.cache_salt),
+            block_tokens * CHARS_PER_TOKEN,
+            self._max_blocks(block_tokens),
+        )
+        state = PrefixRequestState(hashes=hashes, block_size_tokens=block_tokens)
+        request.state[self.state_key] = state
+        return state
+
+    def _seed(self, model: str, cache_salt: str) -> int:
+        key = (model, cache_salt)
+        seed = self._seeds.get(key)
+        if seed is None:
+            if len(self._seeds) >= 4096:  # cache salts can be per user: keep the memo bounded
+                self._seeds.clear()
+            seed = self._seeds[key] = prefix_seed(model, cache_salt)
+        return seed
+
+    def _lru_capacity(self, address: str, pool: PoolState | None) -> int:
+        if self.params.auto_tune and pool is not None and address in pool:
+            gpu_blocks = int(pool.value(address, "num_gpu_blocks"))
+            if gpu_blocks > 0:
+                return gpu_blocks
+        return self.params.lru_capacity_per_server
+
+
+@register_plugin
+class PrefixCacheScorer(Plugin, Scorer):
+    """Fraction of the request's prompt blocks the candidate already holds: matched / total (0 if unknown)."""
+
+    type_name = "prefix-cache-scorer"
+    consumes = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS)
+
+    def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
+        return prefix_match_ratio(candidates)
+
+
+def prefix_match_ratio(candidates: Candidates) -> np.ndarray:
+    """matched / total prefix blocks per candidate; 0 where the producer's data is missing or total is 0."""
+    matched = candidates.attrs.get(PREFIX_MATCH_BLOCKS)
+    total = candidates.attrs.get(PREFIX_TOTAL_BLOCKS)
+    ratio = np.zeros(len(candidates))
+    if matched is None or total is None:
+        return ratio
+    return np.divide(matched, total, out=ratio, where=total > 0)

@@ -1,0 +1,160 @@
+"""Scheduling profiles and the scheduler that runs them (the original's ``scheduler.go`` and
+``scheduler_profile.go``).
+
+A profile filters the candidates, sums the weighted, clamped scores of its scorers and lets its picker choose.
+The profile handler decides which profiles run and turns their results into the scheduling result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slorouter.scheduling.plugin import Filter, Picker, Plugin, ProfileHandler, Scorer
+from slorouter.scheduling.types import (
+    Candidates,
+    CycleState,
+    InferenceRequest,
+    NoCandidatesError,
+    NoEndpointPickedError,
+    ProfileRunResult,
+    SchedulingError,
+    SchedulingResult,
+)
+
+# A plugin that decides *how* a profile picks (e.g. predicted latency vs. its heuristic fallback) stores the
+# route name under this cycle-state key while its profile runs; the profile copies it into its result.
+ROUTE_KEY = "route"
+HEURISTIC_ROUTE = "heuristic"
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+def _label(plugin: object) -> str:
+    if isinstance(plugin, Plugin):
+        return plugin.name if plugin.name == plugin.type_name else repr(plugin)
+    return type(plugin).__name__
+
+
+class SchedulerProfile:
+    """Filters (in order), weighted scorers and one picker."""
+
+    __slots__ = ("filters", "name", "picker", "scorers")
+
+    def __init__(
+        self, name: str, filters: list[Filter], scorers: list[WeightedScorer], picker: Picker
+    ) -> None:
+        self.name = name
+        self.filters = filters
+        self.scorers = scorers
+        self.picker = picker
+
+    def __repr__(self) -> str:
+        parts = [_label(f) for f in self.filters]
+        parts += [f"{_label(s.scorer)}×{s.weight:g}" for s in self.scorers]
+        parts.append(_label(self.picker))
+        return f"SchedulerProfile({self.name}: {', '.join(parts)})"
+
+    def run(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
+    ) -> ProfileRunResult | None:
+        """The picked targets, or None when the filters removed every candidate."""
+        outcome = self.run_or_explain(cycle, request, candidates)
+        return outcome if isinstance(outcome, ProfileRunResult) else None
+
+    def run_or_explain(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
+    ) -> ProfileRunResult | str:
+        """The picked targets, or why there are none."""
+        for filt in self.filters:
+            candidates = filt.filter(cycle, request, candidates)
+            if len(candidates) == 0:
+                return f"filter {_label(filt)} removed every candidate"
+        total = self.total_scores(cycle, request, candidates)
+        cycle.pop(ROUTE_KEY, None)
+        chosen = self.picker.pick(cycle, request, candidates, total)
+        if len(chosen) == 0:
+            return f"picker {_label(self.picker)} chose nothing"
+        chosen_list = chosen.tolist()
+        return ProfileRunResult(
+            targets=[candidates.endpoint(i) for i in chosen_list],
+            scores=total[chosen].tolist(),
+            route=cycle.pop(ROUTE_KEY, HEURISTIC_ROUTE),
+        )
+
+    def total_scores(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
+    ) -> np.ndarray:
+        """Σ weight · clamp(score, 0, 1) per candidate; NaN scores count as 0. Not divided by Σ weight."""
+        total = np.zeros(len(candidates))
+        for weighted in self.scorers:
+            raw = np.asarray(weighted.scorer.score(cycle, request, candidates), dtype=np.float64)
+            if raw.shape != total.shape:
+                raise ValueError(
+                    f"scorer {_label(weighted.scorer)} returned {raw.shape} scores for {len(candidates)} "
+                    "candidates"
+                )
+            clamped = np.clip(raw, 0.0, 1.0)
+            np.nan_to_num(clamped, copy=False, nan=0.0)
+            total += weighted.weight * clamped
+        return total
+
+
+class Scheduler:
+    """Runs the profiles the profile handler asks for, in a deterministic order, until it asks for none."""
+
+    __slots__ = ("profile_handler", "profile_names", "profiles")
+
+    def __init__(self, profiles: list[SchedulerProfile], profile_handler: ProfileHandler) -> None:
+        if not profiles:
+            raise ValueError("a scheduler needs at least one profile")
+        self.profiles: dict[str, SchedulerProfile] = {p.name: p for p in profiles}
+        if len(self.profiles) != len(profiles):
+            raise ValueError("profile names must be unique")
+        self.profile_names = list(self.profiles)
+        self.profile_handler = profile_handler
+
+    def schedule(
+        self, request: InferenceRequest, candidates: Candidates, cycle: CycleState | None = None
+    ) -> SchedulingResult:
+        """Pick the target endpoint(s) for one request.
+
+        Raises ``NoCandidatesError`` (503) for an empty candidate set and ``NoEndpointPickedError`` (429)
+        when no profile produced a result.
+        """
+        if len(candidates) == 0:
+            raise NoCandidatesError("no candidate endpoints")
+        cycle = CycleState() if cycle is None else cycle
+        handler = self.profile_handler
+        results: dict[str, ProfileRunResult | None] = {}
+        failures: list[str] = []
+        while True:
+            to_run = handler.pick_profiles(cycle, request, self.profile_names, results)
+            if not to_run:
+                break
+            for name in to_run:
+                if name in results:
+                    raise RuntimeError(f"profile handler {_label(handler)} asked to rerun profile {name!r}")
+                profile = self.profiles.get(name)
+                if profile is None:
+                    raise RuntimeError(
+                        f"profile handler {_label(handler)} asked for unknown profile {name!r}"
+                    )
+                try:
+                    outcome = profile.run_or_explain(cycle, request, candidates)
+                except SchedulingError as exc:
+                    outcome = exc.message
+                if isinstance(outcome, ProfileRunResult):
+                    results[name] = outcome
+                else:
+                    results[name] = None
+                    failures.append(f"{name}: {outcome}")
+        if not any(result is not None for result in results.values()):
+            reason = "; ".join(failures) if failures else "no profile ran"
+            raise NoEndpointPickedError(f"failed to find a target endpoint ({reason})")
+        return handler.process_results(cycle, request, results)
