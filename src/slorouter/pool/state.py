@@ -69,6 +69,8 @@ class PoolState:
     def __init__(self, endpoints: list[Endpoint] | None = None) -> None:
         self.endpoints: list[Endpoint] = []
         self._position: dict[str, int] = {}
+        self._incarnation: dict[str, int] = {}
+        self._adds = 0
         self.columns: dict[str, np.ndarray] = {
             name: np.zeros(0, dtype=dtype) for name, dtype in ALL_COLUMNS.items()
         }
@@ -85,6 +87,10 @@ class PoolState:
         """Current index of an endpoint; raises KeyError when it has left the pool."""
         return self._position[address]
 
+    def incarnation(self, address: str) -> int | None:
+        """Identifies one stay of an endpoint in the pool: a removed and re-added endpoint gets a new one."""
+        return self._incarnation.get(address)
+
     def get(self, address: str) -> Endpoint | None:
         pos = self._position.get(address)
         return None if pos is None else self.endpoints[pos]
@@ -93,6 +99,8 @@ class PoolState:
         if endpoint.address in self._position:
             raise ValueError(f"endpoint {endpoint.address} is already in the pool")
         self._position[endpoint.address] = len(self.endpoints)
+        self._adds += 1
+        self._incarnation[endpoint.address] = self._adds
         self.endpoints.append(endpoint)
         for name, column in self.columns.items():
             initial = True if name == "healthy" else (-math.inf if name == "metrics_time" else 0)
@@ -100,6 +108,7 @@ class PoolState:
 
     def remove(self, address: str) -> Endpoint:
         pos = self._position.pop(address)
+        del self._incarnation[address]
         endpoint = self.endpoints.pop(pos)
         for name, column in self.columns.items():
             self.columns[name] = np.delete(column, pos)
@@ -122,7 +131,7 @@ class PoolState:
         self.columns["healthy"][self._position[address]] = healthy
 
     def add_inflight(self, address: str, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
-        """Add (or with negative values, remove) router-local in-flight load; a missing endpoint is a no-op."""
+        """Add (negative values: remove) router-local in-flight load; a missing endpoint is a no-op."""
         pos = self._position.get(address)
         if pos is None:
             return

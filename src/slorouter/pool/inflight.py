@@ -1,0 +1,144 @@
+"""Router-local in-flight accounting: what this router has sent to each endpoint and not yet seen finish.
+
+Scraped metrics lag by up to a scrape interval; these counters change at dispatch and completion, so the
+scheduler sees its own recent decisions at once. Per endpoint (``PoolState`` in-flight columns):
+
+- ``inflight_requests``: requests dispatched and not finished.
+- ``inflight_prefill_tokens``: prompt tokens of requests that have not produced their first token yet.
+- ``inflight_decode_tokens``: for requests past their first token, ``prompt_tokens + max_tokens`` each,
+  the most KV cache the request can hold while it decodes (its prompt plus everything it may still
+  generate). An upper bound on purpose: the router cannot see how many tokens have been generated so far.
+
+Each dispatch returns an ``InFlightHandle`` that releases exactly what it added, exactly once: ``finish()``
+is idempotent, works before or after ``first_token()``, runs on ``with`` exit (errors, timeouts and task
+cancellation included), and as a last resort when a forgotten handle is garbage-collected (counted by
+``leaked()``). A handle only touches the pool row it was dispatched to: if the endpoint left the pool (and
+maybe came back), its release is a no-op, so the counters never go negative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from slorouter.pool.state import PoolState
+
+_PREFILL, _DECODE, _DONE = 0, 1, 2
+
+
+class InFlightTracker:
+    """Creates in-flight handles for one pool and counts the handles still open."""
+
+    __slots__ = ("_leaked", "_outstanding", "pool")
+
+    def __init__(self, pool: PoolState) -> None:
+        self.pool = pool
+        self._outstanding = 0
+        self._leaked = 0
+
+    def dispatch(self, address: str, prompt_tokens: int, max_tokens: int) -> InFlightHandle:
+        """Count a request sent to ``address``: one request and ``prompt_tokens`` of prefill."""
+        prompt_tokens, max_tokens = int(prompt_tokens), int(max_tokens)
+        if prompt_tokens < 0 or max_tokens < 0:
+            raise ValueError(
+                f"token counts must be >= 0 (prompt_tokens={prompt_tokens}, max_tokens={max_tokens})"
+            )
+        handle = InFlightHandle(self, address, prompt_tokens, max_tokens)
+        self._outstanding += 1
+        return handle
+
+    def outstanding(self) -> int:
+        """Handles dispatched and not finished yet."""
+        return self._outstanding
+
+    def leaked(self) -> int:
+        """Handles that were garbage-collected without ``finish()`` (released then; each one is a bug)."""
+        return self._leaked
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Export ``slorouter_inflight_handles`` and ``slorouter_inflight_handles_leaked_total``."""
+        registry.register(_TrackerCollector(self))
+
+
+class InFlightHandle:
+    """One dispatched request's share of its endpoint's in-flight counters."""
+
+    __slots__ = ("_incarnation", "_phase", "_tracker", "address", "max_tokens", "prompt_tokens")
+
+    def __init__(self, tracker: InFlightTracker, address: str, prompt_tokens: int, max_tokens: int) -> None:
+        self._tracker = tracker
+        self.address = address
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self._incarnation = tracker.pool.incarnation(address)
+        self._phase = _PREFILL
+        self._apply(1, prompt_tokens, 0)
+
+    @property
+    def decoding(self) -> bool:
+        return self._phase == _DECODE
+
+    @property
+    def finished(self) -> bool:
+        return self._phase == _DONE
+
+    def first_token(self) -> None:
+        """Move the request from prefill to decode; a no-op after the first call or after ``finish()``."""
+        if self._phase != _PREFILL:
+            return
+        self._phase = _DECODE
+        self._apply(0, -self.prompt_tokens, self.prompt_tokens + self.max_tokens)
+
+    def finish(self) -> None:
+        """Remove whatever the request still holds; a no-op after the first call."""
+        phase = self._phase
+        if phase == _DONE:
+            return
+        self._phase = _DONE
+        self._tracker._outstanding -= 1
+        if phase == _PREFILL:
+            self._apply(-1, -self.prompt_tokens, 0)
+        else:
+            self._apply(-1, 0, -(self.prompt_tokens + self.max_tokens))
+
+    def _apply(self, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
+        pool = self._tracker.pool
+        if self._incarnation is not None and pool.incarnation(self.address) == self._incarnation:
+            pool.add_inflight(self.address, requests, prefill_tokens, decode_tokens)
+
+    def __enter__(self) -> InFlightHandle:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.finish()
+
+    def __del__(self) -> None:
+        if self._phase != _DONE:
+            self._tracker._leaked += 1
+            self.finish()
+
+    def __repr__(self) -> str:
+        phase = ("prefill", "decode", "done")[self._phase]
+        return f"InFlightHandle({self.address}, prompt={self.prompt_tokens}, max={self.max_tokens}, {phase})"
+
+
+class _TrackerCollector(Collector):
+    def __init__(self, tracker: InFlightTracker) -> None:
+        self._tracker = tracker
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "slorouter_inflight_handles",
+            "Requests dispatched by this router whose in-flight accounting is not yet released.",
+            value=self._tracker.outstanding(),
+        )
+        yield CounterMetricFamily(
+            "slorouter_inflight_handles_leaked",
+            "In-flight handles released only when garbage-collected (never finished by their request).",
+            value=self._tracker.leaked(),
+        )

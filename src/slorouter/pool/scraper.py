@@ -1,0 +1,294 @@
+"""Keep the pool's scraped columns fresh: poll every endpoint's ``/metrics`` on a fixed interval.
+
+Each endpoint gets its own asyncio task, so a slow or hung server only delays its own scrapes. A supervisor
+task follows the pool's membership (endpoints added or removed by discovery) once per interval;
+``sync_endpoints()`` does the same on demand. All scrapes share one aiohttp session whose keep-alive
+connection pool keeps one warm connection per endpoint.
+
+Health: an endpoint is marked unhealthy after ``unhealthy_after`` consecutive failed scrapes (connection
+error, timeout, non-200 status, unparsable page) and healthy again after ``healthy_after`` consecutive
+successful ones. Only these transitions are logged as warnings; single failures are logged at debug level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import aiohttp
+
+from slorouter.clock import Clock
+from slorouter.pool.config import PoolConfig
+from slorouter.pool.metrics_parser import ParseError, parse_metrics
+from slorouter.pool.state import MetricsSnapshot, PoolState
+
+log = logging.getLogger(__name__)
+
+SessionFactory = Callable[[], aiohttp.ClientSession]
+TASK_NAME_PREFIX = "slorouter-scrape"
+# prometheus_client gzips the page for clients that accept it; on a cluster network inflating ~50 kB every
+# 50 ms costs more CPU than the parse, so ask for it uncompressed (and in the classic text format).
+SCRAPE_HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+
+
+class _BadStatus(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ScrapeStatus:
+    """Scrape history of one endpoint (what the health decision is based on)."""
+
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    scrapes: int = 0
+    failures: int = 0
+    last_error: str = ""
+    last_success_at: float = -math.inf
+
+
+def default_session() -> aiohttp.ClientSession:
+    # No connection limit: every endpoint needs its own keep-alive connection, and the per-endpoint tasks
+    # already cap concurrency at one scrape per endpoint.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+
+
+class MetricsScraper:
+    """Scrapes every endpoint of ``pool`` and writes ``set_metrics``/``set_healthy``.
+
+    ``session`` is either a ``ClientSession`` (borrowed: the caller closes it) or a factory called on first
+    use (owned: closed by ``stop()``); by default the scraper makes its own session.
+    """
+
+    def __init__(
+        self,
+        pool: PoolState,
+        clock: Clock,
+        *,
+        session: aiohttp.ClientSession | SessionFactory | None = None,
+        interval_s: float = 0.05,
+        timeout_s: float = 1.0,
+        unhealthy_after: int = 3,
+        healthy_after: int = 1,
+        path: str = "/metrics",
+    ) -> None:
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError(f"interval_s and timeout_s must be > 0 (got {interval_s}, {timeout_s})")
+        if unhealthy_after < 1 or healthy_after < 1:
+            raise ValueError(
+                f"unhealthy_after and healthy_after must be >= 1 (got {unhealthy_after}, {healthy_after})"
+            )
+        self.pool = pool
+        self.clock = clock
+        self.interval_s = interval_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.unhealthy_after = unhealthy_after
+        self.healthy_after = healthy_after
+        self.path = path
+        if isinstance(session, aiohttp.ClientSession):
+            self._session: aiohttp.ClientSession | None = session
+            self._session_factory: SessionFactory | None = None
+        else:
+            self._session = None
+            self._session_factory = session or default_session
+        self._status: dict[str, ScrapeStatus] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        pool: PoolState,
+        clock: Clock,
+        config: PoolConfig,
+        session: aiohttp.ClientSession | SessionFactory | None = None,
+    ) -> MetricsScraper:
+        return cls(
+            pool,
+            clock,
+            session=session,
+            interval_s=config.scrape_interval_s,
+            timeout_s=config.scrape_timeout_s,
+            unhealthy_after=config.unhealthy_after_failures,
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._supervisor is not None
+
+    def start(self) -> None:
+        """Start polling (needs a running event loop); a no-op when already running."""
+        if self._supervisor is not None:
+            return
+        self._supervisor = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"{TASK_NAME_PREFIX}-supervisor"
+        )
+
+    async def stop(self) -> None:
+        """Cancel every scrape task, wait for them, and close the session if the scraper owns it."""
+        tasks = [*self._tasks.values(), *self._retiring]
+        if self._supervisor is not None:
+            tasks.append(self._supervisor)
+        self._supervisor = None
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._retiring.clear()
+            if self._session_factory is not None and self._session is not None:
+                session, self._session = self._session, None
+                await session.close()
+
+    async def __aenter__(self) -> MetricsScraper:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # --- membership ----------------------------------------------------------------------------------
+    def sync_endpoints(self) -> None:
+        """Start tasks for endpoints new to the pool and cancel those of endpoints that left it.
+
+        Tasks are only started while the scraper runs; statuses of departed endpoints are dropped always.
+        """
+        current = {endpoint.address for endpoint in self.pool.endpoints}
+        for address in [a for a in self._status if a not in current]:
+            del self._status[address]
+        for address in [a for a in self._tasks if a not in current]:
+            task = self._tasks.pop(address)
+            task.cancel()
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        if self._supervisor is None:
+            return
+        loop = asyncio.get_running_loop()
+        for address in current.difference(self._tasks):
+            self._tasks[address] = loop.create_task(self._poll(address), name=f"{TASK_NAME_PREFIX}:{address}")
+
+    def status(self, address: str) -> ScrapeStatus | None:
+        return self._status.get(address)
+
+    @property
+    def polled_addresses(self) -> frozenset[str]:
+        """Endpoints that currently have a polling task."""
+        return frozenset(self._tasks)
+
+    # --- scraping ------------------------------------------------------------------------------------
+    async def scrape_once(self) -> dict[str, bool]:
+        """Scrape every endpoint now, concurrently; returns whether each scrape succeeded."""
+        self.sync_endpoints()
+        addresses = [endpoint.address for endpoint in self.pool.endpoints]
+        results = await asyncio.gather(*(self._scrape(address) for address in addresses))
+        return dict(zip(addresses, results, strict=True))
+
+    async def _supervise(self) -> None:
+        while True:
+            try:
+                self.sync_endpoints()
+            except Exception:
+                log.exception("metrics scraper: following the pool's endpoints failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def _poll(self, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            try:
+                await self._scrape(address)
+            except Exception:
+                log.exception("metrics scraper: recording the scrape of %s failed", address)
+            next_at += self.interval_s
+            delay = next_at - loop.time()
+            if delay < 0:  # the scrape overran its slot: start again now rather than in a burst
+                next_at, delay = loop.time(), 0.0
+            await asyncio.sleep(delay)
+
+    async def _scrape(self, address: str) -> bool:
+        """One scrape of one endpoint, recorded in the pool; never raises (except on cancellation)."""
+        endpoint = self.pool.get(address)
+        if endpoint is None:
+            return False
+        try:
+            snapshot = await self._fetch(endpoint.url + self.path)
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            OSError,
+            ParseError,
+            UnicodeDecodeError,
+            _BadStatus,
+        ) as exc:
+            self._record_failure(address, _describe(exc))
+            return False
+        except Exception as exc:  # a bug, not a sick endpoint: log it loudly but keep polling
+            log.exception("metrics scraper: unexpected error scraping %s", address)
+            self._record_failure(address, _describe(exc))
+            return False
+        self._record_success(address, snapshot)
+        return True
+
+    async def _fetch(self, url: str) -> MetricsSnapshot:
+        session = self._get_session()
+        async with session.get(url, timeout=self.timeout, headers=SCRAPE_HEADERS) as response:
+            if response.status != 200:
+                raise _BadStatus(f"HTTP {response.status}")
+            body = await response.read()
+        return parse_metrics(body.decode("utf-8"))
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            if self._session_factory is None:
+                raise RuntimeError("metrics scraper: the borrowed ClientSession was closed")
+            self._session = self._session_factory()
+        return self._session
+
+    # --- health bookkeeping --------------------------------------------------------------------------
+    def _record_failure(self, address: str, error: str) -> None:
+        if address not in self.pool:
+            return
+        status = self._status.setdefault(address, ScrapeStatus())
+        status.scrapes += 1
+        status.failures += 1
+        status.consecutive_failures += 1
+        status.consecutive_successes = 0
+        status.last_error = error
+        if status.consecutive_failures >= self.unhealthy_after and self.pool.is_healthy(address):
+            self.pool.set_healthy(address, False)
+            log.warning(
+                "endpoint %s is unhealthy: %d consecutive metric scrapes failed (last: %s)",
+                address,
+                status.consecutive_failures,
+                error,
+            )
+        else:
+            log.debug("metrics scrape of %s failed: %s", address, error)
+
+    def _record_success(self, address: str, snapshot: MetricsSnapshot) -> None:
+        if address not in self.pool:  # removed while the scrape was in flight
+            return
+        now = self.clock.now()
+        self.pool.set_metrics(address, snapshot, at=now)
+        status = self._status.setdefault(address, ScrapeStatus())
+        status.scrapes += 1
+        status.consecutive_successes += 1
+        status.consecutive_failures = 0
+        status.last_success_at = now
+        if status.consecutive_successes >= self.healthy_after and not self.pool.is_healthy(address):
+            self.pool.set_healthy(address, True)
+            log.warning("endpoint %s is healthy again: its metrics scrape succeeded", address)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
