@@ -71,12 +71,12 @@ class SchedulerProfile:
         self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
     ) -> ProfileRunResult | str:
         """The picked targets, or why there are none."""
+        cycle.pop(ROUTE_KEY, None)
         for filt in self.filters:
             candidates = filt.filter(cycle, request, candidates)
             if len(candidates) == 0:
                 return f"filter {_label(filt)} removed every candidate"
         total = self.total_scores(cycle, request, candidates)
-        cycle.pop(ROUTE_KEY, None)
         chosen = self.picker.pick(cycle, request, candidates, total)
         if len(chosen) == 0:
             return f"picker {_label(self.picker)} chose nothing"
