@@ -174,7 +174,8 @@ def test_evicted_hash_with_no_holder_leaves_the_index():
     index = PrefixIndex()
     index.insert("a", [1, 2], 2)
     index.insert("a", [3, 4], 2)
-    assert index.holders(1) == frozenset() and 1 not in index._holders
+    assert index.holders(1) == frozenset()
+    assert index.distinct_blocks == 2
     assert index.match([3, 4]) == {"a": 2}
 
 
@@ -195,7 +196,27 @@ def test_remove_and_retain_servers():
     assert index.holders(1) == {"a"} and index.holders(5) == frozenset()
     index.remove_server("a")
     index.remove_server("never-there")
-    assert len(index) == 0 and index.match([1]) == {}
+    assert len(index) == 0 and index.distinct_blocks == 0 and index.match([1]) == {}
+
+
+def test_a_departed_servers_slot_is_reused_without_inheriting_its_blocks():
+    index = PrefixIndex()
+    for server in ("a", "b"):
+        index.insert(server, [1, 2], 10)
+    index.remove_server("a")
+    index.insert("new", [3], 10)
+    assert index.match([1, 2]) == {"b": 2}
+    assert index.match([3]) == {"new": 1}
+    assert index.holders(1) == {"b"}
+
+
+def test_many_servers():
+    index = PrefixIndex()
+    for i in range(200):
+        index.insert(f"s{i}", [1, 2, 3][: 1 + i % 3], 10)
+    matched = index.match([1, 2, 3])
+    assert len(matched) == 200
+    assert matched["s0"] == 1 and matched["s1"] == 2 and matched["s2"] == 3 and matched["s199"] == 2
 
 
 # --- producer + pre-request ------------------------------------------------------------------------------

@@ -91,17 +91,21 @@ class SchedulerProfile:
         self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
     ) -> np.ndarray:
         """Σ weight · clamp(score, 0, 1) per candidate; NaN scores count as 0. Not divided by Σ weight."""
-        total = np.zeros(len(candidates))
+        n = len(candidates)
+        total = np.zeros(n)
+        clamped = np.empty(n)
         for weighted in self.scorers:
-            raw = np.asarray(weighted.scorer.score(cycle, request, candidates), dtype=np.float64)
-            if raw.shape != total.shape:
+            raw = weighted.scorer.score(cycle, request, candidates)
+            if np.shape(raw) != (n,):
                 raise ValueError(
-                    f"scorer {_label(weighted.scorer)} returned {raw.shape} scores for {len(candidates)} "
-                    "candidates"
+                    f"scorer {_label(weighted.scorer)} returned {np.shape(raw)} scores for {n} candidates"
                 )
-            clamped = np.clip(raw, 0.0, 1.0)
-            np.nan_to_num(clamped, copy=False, nan=0.0)
-            total += weighted.weight * clamped
+            # fmax(NaN, 0) is 0, so this clamps and zeroes NaN in two cheap ufunc calls (np.clip and
+            # np.nan_to_num cost several times more per call on arrays this small).
+            np.fmax(raw, 0.0, out=clamped)
+            np.minimum(clamped, 1.0, out=clamped)
+            clamped *= weighted.weight
+            total += clamped
         return total
 
 

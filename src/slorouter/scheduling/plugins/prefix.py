@@ -57,6 +57,8 @@ def prefix_block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: in
     hashes: list[int] = []
     append = hashes.append
     previous = seed
+    # The chain is sequential; plain slicing and concatenation measured faster than a reused buffer or a
+    # streaming hasher for 64-byte blocks.
     for start in range(0, len(data), block_chars):
         previous = _hash64(data[start : start + block_chars] + _pack_u64(previous))
         append(previous)
@@ -64,16 +66,21 @@ def prefix_block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: in
 
 
 class PrefixIndex:
-    """Which servers hold which block hashes: ``hash → set(server)`` plus one LRU of hashes per server.
+    """Which servers hold which block hashes: ``hash → servers`` plus one LRU of hashes per server.
 
-    Evicting a hash from a server's LRU removes the server from that hash's set. Not thread-safe.
+    Evicting a hash from a server's LRU removes the server from that hash's holders. Each server has a slot
+    number and a hash's holders are a bitmask of slots (an int), so the walk in ``match`` is integer ANDs and
+    the index holds no per-hash containers for the garbage collector to scan. Not thread-safe.
     """
 
-    __slots__ = ("_holders", "_lrus")
+    __slots__ = ("_free_slots", "_holders", "_lrus", "_server_of_slot", "_slot_of")
 
     def __init__(self) -> None:
-        self._holders: dict[int, set[str]] = {}
+        self._holders: dict[int, int] = {}  # block hash → bitmask of server slots
         self._lrus: dict[str, OrderedDict[int, None]] = {}
+        self._slot_of: dict[str, int] = {}
+        self._server_of_slot: dict[int, str] = {}
+        self._free_slots: list[int] = []
 
     def __len__(self) -> int:
         """Total (server, hash) entries."""
@@ -83,12 +90,17 @@ class PrefixIndex:
     def servers(self) -> list[str]:
         return list(self._lrus)
 
+    @property
+    def distinct_blocks(self) -> int:
+        """Block hashes held by at least one server."""
+        return len(self._holders)
+
     def server_size(self, server: str) -> int:
         lru = self._lrus.get(server)
         return 0 if lru is None else len(lru)
 
     def holders(self, block_hash: int) -> frozenset[str]:
-        return frozenset(self._holders.get(block_hash, ()))
+        return frozenset(self._servers_in(self._holders.get(block_hash, 0)))
 
     def insert(self, server: str, hashes: list[int], capacity: int) -> None:
         """Record that ``server`` holds ``hashes``, then evict its least recently used beyond ``capacity``.
@@ -98,44 +110,41 @@ class PrefixIndex:
         lru = self._lrus.get(server)
         if lru is None:
             lru = self._lrus[server] = OrderedDict()
+            slot = self._free_slots.pop() if self._free_slots else len(self._slot_of)
+            self._slot_of[server] = slot
+            self._server_of_slot[slot] = server
+        bit = 1 << self._slot_of[server]
         holders = self._holders
         for block_hash in reversed(hashes):
             if block_hash in lru:
                 lru.move_to_end(block_hash)
-                continue
-            lru[block_hash] = None
-            servers = holders.get(block_hash)
-            if servers is None:
-                holders[block_hash] = {server}
             else:
-                servers.add(server)
+                lru[block_hash] = None
+                holders[block_hash] = holders.get(block_hash, 0) | bit
         for _ in range(len(lru) - max(capacity, 1)):
             evicted, _ = lru.popitem(last=False)
-            self._forget(evicted, server)
+            self._forget(evicted, bit)
 
     def match(self, hashes: list[int]) -> dict[str, int]:
         """Per server, how many leading blocks of ``hashes`` it holds (servers holding none are absent)."""
         if not hashes:
             return {}
         holders = self._holders
-        alive = holders.get(hashes[0])
+        alive = holders.get(hashes[0], 0)
         if not alive:
             return {}
         matched: dict[str, int] = {}
         depth = 1
         for block_hash in hashes[1:]:
-            servers = holders.get(block_hash)
-            if servers is None:
-                break
-            survivors = alive & servers
-            if len(survivors) < len(alive):
-                for server in alive - survivors:
+            survivors = alive & holders.get(block_hash, 0)
+            if survivors != alive:
+                for server in self._servers_in(alive & ~survivors):
                     matched[server] = depth
                 if not survivors:
                     return matched
-            alive = survivors
+                alive = survivors
             depth += 1
-        for server in alive:
+        for server in self._servers_in(alive):
             matched[server] = depth
         return matched
 
@@ -143,8 +152,12 @@ class PrefixIndex:
         lru = self._lrus.pop(server, None)
         if lru is None:
             return
+        slot = self._slot_of.pop(server)
+        del self._server_of_slot[slot]
+        bit = 1 << slot
         for block_hash in lru:
-            self._forget(block_hash, server)
+            self._forget(block_hash, bit)
+        self._free_slots.append(slot)
 
     def retain_servers(self, keep: Iterable[str]) -> list[str]:
         """Drop every server not in ``keep``; returns the dropped ones."""
@@ -154,13 +167,21 @@ class PrefixIndex:
             self.remove_server(server)
         return dropped
 
-    def _forget(self, block_hash: int, server: str) -> None:
-        servers = self._holders.get(block_hash)
-        if servers is None:
-            return
-        servers.discard(server)
-        if not servers:
-            del self._holders[block_hash]
+    def _servers_in(self, mask: int) -> list[str]:
+        server_of_slot = self._server_of_slot
+        servers = []
+        while mask:
+            lowest = mask & -mask
+            servers.append(server_of_slot[lowest.bit_length() - 1])
+            mask ^= lowest
+        return servers
+
+    def _forget(self, block_hash: int, bit: int) -> None:
+        mask = self._holders.get(block_hash, 0) & ~bit
+        if mask:
+            self._holders[block_hash] = mask
+        else:
+            self._holders.pop(block_hash, None)
 
 
 class ApproxPrefixCacheParams(PluginParams):
@@ -259,6 +280,9 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
     def _block_size_tokens(self, reported_block_sizes: np.ndarray) -> int:
         """With autoTune, the first candidate's reported block size (the first that reports one)."""
         if self.params.auto_tune and len(reported_block_sizes):
+            first = int(reported_block_sizes[0])
+            if first > 0:
+                return first
             known = np.flatnonzero(reported_block_sizes > 0)
             if len(known):
                 return int(reported_block_sizes[known[0]])
@@ -315,7 +339,6 @@ def prefix_match_ratio(candidates: Candidates) -> np.ndarray:
     """matched / total prefix blocks per candidate; 0 where the producer's data is missing or total is 0."""
     matched = candidates.attrs.get(PREFIX_MATCH_BLOCKS)
     total = candidates.attrs.get(PREFIX_TOTAL_BLOCKS)
-    ratio = np.zeros(len(candidates))
     if matched is None or total is None:
-        return ratio
-    return np.divide(matched, total, out=ratio, where=total > 0)
+        return np.zeros(len(candidates))
+    return matched / np.maximum(total, 1)  # matched ≤ total, so total 0 gives 0
