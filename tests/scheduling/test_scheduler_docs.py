@@ -1,0 +1,22 @@
+"""The YAML examples in docs/configuration-scheduler.md build as documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from slorouter.scheduling.config import build_scheduler_setup
+
+from .conftest import make_ctx
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration-scheduler.md"
+
+
+def test_every_yaml_example_builds():
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        setup = build_scheduler_setup(yaml.safe_load(block)["scheduler"], make_ctx())
+        assert setup.scheduler.profile_names == ["default"]
