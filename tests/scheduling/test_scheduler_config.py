@@ -367,6 +367,14 @@ def test_location_prefix_is_configurable():
         build_scheduler_setup({"plugins": [{}]}, make_ctx(), location="epp")
 
 
+def test_two_unnamed_instances_of_a_type():
+    fails(
+        {"plugins": [{"type": "queue-scorer"}, {"type": "queue-scorer"}]},
+        "scheduler.plugins[1].name: duplicate plugin name 'queue-scorer' "
+        "(plugins[0] has it too; name each instance of a type)",
+    )
+
+
 def test_duplicate_plugin_name():
     fails(
         {

@@ -240,9 +240,10 @@ class _Builder:
         for i, spec in enumerate(self.config.plugins):
             name = spec.effective_name
             if name in declared_at:
+                hint = "" if spec.name else "; name each instance of a type"
                 raise self.fail(
                     f"plugins[{i}].name",
-                    f"duplicate plugin name {name!r} (plugins[{declared_at[name]}] has it too)",
+                    f"duplicate plugin name {name!r} (plugins[{declared_at[name]}] has it too{hint})",
                 )
             declared_at[name] = i
             self.plugins[name] = self._instantiate(spec.type, name, spec.parameters, f"plugins[{i}]")
