@@ -13,6 +13,7 @@ import uvloop
 from slorouter.config import Config, ConfigError, load_config
 from slorouter.gateway.runtime import Router
 from slorouter.pool.config import PoolConfig
+from slorouter.scheduling.config import SchedulerConfigError
 
 log = logging.getLogger("slorouter")
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         if args.config and config.pool is None:
             raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints lists the model servers)")
         return uvloop.run(_serve(config, embedded=not args.config))
-    except ConfigError as exc:
+    except (ConfigError, SchedulerConfigError) as exc:
         print(f"slorouter: configuration error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

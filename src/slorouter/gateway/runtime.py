@@ -14,7 +14,7 @@ from slorouter.config import Config, ConfigError
 from slorouter.director import Director
 from slorouter.gateway.app import Gateway
 from slorouter.metrics import GatewayMetrics
-from slorouter.pool.config import PoolConfig, endpoints_from_config
+from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
@@ -49,8 +49,9 @@ class Router:
         tracker = InFlightTracker(pool)
         director = Director(pool, setup, tracker, clock)
         metrics = GatewayMetrics(pool)
+        tracker.register_metrics(metrics.registry)
         gateway = Gateway(config.gateway, director, metrics, clock)
-        scraper = _make_scraper(pool, config.pool, clock)
+        scraper = MetricsScraper.from_config(pool, clock, config.pool)
         return cls(config, pool, director, gateway, scraper, metrics)
 
     async def start(self) -> None:
@@ -71,12 +72,3 @@ class Router:
             await self._runner.cleanup()
             self._runner = None
 
-
-def _make_scraper(pool: PoolState, pool_config: PoolConfig, clock: Clock) -> MetricsScraper:
-    return MetricsScraper(
-        pool,
-        clock=clock,
-        interval_s=pool_config.scrape_interval_ms / 1000,
-        timeout_s=pool_config.scrape_timeout_ms / 1000,
-        unhealthy_after=pool_config.unhealthy_after_failures,
-    )
