@@ -1,0 +1,84 @@
+"""``slorouter sim``: run simulated vLLM pods until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import uvloop
+
+from slorouter.sim.profiles import PROFILES
+from slorouter.sim.server import start_pods
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 0..65535, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sim",
+        help="run simulated vLLM model servers",
+        description="Run N simulated vLLM pods (OpenAI API, vLLM /metrics) on consecutive ports.",
+    )
+    parser.add_argument("--pods", type=_positive_int, default=1, help="number of pods (default 1)")
+    parser.add_argument(
+        "--port", type=_port, default=8000, help="port of the first pod; 0 picks free ports (default 8000)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="llama3-8b-h100",
+        help="latency model (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of pod 0's step-time jitter; pod i uses seed+i"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--model", default=None, help="served model name (default: the profile's)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.port and args.port + args.pods - 1 > 65535:
+        print(
+            f"slorouter sim: error: ports {args.port}..{args.port + args.pods - 1} exceed 65535",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return uvloop.run(_serve(args))
+    except OSError as exc:
+        print(f"slorouter sim: error: cannot listen: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    cluster = await start_pods(
+        args.pods, args.port, args.profile, host=args.host, seed=args.seed, model=args.model
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    model = cluster.pods[0].model
+    print(f"slorouter sim: {len(cluster.pods)} pod(s), profile {args.profile}, model {model}", flush=True)
+    for pod in cluster.pods:
+        print(f"  {pod.name} http://{pod.address}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await cluster.close()
+    return 0

@@ -1,0 +1,699 @@
+"""A vLLM-V1-like inference engine as a pure state machine (no clock reads, no asyncio).
+
+The caller owns time: it adds requests at a time, asks for the next step at a time (``plan_step``), waits
+``step.duration`` (really, or in virtual time) and applies it (``commit_step``). The real-time HTTP server
+and the discrete-event cluster simulator drive this same class.
+
+What it models, after vLLM V1's scheduler and KV-cache manager:
+
+- **Continuous batching** with a token budget per step (``max_num_batched_tokens``) and at most
+  ``max_num_seqs`` running requests; FCFS waiting queue.
+- **Chunked prefill**: a prompt is computed over as many steps as the budget needs. Decodes are scheduled
+  first (the budget always covers them since it is at least ``max_num_seqs``), then running prefills in
+  admission order, then waiting requests.
+- **Paged KV cache** of ``num_gpu_blocks`` blocks of ``block_size`` tokens, allocated as tokens are scheduled.
+- **Automatic prefix caching**: full blocks are registered under a hash chain of their token ids; a new
+  request reuses the longest cached run of its leading full blocks (at most ``num_tokens - 1`` tokens, as in
+  vLLM) and skips computing them. Blocks nobody references stay cached until evicted, least recently freed
+  first (a request's blocks are freed tail first). Generated tokens fill blocks that get cached too.
+- **Preemption by recompute**: when a running request needs a block and none is free, the most recently
+  admitted running request loses all its blocks and goes back to the front of the waiting queue.
+- **Output length** is exactly ``max_tokens`` (as with ``ignore_eos``).
+- **Step time** from the profile's latency model, times seeded lognormal jitter; per-request API overheads
+  before the queue (``api_pre``) and after the last token (``api_post`` + ``api_per_token`` per output token).
+
+Decodes cost O(1) per step each, not O(tokens): a decoding request advances implicitly with the step counter
+and is only touched when it needs a new KV block (every ``block_size`` tokens) or finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from slorouter.sim.profiles import Profile
+from slorouter.sim.text import PERIOD, output_bytes
+from slorouter.tokenizer import BYTES_PER_TOKEN, token_ids_to_bytes
+
+RequestId = Hashable
+
+# Request states.
+PENDING, WAITING, PREFILL, DECODE, FINISHED, ABORTED = range(6)
+
+_ROOT_HASH = 0x5EED_0F_B10C  # parent of a request's first block in the hash chain
+
+
+class RequestRejected(ValueError):
+    """A request the engine can never serve (empty, too long for the model or the KV cache, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """A request produced its first output token."""
+
+    request_id: RequestId
+    time: float
+    arrival_time: float
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache at first scheduling
+
+    @property
+    def ttft(self) -> float:
+        return self.time - self.arrival_time
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request produced its last token. ``done_time`` adds the API overheads: when the client has it all."""
+
+    request_id: RequestId
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    arrival_time: float
+    queued_time: float  # entered the waiting queue (arrival + api_pre)
+    scheduled_time: float  # first scheduled
+    first_token_time: float
+    finish_time: float
+    done_time: float
+    num_preemptions: int
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float:
+        return self.done_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float:
+        return self.scheduled_time - self.queued_time
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one committed step produced."""
+
+    time: float
+    tokens: list[RequestId]  # requests that got one more output token (first tokens included)
+    first_tokens: list[FirstToken]
+    finished: list[Finished]
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    """A planned step: the batch is fixed and its KV blocks are allocated; ``commit_step`` applies it."""
+
+    index: int
+    start: float
+    duration: float  # seconds
+    num_decodes: int
+    num_prefill_tokens: int
+    num_preempted: int
+    _chunks: list[tuple[_Request, int]] = field(repr=False)
+    _finishing: list[_Request] = field(repr=False)
+    _decoding: tuple[RequestId, ...] = field(repr=False)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+class _Request:
+    __slots__ = (
+        "arrival",
+        "block_hashes",
+        "blocks",
+        "cached_tokens",
+        "dec_computed",
+        "dec_output",
+        "dec_step",
+        "finish_step",
+        "first_token_time",
+        "max_tokens",
+        "next_event",
+        "num_cached_blocks",
+        "num_computed",
+        "num_output",
+        "num_preemptions",
+        "num_tokens",
+        "prompt_bytes",
+        "prompt_len",
+        "queued",
+        "request_id",
+        "run_seq",
+        "scheduled_time",
+        "state",
+    )
+
+    def __init__(self, request_id: RequestId, prompt_bytes: bytes, max_tokens: int, arrival: float) -> None:
+        self.request_id = request_id
+        self.prompt_bytes = prompt_bytes
+        self.prompt_len = len(prompt_bytes) // BYTES_PER_TOKEN
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.queued = arrival
+        self.state = PENDING
+        self.num_tokens = self.prompt_len  # prompt + output tokens known so far
+        self.num_computed = 0  # KV-computed tokens (stale while decoding: see _sync_decode)
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
+        self.cached_tokens = -1
+        self.scheduled_time = -1.0
+        self.first_token_time = -1.0
+        self.num_preemptions = 0
+        self.run_seq = 0  # admission order into the running set
+        self.dec_step = self.dec_computed = self.dec_output = 0  # decode progress at step dec_step
+        self.finish_step = self.next_event = -1
+
+
+class Engine:
+    """One simulated model server's engine. Not thread-safe; times are seconds on the caller's time line."""
+
+    def __init__(self, profile: Profile, *, seed: int = 0, jitter_sigma: float | None = None) -> None:
+        if profile.max_num_batched_tokens < profile.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs (decodes must fit a step)")
+        self.profile = profile
+        self.block_size = profile.block_size
+        self.num_gpu_blocks = profile.num_gpu_blocks
+        self.max_model_len = profile.max_model_len
+        self._rng = random.Random(seed)
+        self._sigma = profile.jitter_sigma if jitter_sigma is None else jitter_sigma
+        self._api_pre = profile.api_pre_ms / 1000.0
+        self._api_post = profile.api_post_ms / 1000.0
+        self._api_per_token = profile.api_per_token_ms / 1000.0
+
+        self._requests: dict[RequestId, _Request] = {}
+        self._pending: list[tuple[float, int, _Request]] = []  # heap by ready time
+        self._pending_seq = 0
+        self._waiting: deque[_Request] = deque()
+        self._running: dict[RequestId, _Request] = {}  # admission order
+        self._prefilling: list[_Request] = []
+        self._decoding: dict[RequestId, _Request] = {}
+        self._due: dict[int, list[_Request]] = {}  # step index -> decoding requests to look at then
+        self._decode_context = 0  # Σ computed tokens over decoding requests
+        self._run_seq = 0
+        self._steps_done = 0
+        self._inflight: Step | None = None
+        self._aborted_inflight: set[RequestId] = set()
+
+        # KV blocks. Never-used blocks are handed out in id order before any freed one, as vLLM's free queue
+        # starts with all blocks in id order and appends freed blocks at its tail.
+        self._next_fresh = 0
+        self._ref: list[int] = []
+        self._hash_of: list[int | None] = []
+        self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, least recently freed first
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        # Bytes of a block of generated tokens, by the output position it starts at modulo the text's period.
+        self._output_blocks = [output_bytes(k, k + self.block_size) for k in range(PERIOD)]
+
+        self.prefix_cache_queries = 0  # tokens looked up (vLLM counts tokens)
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_preemptions_total = 0
+        self.num_finished_total = 0
+
+    # ----------------------------------------------------------------------------------------- gauges
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests still in their API overhead, not yet in the waiting queue."""
+        return sum(1 for _, _, req in self._pending if req.state == PENDING)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_gpu_blocks - self._next_fresh + len(self._free)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks referenced by requests (cached but unreferenced blocks count as free)."""
+        return 1.0 - self.num_free_blocks / self.num_gpu_blocks
+
+    @property
+    def steps_done(self) -> int:
+        return self._steps_done
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting) or self.next_ready_time() is not None
+
+    def next_ready_time(self) -> float | None:
+        """When the earliest request still in its API overhead reaches the waiting queue (None: none)."""
+        pending = self._pending
+        while pending and pending[0][2].state != PENDING:
+            heapq.heappop(pending)
+        return pending[0][0] if pending else None
+
+    # --------------------------------------------------------------------------------------- requests
+
+    def add_request(
+        self,
+        request_id: RequestId,
+        prompt_token_ids: Sequence[int] | np.ndarray | bytes,
+        max_tokens: int,
+        now: float,
+    ) -> None:
+        """Accept a request arriving at ``now``; it reaches the waiting queue ``api_pre`` later.
+
+        ``prompt_token_ids`` may also be the packed little-endian uint32 bytes of the ids. Raises
+        ``RequestRejected`` for requests the engine can never serve and ``ValueError`` for a duplicate id.
+        """
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already in the engine")
+        if isinstance(prompt_token_ids, bytes):
+            if len(prompt_token_ids) % BYTES_PER_TOKEN:
+                raise RequestRejected("packed token ids must be 4 bytes each")
+            prompt = prompt_token_ids
+        else:
+            try:
+                prompt = token_ids_to_bytes(prompt_token_ids)
+            except (OverflowError, ValueError) as exc:
+                raise RequestRejected("token ids must be integers in [0, 2**32)") from exc
+        prompt_len = len(prompt) // BYTES_PER_TOKEN
+        if prompt_len == 0:
+            raise RequestRejected("the prompt is empty")
+        if max_tokens < 1:
+            raise RequestRejected(f"max_tokens must be at least 1, got {max_tokens}")
+        if prompt_len + max_tokens > self.max_model_len:
+            raise RequestRejected(
+                f"prompt ({prompt_len}) + max_tokens ({max_tokens}) > max_model_len ({self.max_model_len})"
+            )
+        if -(-(prompt_len + max_tokens) // self.block_size) > self.num_gpu_blocks:
+            raise RequestRejected("the request needs more KV blocks than the engine has")
+        req = _Request(request_id, prompt, max_tokens, now)
+        req.block_hashes = self._prompt_block_hashes(prompt)
+        req.queued = now + self._api_pre
+        self._requests[request_id] = req
+        self._pending_seq += 1
+        heapq.heappush(self._pending, (req.queued, self._pending_seq, req))
+
+    def abort(self, request_id: RequestId) -> bool:
+        """Drop a request wherever it is and free its blocks. False if the engine does not know it."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        state = req.state
+        if state == WAITING:
+            self._waiting.remove(req)
+        elif state in (PREFILL, DECODE):
+            if state == DECODE:
+                computed = self._sync_decode(req, self._steps_done)
+                del self._decoding[request_id]
+                self._decode_context -= computed
+            else:
+                self._prefilling.remove(req)
+            del self._running[request_id]
+            self._free_blocks(req)
+            if self._inflight is not None:
+                self._aborted_inflight.add(request_id)
+        req.state = ABORTED  # a pending request stays in the heap until popped
+        return True
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    def plan_step(self, now: float) -> Step | None:
+        """Choose the next batch at ``now`` (allocating its blocks, preempting if needed); None if idle."""
+        if self._inflight is not None:
+            raise RuntimeError("the previous step has not been committed")
+        self._release_pending(now)
+        if not self._running and not self._waiting:
+            return None
+        index = self._steps_done
+        block_size = self.block_size
+        budget = self.profile.max_num_batched_tokens
+        preempted_before = self.num_preemptions_total
+        finishing: list[_Request] = []
+        chunks: list[tuple[_Request, int]] = []
+        pairs = 0.0
+
+        due = self._due.pop(index, None)
+        if due:
+            due.sort(key=_run_order)
+            for req in due:
+                if req.state != DECODE or req.next_event != index:  # preempted, or a stale duplicate
+                    continue
+                req.next_event = -1
+                computed = self._sync_decode(req, index)
+                if computed >= len(req.blocks) * block_size:  # the token computed now opens a new block
+                    self._cache_full_blocks(req, computed)
+                    while self.num_free_blocks == 0:
+                        if self._preempt_newest(index, finishing) is req:
+                            break
+                    if req.state != DECODE:
+                        continue
+                    req.blocks.append(self._allocate_block())
+                if index == req.finish_step:
+                    finishing.append(req)
+                else:
+                    self._schedule_decode_event(req)
+
+        budget -= len(self._decoding)
+        for req in list(self._prefilling):
+            if budget <= 0:
+                break
+            if req.state != PREFILL:  # preempted while making room for an earlier request
+                continue
+            computed = req.num_computed
+            n = min(req.num_tokens - computed, budget)
+            needed = -(-(computed + n) // block_size) - len(req.blocks)
+            while needed > self.num_free_blocks:
+                if self._preempt_newest(index, finishing) is req:
+                    break
+            if req.state != PREFILL:
+                continue
+            if needed:
+                req.blocks += self._allocate_blocks(needed)
+            self._cache_full_blocks(req, computed + n)
+            chunks.append((req, n))
+            pairs += n * (computed + n / 2)
+            budget -= n
+
+        preempted = self.num_preemptions_total - preempted_before
+        if not preempted or not (chunks or self._decoding):
+            pairs += self._admit_waiting(now, budget, chunks)
+
+        num_decodes = len(self._decoding)
+        prefill_tokens = sum(n for _, n in chunks)
+        if num_decodes == 0 and prefill_tokens == 0:
+            return None
+        context = self._decode_context + num_decodes
+        duration_ms = self.profile.step_ms(num_decodes + prefill_tokens, pairs, context, num_decodes)
+        if self._sigma > 0.0:
+            duration_ms *= math.exp(self._sigma * self._rng.gauss(0.0, 1.0) - 0.5 * self._sigma**2)
+        step = Step(
+            index=index,
+            start=now,
+            duration=duration_ms / 1000.0,
+            num_decodes=num_decodes,
+            num_prefill_tokens=prefill_tokens,
+            num_preempted=preempted,
+            _chunks=chunks,
+            _finishing=finishing,
+            _decoding=tuple(self._decoding),
+        )
+        self._inflight = step
+        return step
+
+    def commit_step(self, step: Step, now: float | None = None) -> StepOutput:
+        """Apply a planned step, finished at ``now`` (default ``step.end``)."""
+        if step is not self._inflight:
+            raise RuntimeError("commit_step needs the step returned by the last plan_step")
+        time = step.end if now is None else now
+        self._inflight = None
+        self._steps_done = index = step.index + 1
+        decoding = self._decoding
+        self._decode_context += len(decoding)
+        if self._aborted_inflight:
+            aborted = self._aborted_inflight
+            tokens = [rid for rid in step._decoding if rid not in aborted]
+            aborted.clear()
+        else:
+            tokens = list(step._decoding)
+        generated = len(decoding)
+        first_tokens: list[FirstToken] = []
+        finished: list[Finished] = []
+
+        for req in step._finishing:
+            if req.state != DECODE:
+                continue
+            self._decode_context -= self._sync_decode(req, index)
+            del decoding[req.request_id]
+            finished.append(self._finish(req, time))
+
+        for req, n in step._chunks:
+            if req.state != PREFILL:
+                continue
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:
+                continue
+            self._prefilling.remove(req)
+            req.num_output += 1
+            req.num_tokens += 1
+            generated += 1
+            tokens.append(req.request_id)
+            if req.first_token_time < 0:
+                req.first_token_time = time
+                self.prompt_tokens_total += req.prompt_len
+                first_tokens.append(
+                    FirstToken(req.request_id, time, req.arrival, req.prompt_len, req.cached_tokens)
+                )
+            if req.num_output >= req.max_tokens:
+                self._cache_full_blocks(req, req.num_computed)
+                finished.append(self._finish(req, time))
+            else:
+                self._start_decoding(req, index)
+
+        self.generation_tokens_total += generated
+        return StepOutput(time, tokens, first_tokens, finished)
+
+    # --------------------------------------------------------------------------------------- internals
+
+    def _release_pending(self, now: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            req = heapq.heappop(pending)[2]
+            if req.state == PENDING:
+                req.state = WAITING
+                self._waiting.append(req)
+
+    def _admit_waiting(self, now: float, budget: int, chunks: list[tuple[_Request, int]]) -> float:
+        """Move waiting requests into the batch, FCFS, while budget, seats and blocks last. Returns Σpairs."""
+        block_size = self.block_size
+        max_seqs = self.profile.max_num_seqs
+        waiting = self._waiting
+        ref = self._ref
+        pairs = 0.0
+        while waiting and budget > 0 and len(self._running) < max_seqs:
+            req = waiting[0]
+            hits = self._lookup_prefix(req)
+            computed = len(hits) * block_size
+            n = min(req.num_tokens - computed, budget)
+            needed = -(-(computed + n) // block_size) - len(hits)
+            revived = sum(1 for bid in hits if ref[bid] == 0)  # cached blocks taken off the free queue
+            if needed + revived > self.num_free_blocks:
+                break
+            waiting.popleft()
+            for bid in hits:
+                if ref[bid] == 0:
+                    del self._free[bid]
+                ref[bid] += 1
+            req.blocks = hits
+            req.num_cached_blocks = len(hits)
+            if needed:
+                hits += self._allocate_blocks(needed)
+            req.num_computed = computed
+            if req.scheduled_time < 0:
+                req.scheduled_time = now
+                req.cached_tokens = computed
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += computed
+            self._cache_full_blocks(req, computed + n)
+            req.state = PREFILL
+            self._run_seq += 1
+            req.run_seq = self._run_seq
+            self._running[req.request_id] = req
+            self._prefilling.append(req)
+            chunks.append((req, n))
+            pairs += n * (computed + n / 2)
+            budget -= n
+        return pairs
+
+    def _lookup_prefix(self, req: _Request) -> list[int]:
+        """Blocks of the longest cached run of the request's leading full blocks (never all its tokens)."""
+        cached = self._cached
+        hits: list[int] = []
+        hashes = req.block_hashes
+        for j in range(min(len(hashes), (req.num_tokens - 1) // self.block_size)):
+            bid = cached.get(hashes[j])
+            if bid is None:
+                break
+            hits.append(bid)
+        return hits
+
+    def _preempt_newest(self, index: int, finishing: list[_Request]) -> _Request:
+        victim = self._running.pop(next(reversed(self._running)))
+        if victim.state == DECODE:
+            computed = self._sync_decode(victim, index)
+            del self._decoding[victim.request_id]
+            self._decode_context -= computed
+            self._cache_full_blocks(victim, computed)
+            if victim in finishing:
+                finishing.remove(victim)
+        else:
+            self._prefilling.remove(victim)
+        self._free_blocks(victim)
+        victim.num_computed = 0
+        victim.num_preemptions += 1
+        victim.state = WAITING
+        self._waiting.appendleft(victim)
+        self.num_preemptions_total += 1
+        return victim
+
+    def _start_decoding(self, req: _Request, index: int) -> None:
+        req.state = DECODE
+        req.dec_step = index
+        req.dec_computed = req.num_computed
+        req.dec_output = req.num_output
+        req.finish_step = index + req.max_tokens - req.num_output - 1
+        self._decoding[req.request_id] = req
+        self._decode_context += req.num_computed
+        self._schedule_decode_event(req)
+
+    def _schedule_decode_event(self, req: _Request) -> None:
+        """Register the next step at which the request needs a new block or finishes."""
+        block_step = req.dec_step + len(req.blocks) * self.block_size - req.dec_computed
+        step = min(block_step, req.finish_step)
+        req.next_event = step
+        due = self._due.get(step)
+        if due is None:
+            self._due[step] = [req]
+        else:
+            due.append(req)
+
+    @staticmethod
+    def _sync_decode(req: _Request, index: int) -> int:
+        """Update a decoding request's counters to just before step ``index``; returns its computed tokens."""
+        advanced = index - req.dec_step
+        req.num_computed = computed = req.dec_computed + advanced
+        req.num_output = req.dec_output + advanced
+        req.num_tokens = req.prompt_len + req.num_output
+        return computed
+
+    def _finish(self, req: _Request, time: float) -> Finished:
+        del self._running[req.request_id]
+        del self._requests[req.request_id]
+        self._free_blocks(req)
+        req.state = FINISHED
+        self.num_finished_total += 1
+        done = time + self._api_post + self._api_per_token * req.num_output
+        return Finished(
+            request_id=req.request_id,
+            prompt_tokens=req.prompt_len,
+            cached_tokens=req.cached_tokens,
+            output_tokens=req.num_output,
+            arrival_time=req.arrival,
+            queued_time=req.queued,
+            scheduled_time=req.scheduled_time,
+            first_token_time=req.first_token_time,
+            finish_time=time,
+            done_time=done,
+            num_preemptions=req.num_preemptions,
+        )
+
+    # ------------------------------------------------------------------------------------ KV blocks
+
+    def _allocate_block(self) -> int:
+        """Take a free block (the caller checked there is one): a never-used one if any is left, else the
+        least recently freed one, evicting it from the prefix cache."""
+        bid = self._next_fresh
+        if bid < self.num_gpu_blocks:
+            self._next_fresh = bid + 1
+            self._ref.append(1)
+            self._hash_of.append(None)
+            return bid
+        bid = self._free.popitem(last=False)[0]
+        block_hash = self._hash_of[bid]
+        if block_hash is not None:
+            if self._cached.get(block_hash) == bid:
+                del self._cached[block_hash]
+            self._hash_of[bid] = None
+        self._ref[bid] = 1
+        return bid
+
+    def _allocate_blocks(self, n: int) -> list[int]:
+        fresh = min(n, self.num_gpu_blocks - self._next_fresh)
+        start = self._next_fresh
+        blocks = list(range(start, start + fresh))
+        if fresh:
+            self._next_fresh = start + fresh
+            self._ref += [1] * fresh
+            self._hash_of += [None] * fresh
+        if fresh < n:  # the loop of _allocate_block, inlined: this runs for every block of every prompt
+            popitem = self._free.popitem
+            ref = self._ref
+            hash_of = self._hash_of
+            cached = self._cached
+            for _ in range(n - fresh):
+                bid = popitem(last=False)[0]
+                block_hash = hash_of[bid]
+                if block_hash is not None:
+                    if cached.get(block_hash) == bid:
+                        del cached[block_hash]
+                    hash_of[bid] = None
+                ref[bid] = 1
+                blocks.append(bid)
+        return blocks
+
+    def _free_blocks(self, req: _Request) -> None:
+        ref = self._ref
+        free = self._free
+        for bid in reversed(req.blocks):
+            ref[bid] -= 1
+            if ref[bid] == 0:
+                free[bid] = None
+        req.blocks = []
+        req.num_cached_blocks = 0
+
+    def _cache_full_blocks(self, req: _Request, num_tokens: int) -> None:
+        """Register in the prefix cache the request's full blocks among its first ``num_tokens`` tokens."""
+        full = min(num_tokens, req.num_tokens) // self.block_size
+        start = req.num_cached_blocks
+        if full <= start:
+            return
+        hashes = req.block_hashes
+        while len(hashes) < full:  # blocks holding generated tokens
+            j = len(hashes)
+            parent = hashes[j - 1] if j else _ROOT_HASH
+            hashes.append(xxhash.xxh3_64_intdigest(self._block_bytes(req, j), parent))
+        cached = self._cached
+        hash_of = self._hash_of
+        blocks = req.blocks
+        for j in range(start, full):
+            block_hash = hashes[j]
+            if block_hash not in cached:
+                bid = blocks[j]
+                cached[block_hash] = bid
+                hash_of[bid] = block_hash
+        req.num_cached_blocks = full
+
+    def _block_bytes(self, req: _Request, j: int) -> bytes:
+        block_size = self.block_size
+        first, last = j * block_size, (j + 1) * block_size
+        prompt_len = req.prompt_len
+        if last <= prompt_len:
+            return req.prompt_bytes[first * BYTES_PER_TOKEN : last * BYTES_PER_TOKEN]
+        if first >= prompt_len:
+            return self._output_blocks[(first - prompt_len) % PERIOD]
+        return req.prompt_bytes[first * BYTES_PER_TOKEN :] + output_bytes(0, last - prompt_len)
+
+    def _prompt_block_hashes(self, prompt: bytes) -> list[int]:
+        stride = self.block_size * BYTES_PER_TOKEN
+        hashes: list[int] = []
+        parent = _ROOT_HASH
+        digest = xxhash.xxh3_64_intdigest
+        for offset in range(0, len(prompt) - stride + 1, stride):
+            parent = digest(prompt[offset : offset + stride], parent)
+            hashes.append(parent)
+        return hashes
+
+
+def _run_order(req: _Request) -> int:
+    return req.run_seq

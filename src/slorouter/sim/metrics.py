@@ -1,0 +1,167 @@
+"""A simulated pod's ``/metrics`` page, with vLLM V1's metric names, labels, help texts and buckets.
+
+The router scrapes every pod every 50 ms, so the page is rendered by hand (about 30 µs; prometheus-client
+takes several times that): gauges and counters are read from the engine at scrape time, and each
+histogram's text is re-rendered only after it changed. Labels are sorted by name, as prometheus-client
+writes them.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from slorouter.sim.engine import Engine, Finished, FirstToken
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vllm/v1/metrics/loggers.py
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{name}="{_escape(value)}"' for name, value in sorted(labels.items()))
+
+
+class _Histogram:
+    __slots__ = (
+        "_bounds", "_counts", "_dirty", "_labels_text", "_le_labels", "_name", "_prefix", "_sum", "_text"
+    )  # fmt: skip
+
+    def __init__(self, name: str, help_text: str, bounds: tuple[float, ...], labels: dict[str, str]) -> None:
+        self._name = name
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)
+        self._sum = 0.0
+        self._prefix = f"# HELP {name} {help_text}\n# TYPE {name} histogram\n"
+        self._labels_text = _labels(labels)
+        self._le_labels = [_labels({**labels, "le": repr(float(b))}) for b in bounds]
+        self._le_labels.append(_labels({**labels, "le": "+Inf"}))
+        self._dirty = True
+        self._text = ""
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect.bisect_left(self._bounds, value)] += 1
+        self._sum += value
+        self._dirty = True
+
+    @property
+    def count(self) -> int:
+        return sum(self._counts)
+
+    def render(self) -> str:
+        if self._dirty:
+            lines = [self._prefix]
+            cumulative = 0
+            name = self._name
+            for labels, count in zip(self._le_labels, self._counts, strict=True):
+                cumulative += count
+                lines.append(f"{name}_bucket{{{labels}}} {float(cumulative)!r}\n")
+            lines.append(f"{name}_count{{{self._labels_text}}} {float(cumulative)!r}\n")
+            lines.append(f"{name}_sum{{{self._labels_text}}} {self._sum!r}\n")
+            self._text = "".join(lines)
+            self._dirty = False
+        return self._text
+
+
+class PodMetrics:
+    """Observes one engine's request events and renders its Prometheus page."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self._engine = engine
+        labels = {"model_name": model_name, "engine": "0"}
+        self._label_text = "{" + _labels(labels) + "}"
+        self._success_labels = "{" + _labels({**labels, "finished_reason": "length"}) + "}"
+        self.ttft = _Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+            labels,
+        )
+        self.e2e = _Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+            labels,
+        )
+        self.queue = _Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+            labels,
+        )
+        cache_labels = {
+            "block_size": str(engine.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "True",
+            "engine": "0",
+            "gpu_memory_utilization": "0.9",
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(engine.num_gpu_blocks),
+            "num_gpu_blocks_override": "None",
+        }
+        self._static = (
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f"vllm:cache_config_info{{{_labels(cache_labels)}}} 1.0\n"
+        )
+
+    def first_token(self, event: FirstToken) -> None:
+        self.ttft.observe(event.ttft)
+
+    def finished(self, event: Finished) -> None:
+        self.e2e.observe(event.e2e)
+        self.queue.observe(event.queue_time)
+
+    def render(self) -> str:
+        engine = self._engine
+        labels = self._label_text
+        parts = [
+            f"{header}{name}{labels} {float(getattr(engine, attribute))!r}\n"
+            for name, header, attribute in _ENGINE_SERIES
+        ]
+        parts.append(
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f"vllm:request_success_total{self._success_labels} {float(engine.num_finished_total)!r}\n"
+        )
+        parts.append(self._static)
+        parts.append(self.ttft.render())
+        parts.append(self.e2e.render())
+        parts.append(self.queue.render())
+        return "".join(parts)
+
+
+def _series(name: str, kind: str, help_text: str, attribute: str) -> tuple[str, str, str]:
+    return name, f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n", attribute
+
+
+# (name, HELP and TYPE lines, Engine attribute holding the value)
+_ENGINE_SERIES = tuple(
+    _series(*row)
+    for row in (
+        ("vllm:num_requests_running", "gauge",
+         "Number of requests in model execution batches.", "num_running"),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "num_waiting"),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+        ("vllm:prefix_cache_queries_total", "counter",
+         "Prefix cache queries, in terms of number of queried tokens.", "prefix_cache_queries"),
+        ("vllm:prefix_cache_hits_total", "counter",
+         "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+        ("vllm:num_preemptions_total", "counter",
+         "Cumulative number of preemption from the engine.", "num_preemptions_total"),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt_tokens_total"),
+        ("vllm:generation_tokens_total", "counter",
+         "Number of generation tokens processed.", "generation_tokens_total"),
+    )
+)  # fmt: skip
