@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class Director:
-    def __init__(self, pool: PoolState, setup: SchedulerSetup, tracker: InFlightTracker, clock: Clock) -> None:
+    def __init__(
+        self, pool: PoolState, setup: SchedulerSetup, tracker: InFlightTracker, clock: Clock
+    ) -> None:
         self.pool = pool
         self.setup = setup
         self.tracker = tracker
@@ -45,7 +47,7 @@ class Director:
         return candidates
 
     def schedule(self, request: InferenceRequest, exclude: Collection[str] = ()) -> SchedulingResult:
-        """Pick the endpoint(s) for a request. Raises ``SchedulingError`` (with its HTTP status) on failure."""
+        """Pick the endpoint(s) for a request; raises ``SchedulingError`` (with its HTTP status)."""
         candidates = self.candidates(exclude)
         if not len(candidates):
             raise NoCandidatesError(

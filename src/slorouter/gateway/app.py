@@ -346,4 +346,3 @@ async def _json_errors(
         }.get(exc.status, exc.reason)
         allow = exc.headers.get("Allow")
         return error_response(exc.status, message, headers={"Allow": allow} if allow else None)
-

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the OpenAI-compatible gateway. Without --config it runs the embedded default: "
         f"{EMBEDDED_PODS} simulated {EMBEDDED_PROFILE} pods in-process and the gateway on 127.0.0.1:8080.",
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md)")
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md)"
+    )
     parser.add_argument("--host", help="listen address (overrides gateway.host)")
     parser.add_argument("--port", type=_port, help="listen port (overrides gateway.port)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -70,7 +72,9 @@ async def _serve(config: Config, embedded: bool) -> int:
 
         cluster = await start_pods(EMBEDDED_PODS, 0, EMBEDDED_PROFILE)
         config = config.model_copy(update={"pool": PoolConfig(endpoints=list(cluster.addresses))})
-        log.info("embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses)
+        log.info(
+            "embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses
+        )
     router = Router.build(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -92,10 +96,10 @@ def _print_try_it(address: str, model: str) -> None:
     print(
         f"\nslorouter is routing on http://{address} across {EMBEDDED_PODS} simulated pods. Try:\n\n"
         f"  curl -s http://{address}/v1/completions -H 'Content-Type: application/json' \\\n"
-        f"    -d '{{\"model\": \"{model}\", \"prompt\": \"Hello, world\", \"max_tokens\": 16}}'\n\n"
+        f'    -d \'{{"model": "{model}", "prompt": "Hello, world", "max_tokens": 16}}\'\n\n'
         f"  curl -sN http://{address}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi\"}}], "
-        f"\"max_tokens\": 16, \"stream\": true}}'\n\n"
+        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hi"}}], '
+        f'"max_tokens": 16, "stream": true}}\'\n\n'
         "Press Ctrl-C to stop.\n",
         flush=True,
     )

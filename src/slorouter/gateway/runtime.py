@@ -71,4 +71,3 @@ class Router:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-

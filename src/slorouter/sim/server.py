@@ -279,6 +279,11 @@ class SimCluster:
     def addresses(self) -> list[str]:
         return [pod.address for pod in self.pods]
 
+    @property
+    def model(self) -> str:
+        """The served model name (every pod of a cluster serves the same one)."""
+        return self.pods[0].model
+
     async def close(self) -> None:
         await asyncio.gather(*(pod.close() for pod in self.pods))
 
