@@ -11,12 +11,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+$(STAMP_RUN): pyproject.toml requirements.lock | $(BIN)/python
+	$(BIN)/pip install --quiet -c requirements.lock -e .
 	touch $@
 
-$(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(STAMP_DEV): pyproject.toml requirements.lock | $(BIN)/python
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)

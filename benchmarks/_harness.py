@@ -86,7 +86,7 @@ wrk.headers["Content-Type"] = "application/json"
                 ensure_wrk(),
                 f"-t{threads}",
                 f"-c{connections}",
-                f"-d{seconds}s",
+                f"-d{max(1, round(seconds))}s",
                 "--latency",
                 "-s",
                 f.name,
