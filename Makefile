@@ -29,8 +29,9 @@ lint: $(STAMP_DEV)
 test: lint
 	$(BIN)/pytest
 
+# Every benchmark script in turn; results are recorded in docs/benchmarks.md.
 bench: $(STAMP_DEV)
-	$(BIN)/python benchmarks/run_all.py
+	for script in benchmarks/bench_*.py; do echo "## $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
