@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slorouter.pool.config import PoolConfig
+from slorouter.validation import format_validation_error
 
 
 class ConfigError(ValueError):
@@ -38,16 +39,6 @@ class Config(StrictModel):
     seed: int | None = Field(default=None, description="seeds the scheduler's RNG (random pickers)")
 
 
-def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"])
-        loc = loc.replace(".[", "[")
-        where = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "config")
-        lines.append(f"{where}: {err['msg']}")
-    return "; ".join(lines)
-
-
 def parse_config(data: Any, source: str = "config") -> Config:
     if data is None:
         data = {}
@@ -56,7 +47,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+        raise ConfigError(f"{source}: {format_validation_error(exc, '')}") from exc
 
 
 def load_config(path: str | Path) -> Config:

@@ -31,6 +31,7 @@ from slorouter.scheduling.plugin import (
 )
 from slorouter.scheduling.registry import UnknownPluginTypeError, default_producer_type, plugin_class
 from slorouter.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from slorouter.validation import format_validation_error, join_location
 
 DEFAULT_PROFILE_NAME = "default"
 DEFAULT_PROFILE_HANDLER = "single-profile-handler"
@@ -135,37 +136,6 @@ class SchedulerSetup:
 # --- parsing ------------------------------------------------------------------------------------------
 
 
-def _join(location: str, sub: str) -> str:
-    if not location:
-        return sub
-    if not sub:
-        return location
-    return f"{location}{sub}" if sub.startswith("[") else f"{location}.{sub}"
-
-
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text = _join(text, f"[{part}]" if isinstance(part, int) else str(part))
-    return text
-
-
-def _error_text(message: str) -> str:
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if message.startswith(prefix):
-            message = message[len(prefix) :]
-    return message[:1].lower() + message[1:]
-
-
-def format_validation_error(error: ValidationError, location: str) -> str:
-    """One line per problem: ``<location>.<field path>: <message>``."""
-    lines = []
-    for detail in error.errors():
-        where = _join(location, _format_loc(tuple(detail["loc"])))
-        lines.append(f"{where}: {_error_text(detail['msg'])}" if where else _error_text(detail["msg"]))
-    return "; ".join(lines)
-
-
 def parse_scheduler_config(
     data: dict[str, Any] | SchedulerConfig, location: str = "scheduler"
 ) -> SchedulerConfig:
@@ -228,7 +198,7 @@ class _Builder:
         self.auto_created: list[str] = []
 
     def where(self, sub: str) -> str:
-        return _join(self.location, sub)
+        return join_location(self.location, sub)
 
     def fail(self, sub: str, message: str) -> SchedulerConfigError:
         where = self.where(sub)
