@@ -14,3 +14,12 @@ PREFIX_BLOCK_SIZE_TOKENS = "prefix_block_size_tokens"  # tokens per block used f
 # inflight-load-producer: int64 arrays aligned with the candidates, from the router's own accounting.
 INFLIGHT_TOKENS = "inflight_tokens"  # prompt + context tokens of requests dispatched and not finished
 INFLIGHT_REQUESTS = "inflight_requests"  # requests dispatched and not finished
+
+# predicted-latency-producer: float64 / bool arrays aligned with the candidates. Written for every candidate
+# or for none (when the predictor is not ready, unreachable or too slow), so consumers test for presence.
+PREDICTED_TTFT_MS = "predicted_ttft_ms"  # predicted TTFT (E2E latency when streamingMode is false)
+PREDICTED_TPOT_MS = "predicted_tpot_ms"  # predicted TPOT; 0 where it is not modelled
+TTFT_HEADROOM_MS = "ttft_headroom_ms"  # SLO − prediction; −prediction without a TTFT SLO (see latency.py)
+TPOT_HEADROOM_MS = "tpot_headroom_ms"
+TTFT_VALID = "ttft_valid"  # predicted to meet the TTFT SLO
+TPOT_VALID = "tpot_valid"  # predicted to meet the TPOT SLO

@@ -29,6 +29,9 @@ class InferenceRequest:
     target_model: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     priority: int = 0
+    slo_ttft_ms: float | None = None  # x-slo-ttft-ms; None = no TTFT target
+    slo_tpot_ms: float | None = None  # x-slo-tpot-ms; None = no TPOT target
+    use_prediction: bool = True  # x-prediction-based-scheduling: false routes by the heuristic fallback
     cache_salt: str = ""
     received_at: float = 0.0
     state: dict[str, Any] = field(default_factory=dict)
@@ -40,6 +43,10 @@ class InferenceRequest:
     @property
     def sheddable(self) -> bool:
         return self.priority < 0
+
+    @property
+    def has_slo(self) -> bool:
+        return self.slo_ttft_ms is not None or self.slo_tpot_ms is not None
 
 
 class Candidates:

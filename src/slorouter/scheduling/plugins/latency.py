@@ -1,0 +1,308 @@
+"""Predicted-latency plugins that read the predictions (reference §3.3-3.7).
+
+``predicted-latency-producer`` (in ``latency_producer.py``) writes per-candidate predictions, headroom and
+validity into ``Candidates.attrs`` for every candidate or for none; these plugins consume them:
+
+- ``prefix-cache-affinity-filter``: keep cache-warm candidates (epsilon-greedy, with a TTFT load gate);
+- ``slo-headroom-tier-filter``: keep the tier predicted to meet the SLO (epsilon-greedy);
+- ``latency-scorer``: score by headroom (or lowest predicted latency without an SLO), with a composite
+  KV/queue/prefix fallback when there are no predictions;
+- ``latency-slo-admitter``: shed sheddable requests that no candidate is predicted to serve within SLO.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from slorouter.scheduling.datakeys import (
+    PREDICTED_TTFT_MS,
+    PREFIX_MATCH_BLOCKS,
+    TPOT_HEADROOM_MS,
+    TPOT_VALID,
+    TTFT_HEADROOM_MS,
+    TTFT_VALID,
+)
+from slorouter.scheduling.plugin import Admitter, Filter, Plugin, PluginParams, Scorer
+from slorouter.scheduling.plugins.prefix import prefix_match_ratio
+from slorouter.scheduling.registry import register_plugin
+from slorouter.scheduling.scheduler import ROUTE_KEY
+from slorouter.scheduling.types import AdmissionDeniedError, Candidates, CycleState, InferenceRequest
+
+# Cycle-state key: set when an epsilon-greedy plugin explored instead of exploiting.
+EXPLORED_KEY = "explored"
+PREDICTED_ROUTE = "predicted"
+FALLBACK_ROUTE = "fallback"
+EXPLORE_ROUTE = "explore"
+DROPPED_REASON_HEADER = "x-slorouter-dropped-reason"
+# A pod whose KV cache is this empty is "cold": its predictions are unreliable, and it can take load.
+COLD_KV_USAGE = 0.02
+
+
+def compute_headroom(
+    predicted_ttft_ms: np.ndarray,
+    predicted_tpot_ms: np.ndarray,
+    *,
+    slo_ttft_ms: float | None,
+    slo_tpot_ms: float | None,
+    streaming_mode: bool,
+    slo_buffer_factor: float = 1.0,
+    strictest_running_tpot_slo_ms: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Headroom (SLO − prediction, ms) and validity per candidate, as the producer attaches them.
+
+    Without any SLO the request wants the fastest pod: TTFT headroom is −prediction (every pod "misses",
+    which sends the scorer to its lowest-deficit ordering) and, in streaming mode, so is TPOT headroom.
+    With an SLO on one dimension only, the other dimension is unconstrained (valid, headroom 0) — the
+    original treats the missing header as an SLO of 0 there, which makes every pod invalid.
+    Outside streaming mode TPOT is not modelled, so it is always valid with headroom 0. In streaming mode the
+    TPOT budget is ``slo · sloBufferFactor``, tightened to the strictest TPOT SLO of the requests already
+    running on that pod (entries ≤ 0 mean none), so a new request does not push co-located ones over theirs.
+    """
+    n = len(predicted_ttft_ms)
+    has_slo = slo_ttft_ms is not None or slo_tpot_ms is not None
+    if slo_ttft_ms is not None:
+        ttft_headroom = slo_ttft_ms - predicted_ttft_ms
+        ttft_valid = predicted_ttft_ms < slo_ttft_ms
+    elif has_slo:
+        ttft_headroom, ttft_valid = np.zeros(n), np.ones(n, dtype=bool)
+    else:
+        ttft_headroom, ttft_valid = -predicted_ttft_ms, np.zeros(n, dtype=bool)
+
+    if not streaming_mode:
+        tpot_headroom, tpot_valid = np.zeros(n), np.ones(n, dtype=bool)
+    elif slo_tpot_ms is not None:
+        budget = np.full(n, slo_tpot_ms * slo_buffer_factor)
+        if strictest_running_tpot_slo_ms is not None:
+            strictest = strictest_running_tpot_slo_ms * slo_buffer_factor
+            budget = np.where(strictest > 0, np.minimum(budget, strictest), budget)
+        tpot_headroom = budget - predicted_tpot_ms
+        tpot_valid = predicted_tpot_ms < budget
+    elif has_slo:
+        tpot_headroom, tpot_valid = np.zeros(n), np.ones(n, dtype=bool)
+    else:
+        tpot_headroom, tpot_valid = -predicted_tpot_ms, np.zeros(n, dtype=bool)
+    return {
+        TTFT_HEADROOM_MS: np.asarray(ttft_headroom, dtype=np.float64),
+        TPOT_HEADROOM_MS: np.asarray(tpot_headroom, dtype=np.float64),
+        TTFT_VALID: ttft_valid,
+        TPOT_VALID: tpot_valid,
+    }
+
+
+class AffinityParams(PluginParams):
+    affinity_threshold: float = Field(0.80, alias="affinityThreshold", le=1.0)
+    exploration_probability: float = Field(0.01, alias="explorationProbability", ge=0.0, le=1.0)
+    max_ttft_penalty_ms: float = Field(5000.0, alias="maxTTFTPenaltyMs", ge=0.0)
+
+
+@register_plugin
+class PrefixCacheAffinityFilter(Plugin, Filter):
+    """Narrows the candidates to cache-warm ones (prefix match ≥ ``affinityThreshold``).
+
+    With probability ``explorationProbability`` the filter steps aside (cold pods get cache entries seeded).
+    The TTFT load gate keeps every candidate when the best warm pod's predicted TTFT is worse than the best
+    cold pod's by more than ``maxTTFTPenaltyMs`` (0 disables the gate). A threshold ≤ 0 disables the filter.
+    """
+
+    type_name = "prefix-cache-affinity-filter"
+    Params = AffinityParams
+    params: AffinityParams
+    consumes = (PREFIX_MATCH_BLOCKS,)
+
+    def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
+        p = self.params
+        if len(candidates) <= 1 or p.affinity_threshold <= 0:
+            return candidates
+        if p.exploration_probability > 0 and self.ctx.rng.random() < p.exploration_probability:
+            cycle[EXPLORED_KEY] = True
+            return candidates
+        sticky = prefix_match_ratio(candidates) >= p.affinity_threshold
+        if not sticky.any():
+            return candidates
+        if p.max_ttft_penalty_ms > 0 and not sticky.all():
+            predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
+            if predicted is not None:
+                best_warm = predicted[sticky].min()
+                best_cold = predicted[~sticky].min()
+                if best_warm - best_cold > p.max_ttft_penalty_ms:
+                    return candidates
+        return candidates.subset(sticky)
+
+
+class TierParams(PluginParams):
+    epsilon_explore_neg: float = Field(0.01, alias="epsilonExploreNeg", ge=0.0, le=1.0)
+
+
+@register_plugin
+class SloHeadroomTierFilter(Plugin, Filter):
+    """Keeps the candidates predicted to meet the SLO (headroom ≥ 0 on both dimensions) when some do and some
+    do not; with probability ``epsilonExploreNeg`` it keeps the others instead, so their predictions keep
+    being tested. Without predictions, or when every candidate is in one tier, it keeps everything."""
+
+    type_name = "slo-headroom-tier-filter"
+    Params = TierParams
+    params: TierParams
+
+    def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
+        ttft_headroom = candidates.attrs.get(TTFT_HEADROOM_MS)
+        if len(candidates) <= 1 or ttft_headroom is None:
+            return candidates
+        positive = (ttft_headroom >= 0) & (candidates.attrs[TPOT_HEADROOM_MS] >= 0)
+        if positive.all() or not positive.any():
+            return candidates
+        eps = self.params.epsilon_explore_neg
+        if eps > 0 and self.ctx.rng.random() < eps:
+            cycle[EXPLORED_KEY] = True
+            return candidates.subset(~positive)
+        return candidates.subset(positive)
+
+
+class LatencyScorerParams(PluginParams):
+    ttft_weight: float = Field(0.8, alias="ttftWeight", ge=0.0)
+    tpot_weight: float = Field(0.2, alias="tpotWeight", ge=0.0)
+    headroom_selection_strategy: Literal["least", "most"] = Field("least", alias="headroomSelectionStrategy")
+    composite_kv_weight: float = Field(1.0, alias="compositeKVWeight", ge=0.0)
+    composite_queue_weight: float = Field(1.0, alias="compositeQueueWeight", ge=0.0)
+    composite_prefix_weight: float = Field(1.0, alias="compositePrefixWeight", ge=0.0)
+
+
+_EPS = 1e-9
+
+
+def _normalised(values: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(v − min)/(max − min), or 0.5 everywhere when the values are (nearly) equal; and whether they vary."""
+    low, high = values.min(), values.max()
+    if high - low <= _EPS:
+        return np.full(len(values), 0.5), False
+    return (values - low) / (high - low), True
+
+
+def headroom_bucket_scores(
+    ttft_headroom: np.ndarray,
+    tpot_headroom: np.ndarray,
+    *,
+    ttft_weight: float,
+    tpot_weight: float,
+    strategy: Literal["least", "most"],
+) -> np.ndarray:
+    """Scores in [0.01, 1.01] for one bucket of candidates (reference §3.5 ``scoreBucket``).
+
+    On |headroom|, min-max normalised within the bucket and blended α·TTFT + β·TPOT (weights normalised;
+    a dimension that does not vary hands its weight to the other). ``least`` favours the smallest |headroom|
+    (closest fit to the SLO, or the smallest deficit), ``most`` the largest.
+    """
+    total = ttft_weight + tpot_weight
+    alpha, beta = (ttft_weight / total, tpot_weight / total) if total > 0 else (1.0, 0.0)
+    n_ttft, ttft_varies = _normalised(np.abs(ttft_headroom))
+    n_tpot, tpot_varies = _normalised(np.abs(tpot_headroom))
+    if tpot_varies and not ttft_varies:
+        alpha, beta = 0.0, 1.0
+    elif ttft_varies and not tpot_varies:
+        alpha, beta = 1.0, 0.0
+    combined = alpha * n_ttft + beta * n_tpot
+    if strategy == "least":
+        combined = 1.0 - combined
+    # The original's integer buckets: floor(c·100)+1 over 100. Kept for identical tie behaviour.
+    return (np.floor(combined * 100.0 + 1e-9) + 1.0) / 100.0
+
+
+def composite_scores(
+    candidates: Candidates, kv_weight: float, queue_weight: float, prefix_weight: float
+) -> np.ndarray:
+    """The fallback without predictions: a blend of free KV cache, relative queue depth and prefix match."""
+    total = kv_weight + queue_weight + prefix_weight
+    wkv, wq, wp = (kv_weight / total, queue_weight / total, prefix_weight / total) if total > 0 else (1, 0, 0)
+    waiting = candidates.column("waiting").astype(np.float64)
+    max_waiting = waiting.max()
+    relative_queue = (max_waiting - waiting) / max_waiting if max_waiting > 0 else np.ones(len(waiting))
+    kv_free = 1.0 - candidates.column("kv_usage")
+    blended = wkv * kv_free + wq * relative_queue + wp * prefix_match_ratio(candidates)
+    return np.round(blended * 100.0) / 100.0
+
+
+@register_plugin
+class LatencyScorer(Plugin, Scorer):
+    """Scores by predicted latency (reference §3.5), or by the composite fallback without predictions.
+
+    Candidates predicted to meet the SLO are scored by headroom with ``headroomSelectionStrategy``
+    (``least``: bin-packing, ``most``: spreading); the others score 0. When none meets it: idle candidates
+    first (no request in flight from this router), else the first non-empty deficit bucket — TPOT-only
+    misses, TTFT-only misses, both — scored by smallest deficit. Without an SLO every candidate "misses" by
+    its prediction, so the lowest predicted latency wins.
+    """
+
+    type_name = "latency-scorer"
+    Params = LatencyScorerParams
+    params: LatencyScorerParams
+    consumes = (PREFIX_MATCH_BLOCKS,)
+
+    def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
+        p = self.params
+        ttft_headroom = candidates.attrs.get(TTFT_HEADROOM_MS)
+        if ttft_headroom is None:
+            cycle[ROUTE_KEY] = FALLBACK_ROUTE
+            return composite_scores(
+                candidates, p.composite_kv_weight, p.composite_queue_weight, p.composite_prefix_weight
+            )
+        cycle[ROUTE_KEY] = EXPLORE_ROUTE if cycle.get(EXPLORED_KEY) else PREDICTED_ROUTE
+        tpot_headroom = candidates.attrs[TPOT_HEADROOM_MS]
+        ttft_miss = ttft_headroom < 0
+        tpot_miss = tpot_headroom < 0
+        positive = ~(ttft_miss | tpot_miss)
+        if positive.any():
+            return self._bucket(positive, ttft_headroom, tpot_headroom, p.headroom_selection_strategy)
+        idle = candidates.column("inflight_requests") == 0
+        if idle.any():
+            return self._bucket(idle, ttft_headroom, tpot_headroom, "least")
+        for bucket in (~ttft_miss & tpot_miss, ttft_miss & ~tpot_miss, ttft_miss & tpot_miss):
+            if bucket.any():
+                return self._bucket(bucket, ttft_headroom, tpot_headroom, "least")
+        raise AssertionError("the deficit buckets cover every candidate")
+
+    def _bucket(
+        self,
+        mask: np.ndarray,
+        ttft_headroom: np.ndarray,
+        tpot_headroom: np.ndarray,
+        strategy: Literal["least", "most"],
+    ) -> np.ndarray:
+        scores = np.zeros(len(mask))
+        scores[mask] = headroom_bucket_scores(
+            ttft_headroom[mask],
+            tpot_headroom[mask],
+            ttft_weight=self.params.ttft_weight,
+            tpot_weight=self.params.tpot_weight,
+            strategy=strategy,
+        )
+        return scores
+
+
+@register_plugin
+class LatencySloAdmitter(Plugin, Admitter):
+    """Sheds sheddable requests (priority < 0) with an SLO when no candidate is predicted to meet it.
+
+    A candidate counts as able when it is predicted valid on both dimensions, idle (neither the model server
+    nor this router has a request running on it) or cold (KV cache under 2% used, where predictions are
+    least reliable). Without predictions it admits (fail open). A rejection is HTTP 429 with
+    ``x-slorouter-dropped-reason: slo-unattainable`` (the original answers 500).
+    """
+
+    type_name = "latency-slo-admitter"
+
+    def admit(self, request: InferenceRequest, candidates: Candidates) -> None:
+        if not request.sheddable or not request.has_slo:
+            return
+        ttft_valid = candidates.attrs.get(TTFT_VALID)
+        if ttft_valid is None:
+            return
+        able = ttft_valid & candidates.attrs[TPOT_VALID]
+        able |= (candidates.column("running") == 0) & (candidates.column("inflight_requests") == 0)
+        able |= candidates.column("kv_usage") < COLD_KV_USAGE
+        if not able.any():
+            raise AdmissionDeniedError(
+                "no endpoint is predicted to meet the request's latency SLO; sheddable request dropped",
+                headers={"Retry-After": "1", DROPPED_REASON_HEADER: "slo-unattainable"},
+            )
