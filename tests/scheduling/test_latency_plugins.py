@@ -287,3 +287,37 @@ def test_admitter_counts_idle_pods_as_able():
     pool.add_inflight(addresses(2)[1], 1, 0, 0)
     cands = _with_predictions(candidates_of(pool), [500.0, 600.0], ttft=200)
     _plugin(LatencySloAdmitter).admit(make_request(priority=-1, slo_ttft_ms=200.0), cands)
+
+
+# --- prediction-profile-handler --------------------------------------------------------------------
+def test_prediction_profile_handler_routes_by_the_request_flag():
+    from slorouter.scheduling.config import build_scheduler_setup
+
+    config = {
+        "plugins": [
+            {"type": "prediction-profile-handler"},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+        ],
+        "schedulingProfiles": [
+            {"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]},
+            {"name": "predicted-latency", "plugins": [{"pluginRef": "kv-cache-utilization-scorer"}]},
+        ],
+    }
+    setup = build_scheduler_setup(config, make_ctx())
+    cands = candidates_of(make_pool(2))
+    on = setup.scheduler.schedule(make_request(use_prediction=True), cands)
+    off = setup.scheduler.schedule(make_request(use_prediction=False), cands)
+    assert on.primary_profile == "predicted-latency"
+    assert off.primary_profile == "default"
+
+
+def test_prediction_profile_handler_requires_its_profiles():
+    from slorouter.scheduling.config import SchedulerConfigError, build_scheduler_setup
+
+    config = {
+        "plugins": [{"type": "prediction-profile-handler"}, {"type": "queue-scorer"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    with pytest.raises(SchedulerConfigError, match="missing: predicted-latency"):
+        build_scheduler_setup(config, make_ctx())

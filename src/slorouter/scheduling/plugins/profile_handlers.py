@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from slorouter.scheduling.plugin import Plugin, ProfileHandler
+from pydantic import Field
+
+from slorouter.scheduling.plugin import Plugin, PluginParams, ProfileHandler
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import (
     CycleState,
@@ -11,6 +13,16 @@ from slorouter.scheduling.types import (
     ProfileRunResult,
     SchedulingResult,
 )
+
+
+def only_result(handler: str, results: dict[str, ProfileRunResult | None]) -> SchedulingResult:
+    """The one profile result as the primary result; a profile that found no endpoint is a 429."""
+    if len(results) != 1:
+        raise ValueError(f"{handler} expects one profile result, got {len(results)}")
+    (name, result), *_ = results.items()
+    if result is None:
+        raise NoEndpointPickedError(f"profile {name!r} found no target endpoint")
+    return SchedulingResult(profile_results={name: result}, primary_profile=name)
 
 
 @register_plugin
@@ -38,9 +50,46 @@ class SingleProfileHandler(Plugin, ProfileHandler):
     def process_results(
         self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
     ) -> SchedulingResult:
-        if len(results) != 1:
-            raise ValueError(f"{self.type_name} expects one profile result, got {len(results)}")
-        (name, result), *_ = results.items()
-        if result is None:
-            raise NoEndpointPickedError(f"profile {name!r} found no target endpoint")
-        return SchedulingResult(profile_results={name: result}, primary_profile=name)
+        return only_result(self.type_name, results)
+
+
+class PredictionProfileParams(PluginParams):
+    prediction_profile: str = Field("predicted-latency", alias="predictionProfile", min_length=1)
+    heuristic_profile: str = Field("default", alias="heuristicProfile", min_length=1)
+
+
+@register_plugin
+class PredictionProfileHandler(Plugin, ProfileHandler):
+    """Runs one of two profiles per request: the prediction profile for requests that use prediction
+    (``x-prediction-based-scheduling: true``, or every request when prediction is the default), the heuristic
+    profile for the others. The result of the profile that ran is primary."""
+
+    type_name = "prediction-profile-handler"
+    Params = PredictionProfileParams
+    params: PredictionProfileParams
+
+    def validate_profiles(self, profile_names: list[str]) -> None:
+        wanted = {self.params.prediction_profile, self.params.heuristic_profile}
+        missing = sorted(wanted - set(profile_names))
+        if missing:
+            raise ValueError(
+                f"{self.type_name} needs the profiles {', '.join(sorted(wanted))}; "
+                f"missing: {', '.join(missing)} (configured: {', '.join(profile_names)})"
+            )
+
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profiles: list[str],
+        results: dict[str, ProfileRunResult | None],
+    ) -> list[str]:
+        if results:
+            return []
+        p = self.params
+        return [p.prediction_profile if request.use_prediction else p.heuristic_profile]
+
+    def process_results(
+        self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
+    ) -> SchedulingResult:
+        return only_result(self.type_name, results)
