@@ -19,6 +19,7 @@ from slorouter.config import GatewayConfig
 from slorouter.director import Director, RequestLifecycle
 from slorouter.gateway.errors import RequestError, error_response, sse_error_event
 from slorouter.gateway.openai import ParsedRequest, parse_chat_completion, parse_completion
+from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 
@@ -64,6 +65,7 @@ class Gateway:
         self.clock = clock
         self._api_keys = frozenset(f"Bearer {key}" for key in config.api_keys)
         self._session: aiohttp.ClientSession | None = None
+        self._client: UpstreamClient | None = None
         self._ids = itertools.count()
         self._id_prefix = f"slr-{os.getpid():x}-{time.time_ns() & 0xFFFFFF:x}-"
 
@@ -89,10 +91,15 @@ class Gateway:
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
         )
+        self._client = UpstreamClient(
+            connect_timeout=self.config.connect_timeout_s, total_timeout=self.config.upstream_timeout_s
+        )
 
     async def _close_session(self, _app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
     # --- simple routes -------------------------------------------------------------------------------
     async def _health(self, _request: web.Request) -> web.Response:
@@ -199,28 +206,27 @@ class Gateway:
         headers: dict[str, str],
     ) -> web.StreamResponse:
         endpoint = lifecycle.response.endpoint
-        assert self._session is not None
+        assert self._client is not None
+        fwd = b"".join(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
         try:
-            upstream = await self._session.post(f"{endpoint.url}{path}", data=raw, headers=headers)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            upstream = await self._client.request(endpoint.address, "POST", path, fwd, raw)
+        except UpstreamError as exc:
             lifecycle.response.error = f"connect: {exc.__class__.__name__}"
             raise UpstreamFailedError(f"{endpoint.address}: {exc.__class__.__name__}: {exc}") from exc
         try:
-            streaming = "text/event-stream" in upstream.headers.get("Content-Type", "")
+            streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
             lifecycle.on_headers(upstream.status, streaming)
             if streaming and upstream.status == 200:
                 return await self._relay_stream(http, lifecycle, upstream)
             return await self._relay_whole(lifecycle, upstream)
         finally:
-            upstream.close()
+            upstream.release()
 
-    async def _relay_whole(
-        self, lifecycle: RequestLifecycle, upstream: aiohttp.ClientResponse
-    ) -> web.Response:
+    async def _relay_whole(self, lifecycle: RequestLifecycle, upstream: UpstreamResponse) -> web.Response:
         endpoint = lifecycle.response.endpoint
         try:
             body = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except UpstreamError as exc:
             lifecycle.response.error = f"read: {exc.__class__.__name__}"
             raise UpstreamFailedError(f"{endpoint.address}: {exc.__class__.__name__}: {exc}") from exc
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
@@ -231,15 +237,14 @@ class Gateway:
         return web.Response(status=upstream.status, body=body, headers=headers)
 
     async def _relay_stream(
-        self, http: web.Request, lifecycle: RequestLifecycle, upstream: aiohttp.ClientResponse
+        self, http: web.Request, lifecycle: RequestLifecycle, upstream: UpstreamResponse
     ) -> web.StreamResponse:
         endpoint = lifecycle.response.endpoint
-        chunks = upstream.content.iter_any()
         # Hold the client's headers back until the first chunk arrives, so that an upstream that dies
         # before sending anything can still be retried elsewhere.
         try:
-            first = await anext(chunks, b"")
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            first = await upstream.next_chunk()
+        except UpstreamError as exc:
             lifecycle.response.error = f"read: {exc.__class__.__name__}"
             raise UpstreamFailedError(f"{endpoint.address}: {exc.__class__.__name__}: {exc}") from exc
         if not first:
@@ -259,8 +264,8 @@ class Gateway:
                 tail = (tail + chunk)[-_USAGE_TAIL_BYTES:]
                 await response.write(chunk)
                 try:
-                    chunk = await anext(chunks, b"")
-                except (aiohttp.ClientError, TimeoutError) as exc:
+                    chunk = await upstream.next_chunk()
+                except UpstreamError as exc:
                     self.metrics.upstream_failures.labels(endpoint.address, "stream").inc()
                     lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
                     await response.write(
@@ -301,7 +306,11 @@ class Gateway:
 
 
 def _response_headers(upstream: Any, address: str) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.items() if k.lower() not in _NOT_FORWARDED}
+    if isinstance(upstream, list):
+        upstream = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream]
+    else:
+        upstream = upstream.items()
+    headers = {k: v for k, v in upstream if k.lower() not in _NOT_FORWARDED}
     headers[ENDPOINT_HEADER] = address
     return headers
 
