@@ -7,6 +7,7 @@ Names follow the original EPP where it has one (``inference_objective_*``), with
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -78,6 +79,27 @@ class GatewayMetrics:
             buckets=TPOT_BUCKETS,
             registry=r,
         )
+
+        # Children looked up once per label set: ``.labels()`` costs more than the increment itself.
+        self._request_children: dict[tuple[str, int], Any] = {}
+        self._latency_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def count_request(self, endpoint: str, code: int) -> None:
+        """``slorouter_requests_total{endpoint, code}`` += 1."""
+        child = self._request_children.get((endpoint, code))
+        if child is None:
+            child = self._request_children[(endpoint, code)] = self.requests.labels(endpoint, str(code))
+        child.inc()
+
+    def latency_children(self, model: str, target_model: str) -> tuple[Any, Any]:
+        """The (TTFT, TPOT) histogram children of one model pair."""
+        children = self._latency_children.get((model, target_model))
+        if children is None:
+            children = self._latency_children[(model, target_model)] = (
+                self.ttft.labels(model, target_model),
+                self.tpot.labels(model, target_model),
+            )
+        return children
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

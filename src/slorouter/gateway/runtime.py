@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
-from aiohttp import web
 
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.config import Config, ConfigError
 from slorouter.director import Director
 from slorouter.gateway.app import Gateway
+from slorouter.gateway.server import HttpServer
 from slorouter.metrics import GatewayMetrics
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
@@ -34,7 +34,7 @@ class Router:
     gateway: Gateway
     scraper: MetricsScraper
     metrics: GatewayMetrics
-    _runner: web.AppRunner | None = field(default=None, repr=False)
+    _server: HttpServer | None = field(default=None, repr=False)
     _scrape_session: aiohttp.ClientSession | None = field(default=None, repr=False)
     address: str = ""
 
@@ -58,16 +58,15 @@ class Router:
         """Scrape every endpoint once, then serve; returns once the gateway is listening."""
         await self.scraper.scrape_once()
         self.scraper.start()
-        self._runner = web.AppRunner(self.gateway.build_app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.gateway.host, self.config.gateway.port)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.address = f"{host}:{port}"
+        await self.gateway.open()
+        self._server = self.gateway.build_server()
+        host, port = await self._server.start(self.config.gateway.host, self.config.gateway.port)
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info("gateway listening on http://%s", self.address)
 
     async def stop(self) -> None:
         await self.scraper.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await self.gateway.close()
