@@ -162,7 +162,7 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._received = False
         self._until_close = False
-        self._timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # loop time by which the exchange in progress must be complete
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -233,7 +233,8 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._until_close = False
         head = self._head = self.loop.create_future()
-        self._timer = self.loop.call_later(timeout, self._on_timeout)
+        self.deadline = self.loop.time() + timeout
+        self.pool.client.active.add(self)
         assert self.transport is not None
         self.transport.write(data)
         try:
@@ -254,8 +255,8 @@ class _Connection(asyncio.Protocol):
         else:
             self.abort()
 
-    def _on_timeout(self) -> None:
-        self._timer = None
+    def on_timeout(self) -> None:
+        self._cancel_timer()
         self._fail(UpstreamTimeoutError(f"no complete response within {self.pool.client.total_timeout:g} s"))
         self.abort()
 
@@ -269,9 +270,9 @@ class _Connection(asyncio.Protocol):
             self._response._fail(error)
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self.deadline:
+            self.deadline = 0.0
+            self.pool.client.active.discard(self)
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None and not self.closed:
@@ -350,6 +351,19 @@ class UpstreamClient:
         self.total_timeout = total_timeout
         self.keepalive_timeout = keepalive_timeout
         self._pools: dict[str, _EndpointPool] = {}
+        # Total timeouts: connections with an exchange in progress, checked by one periodic sweep rather
+        # than a timer per request (the check interval is a tenth of the timeout, at most a second).
+        self.active: set[_Connection] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def _sweep(self) -> None:
+        interval = min(1.0, self.total_timeout / 10)
+        while True:
+            await asyncio.sleep(interval)
+            now = self.loop.time()
+            expired = [conn for conn in self.active if conn.deadline and conn.deadline <= now]
+            for conn in expired:
+                conn.on_timeout()
 
     def _pool(self, address: str) -> _EndpointPool:
         pool = self._pools.get(address)
@@ -367,6 +381,8 @@ class UpstreamClient:
         added here). Raises ``UpstreamError``; the caller must ``release()`` the response it gets.
         """
         pool = self._pool(address)
+        if self._sweeper is None:
+            self._sweeper = self.loop.create_task(self._sweep())
         data = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
             method.encode(),
             path.encode(),
@@ -389,6 +405,10 @@ class UpstreamClient:
         return await conn.exchange(data, self.total_timeout)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()

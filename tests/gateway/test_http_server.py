@@ -1,0 +1,198 @@
+"""The gateway's own HTTP/1.1 server, driven by aiohttp's client and by raw sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_response
+from tests.gateway.conftest import eventually
+
+
+class App:
+    def __init__(self) -> None:
+        self.server = HttpServer(max_body_bytes=1024, keepalive_timeout=60)
+        self.events: list[str] = []
+        self.release = asyncio.Event()
+        self.address = ""
+        self.server.add_route("POST", "/echo", self.echo)
+        self.server.add_route("GET", "/hello", self.hello)
+        self.server.add_route("GET", "/stream", self.stream)
+        self.server.add_route("GET", "/wait", self.wait)
+        self.server.add_route("GET", "/boom", self.boom)
+
+    async def echo(self, request: HttpRequest) -> Response:
+        if request.too_large:
+            return json_response(b'{"too": "large"}', status=413)
+        test = (request.header(b"x-test") or b"").decode()
+        return Response(
+            200,
+            request.body,
+            headers={"X-Query": request.query.decode(), "X-Test": test},
+            content_type=b"application/octet-stream",
+        )
+
+    async def hello(self, request: HttpRequest) -> Response:
+        return json_response(b'{"hello": "world"}')
+
+    async def stream(self, request: HttpRequest) -> None:
+        writer = await request.start_stream(200, b"Content-Type: text/event-stream\r\n")
+        await writer.write(b"data: one\n\n")
+        await self.release.wait()
+        await writer.write(b"data: two\n\n")
+        await writer.write_eof()
+
+    async def wait(self, request: HttpRequest) -> Response:
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.events.append("cancelled")
+            raise
+        return json_response(b"{}")
+
+    async def boom(self, request: HttpRequest) -> Response:
+        raise RuntimeError("boom")
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[App]:
+    a = App()
+    host, port = await a.server.start("127.0.0.1", 0)
+    a.address = f"{host}:{port}"
+    try:
+        yield a
+    finally:
+        a.release.set()
+        await a.server.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+async def _raw(address: str, data: bytes, read_until_close: bool = True) -> bytes:
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read() if read_until_close else reader.read(65536), 10)
+    finally:
+        writer.close()
+
+
+async def test_body_headers_and_query_reach_the_handler(app, http):
+    async with http.post(f"http://{app.address}/echo?a=1", data=b"payload", headers={"X-Test": "t"}) as r:
+        assert r.status == 200
+        assert await r.read() == b"payload"
+        assert r.headers["X-Query"] == "a=1"
+        assert r.headers["X-Test"] == "t"
+        assert r.headers["Content-Type"] == "application/octet-stream"
+        assert "Date" in r.headers
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection(app, http):
+    for i in range(5):
+        async with http.post(f"http://{app.address}/echo", data=str(i).encode()) as r:
+            assert await r.read() == str(i).encode()
+    assert len(app.server.connections) == 1
+
+
+async def test_chunked_request_body(app, http):
+    async def parts() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield f"part{i};".encode()
+
+    async with http.post(f"http://{app.address}/echo", data=parts()) as r:
+        assert await r.read() == b"part0;part1;part2;"
+
+
+async def test_pipelined_requests_are_answered_in_order(app):
+    request = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
+    data = request + b"a" + request + b"b" + b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    text = await _raw(app.address, data)
+    assert text.count(b"HTTP/1.1 200 OK") == 3
+    assert text.index(b"\r\n\r\na") < text.index(b"\r\n\r\nb") < text.index(b'{"hello"')
+
+
+async def test_connection_close_and_http_1_0(app):
+    text = await _raw(app.address, b"GET /hello HTTP/1.0\r\n\r\n")
+    assert text.startswith(b"HTTP/1.1 200 OK")
+    assert b"Connection: close" in text
+    assert text.endswith(b'{"hello": "world"}')
+
+
+async def test_unknown_path_and_method_get_json_errors(app, http):
+    async with http.get(f"http://{app.address}/nothing") as r:
+        assert r.status == 404
+        assert (await r.json())["error"]["type"] == "NotFoundError"
+    async with http.put(f"http://{app.address}/hello") as r:
+        assert r.status == 405
+        assert r.headers["Allow"] == "GET,HEAD"
+        assert (await r.json())["error"]["type"] == "MethodNotAllowedError"
+
+
+async def test_head_gets_headers_only(app, http):
+    async with http.head(f"http://{app.address}/hello") as r:
+        assert r.status == 200
+        assert r.headers["Content-Length"] == str(len(b'{"hello": "world"}'))
+        assert await r.read() == b""
+
+
+async def test_body_over_the_limit_is_flagged_not_kept(app, http):
+    async with http.post(f"http://{app.address}/echo", data=b"x" * 5000) as r:
+        assert r.status == 413
+
+
+async def test_malformed_request_gets_400_and_close(app):
+    text = await _raw(app.address, b"NOT HTTP AT ALL\r\n\r\n")
+    assert text.startswith(b"HTTP/1.1 400 Bad Request")
+    assert b"malformed" in text
+
+
+async def test_handler_error_gets_500(app, http):
+    async with http.get(f"http://{app.address}/boom") as r:
+        assert r.status == 500
+        assert (await r.json())["error"]["type"] == "InternalServerError"
+
+
+async def test_streaming_response_is_chunked_and_flushed_early(app, http):
+    async with http.get(f"http://{app.address}/stream") as r:
+        assert r.status == 200
+        assert r.headers["Transfer-Encoding"] == "chunked"
+        assert await r.content.readuntil(b"\n\n") == b"data: one\n\n"
+        app.release.set()
+        assert await r.read() == b"data: two\n\n"
+
+
+async def test_client_disconnect_cancels_the_handler(app, http):
+    task = asyncio.create_task(http.get(f"http://{app.address}/wait"))
+    await eventually(lambda: any(p._task is not None for p in app.server.connections))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: "cancelled" in app.events)
+    await eventually(lambda: not app.server.connections)
+
+
+async def test_idle_connections_are_closed_after_the_keepalive_timeout():
+    server = HttpServer(max_body_bytes=1024, keepalive_timeout=0.1)
+    server.add_route("GET", "/hello", lambda r: _hello())
+    host, port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b'{"hello": "world"}')
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
+        writer.close()
+    finally:
+        await server.close()
+
+
+async def _hello() -> Response:
+    return json_response(b'{"hello": "world"}')
