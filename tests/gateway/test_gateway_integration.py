@@ -203,3 +203,36 @@ async def test_no_healthy_endpoint_gives_503(http):
             assert resp.status == 503
     finally:
         await router.stop()
+
+
+async def test_body_is_forwarded_byte_for_byte_with_end_to_end_headers_only(http):
+    seen: dict = {}
+
+    async def records(request: web.Request) -> web.StreamResponse:
+        seen["body"] = await request.read()
+        seen["headers"] = request.headers.copy()
+        return web.json_response({"ok": True}, headers={"X-Upstream": "yes"})
+
+    upstream = await FakeUpstream(records).start()
+    router = await start_router([upstream.address], gateway={"api_keys": ["k"]})
+    try:
+        raw = b'{ "model" : "fake",  "prompt": "h\\u00e9llo",\n "max_tokens": 3 }'
+        headers = {
+            "Authorization": "Bearer k",
+            "X-Request-Id": "req-1",
+            "X-Custom": "c",
+            "Connection": "keep-alive",
+        }
+        async with http.post(f"http://{router.address}/v1/completions", data=raw, headers=headers) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Upstream"] == "yes"
+            assert resp.headers["x-slorouter-endpoint"] == upstream.address
+            assert await resp.json() == {"ok": True}
+        assert seen["body"] == raw
+        assert seen["headers"]["X-Request-Id"] == "req-1"
+        assert seen["headers"]["X-Custom"] == "c"
+        assert "Authorization" not in seen["headers"]  # the gateway's key stays at the gateway
+        assert seen["headers"]["Content-Length"] == str(len(raw))
+    finally:
+        await router.stop()
+        await upstream.close()

@@ -196,3 +196,19 @@ async def test_idle_connections_are_closed_after_the_keepalive_timeout():
 
 async def _hello() -> Response:
     return json_response(b'{"hello": "world"}')
+
+
+async def test_expect_100_continue_gets_the_go_ahead(app):
+    host, port = app.address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+            b"Expect: 100-continue\r\nConnection: close\r\n\r\n"
+        )
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"body")
+        text = await asyncio.wait_for(reader.read(), 10)
+        assert text.startswith(b"HTTP/1.1 200 OK") and text.endswith(b"body")
+    finally:
+        writer.close()

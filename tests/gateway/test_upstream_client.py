@@ -304,3 +304,12 @@ async def test_response_released_before_its_end_is_not_reused(server, client):
     resp.release()
     await eventually(lambda: "cancelled" in server.events)
     assert not client._pools[server.address].idle
+
+
+async def test_interim_100_continue_is_skipped(server, client):
+    resp = await client.request(server.address, "POST", "/echo", b"Expect: 100-continue\r\n", b"body")
+    try:
+        assert resp.status == 200
+        assert await resp.read() == b"body"
+    finally:
+        resp.release()

@@ -43,6 +43,7 @@ _NOT_FORWARDED = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
+        b"expect",  # answered by the gateway's server; the body is sent whole upstream
     }
 )
 # The gateway's server writes its own Date; the upstream's would be a duplicate.

@@ -245,11 +245,17 @@ class _HttpProtocol(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        expect_continue = False
         for name, value in self._headers:
-            if name.lower() == b"content-length":
+            lower = name.lower()
+            if lower == b"content-length":
                 if value.strip().isdigit():
                     self._too_large = int(value) > self.server.max_body_bytes
-                break
+            elif lower == b"expect":
+                expect_continue = value.lower() == b"100-continue"
+        if expect_continue and not self._too_large and self.transport is not None:
+            # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead.
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:

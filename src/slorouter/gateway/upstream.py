@@ -208,6 +208,8 @@ class _Connection(asyncio.Protocol):
         status = self.parser.get_status_code()
         headers = self._headers
         self._headers = []
+        if 100 <= status < 200:
+            return  # an interim response (100 Continue, 103 Early Hints): the real one follows
         response = self._response = UpstreamResponse(self, status, headers)
         if status not in _NO_BODY_STATUSES and not (100 <= status < 200):
             self._until_close = not any(
@@ -224,7 +226,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         response = self._response
-        if response is not None:
+        if response is not None and response.status >= 200:
             response._finish(keep_alive=self.parser.should_keep_alive() and not self._until_close)
             self._cancel_timer()
 
