@@ -1,0 +1,143 @@
+"""Per-endpoint online correction of predictions, for pools whose replicas are not all alike.
+
+One model serves the whole pool. When replicas differ (another GPU type, a noisy neighbour, another
+serving configuration) and no pod-class label tells the model so, each endpoint gets a multiplicative
+factor learned from its own completed requests: the ratio of the actual latency to the model's *raw*
+prediction (the prediction before any correction; feeding corrected predictions back would chase its own
+tail).
+
+The factor is a recency-weighted quantile of the endpoint's log ratios: sample weights halve every
+``half_life_samples`` observations (an EWMA in log space, but of a quantile rather than a mean, so the
+factor keeps the model's meaning), over the last ``window`` observations. With ``quantile`` equal to the
+model's (0.9 by default), ``factor × p90 prediction`` is that endpoint's own p90: an endpoint behaving like
+the training data gets ≈ 1, one running twice as slow gets ≈ 2. Use 0.5 with a mean model.
+
+Robustness: ratios outside ``[1/max_ratio, max_ratio]`` (timeouts, aborted streams, clock glitches) are
+ignored, the factor is clipped to ``[min_factor, max_factor]``, an endpoint with fewer than ``min_samples``
+observations gets 1.0, and ``forget``/``retain`` drop departed endpoints so a pod that comes back (maybe as
+another machine) starts afresh. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from slorouter.predictor.features import ModelKind, check_kind
+
+
+class _Series:
+    __slots__ = ("count", "factor", "head", "values")
+
+    def __init__(self, window: int) -> None:
+        self.values = np.zeros(window, dtype=np.float64)
+        self.head = 0  # next slot to write
+        self.count = 0
+        self.factor = 1.0
+
+
+class EndpointCorrection:
+    """Learns a latency factor per (endpoint, model kind) from actual / predicted ratios."""
+
+    def __init__(
+        self,
+        half_life_samples: float = 16.0,
+        min_samples: int = 12,
+        *,
+        quantile: float = 0.9,
+        window: int = 64,
+        max_ratio: float = 20.0,
+        min_factor: float = 0.2,
+        max_factor: float = 5.0,
+    ) -> None:
+        if half_life_samples <= 0 or min_samples < 1 or window < min_samples:
+            raise ValueError("need half_life_samples > 0 and 1 <= min_samples <= window")
+        if not 0.0 < quantile < 1.0 or max_ratio <= 1.0 or not 0 < min_factor <= 1.0 <= max_factor:
+            raise ValueError("need 0 < quantile < 1, max_ratio > 1 and 0 < min_factor <= 1 <= max_factor")
+        self.half_life_samples = half_life_samples
+        self.min_samples = min_samples
+        self.quantile = quantile
+        self.window = window
+        self._log_max_ratio = math.log(max_ratio)
+        self.min_factor = min_factor
+        self.max_factor = max_factor
+        # Weight of the observation k steps old: 2^(-k / half_life); index 0 = newest.
+        self._decay = np.exp2(-np.arange(window) / half_life_samples)
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._lock = threading.Lock()
+        self.ignored = 0  # observations dropped as absurd
+
+    def observe(self, endpoint: str, kind: ModelKind, predicted_ms: float, actual_ms: float) -> bool:
+        """Record one completed request's raw prediction and actual latency; False if it was ignored."""
+        check_kind(kind)
+        if not (predicted_ms > 0.0 and actual_ms > 0.0) or not math.isfinite(predicted_ms * actual_ms):
+            self.ignored += 1
+            return False
+        log_ratio = math.log(actual_ms / predicted_ms)
+        if abs(log_ratio) > self._log_max_ratio:
+            self.ignored += 1
+            return False
+        with self._lock:
+            series = self._series.get((endpoint, kind))
+            if series is None:
+                series = self._series[(endpoint, kind)] = _Series(self.window)
+            series.values[series.head] = log_ratio
+            series.head = (series.head + 1) % self.window
+            series.count += 1
+            if series.count >= self.min_samples:
+                series.factor = self._factor(series)
+        return True
+
+    def _factor(self, series: _Series) -> float:
+        n = min(series.count, self.window)
+        newest_first = np.roll(series.values[::-1], series.head)[:n]  # slot head-1 first
+        weights = self._decay[:n]
+        order = np.argsort(newest_first)
+        cumulative = np.cumsum(weights[order])
+        i = int(np.searchsorted(cumulative, self.quantile * cumulative[-1]))
+        value = float(newest_first[order[min(i, n - 1)]])
+        return min(max(math.exp(value), self.min_factor), self.max_factor)
+
+    def factor(self, endpoint: str, kind: ModelKind) -> float:
+        series = self._series.get((endpoint, check_kind(kind)))
+        return 1.0 if series is None or series.count < self.min_samples else series.factor
+
+    def factors(self, endpoints: Sequence[str], kind: ModelKind) -> np.ndarray:
+        """Factor per endpoint, in order (1.0 for unknown endpoints and those with too few samples)."""
+        check_kind(kind)
+        series = self._series
+        out = np.ones(len(endpoints), dtype=np.float64)
+        for i, endpoint in enumerate(endpoints):
+            s = series.get((endpoint, kind))
+            if s is not None and s.count >= self.min_samples:
+                out[i] = s.factor
+        return out
+
+    def samples(self, endpoint: str, kind: ModelKind) -> int:
+        series = self._series.get((endpoint, check_kind(kind)))
+        return 0 if series is None else series.count
+
+    def forget(self, endpoint: str) -> None:
+        """Drop everything learned about ``endpoint`` (it left the pool)."""
+        with self._lock:
+            for key in [key for key in self._series if key[0] == endpoint]:
+                del self._series[key]
+
+    def retain(self, endpoints: Iterable[str]) -> None:
+        """Forget every endpoint not in ``endpoints`` (call with the current pool membership)."""
+        keep = set(endpoints)
+        with self._lock:
+            for key in [key for key in self._series if key[0] not in keep]:
+                del self._series[key]
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """``{endpoint: {kind: factor}}`` of endpoints with enough samples (for status pages)."""
+        out: dict[str, dict[str, float]] = {}
+        with self._lock:
+            for (endpoint, kind), series in self._series.items():
+                if series.count >= self.min_samples:
+                    out.setdefault(endpoint, {})[kind] = series.factor
+        return out

@@ -1,0 +1,118 @@
+"""Embedded mode (the default for ``slorouter serve``): store, trainer and predictor inside the router.
+
+No HTTP on the hot path: ``predict`` calls the in-process ``Predictor`` directly, and ``add_sample`` writes to
+the (thread-safe) ``SampleStore``. Training runs in one background thread on the trainer's cadence, and the
+new model is picked up by the predictor's atomic swap, so requests never wait for a training. With
+``background=False`` nothing runs by itself and the owner calls ``maybe_train()`` (the discrete-event
+simulator does, in virtual time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from slorouter.clock import Clock, MonotonicClock
+from slorouter.predictor.client import PredictionUnavailable, check_matrices
+from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, ModelKind, check_kind, rows_to_matrix
+from slorouter.predictor.model_store import ModelStore
+from slorouter.predictor.predictor import Predictor, PredictorNotReady
+from slorouter.predictor.store import SampleStore, StoreConfig
+from slorouter.predictor.trainer import Trainer, TrainerConfig, TrainingReport
+
+log = logging.getLogger("slorouter.predictor.embedded")
+
+
+class EmbeddedPredictor:
+    """The latency predictor in-process; implements ``LatencyPredictorBackend``."""
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        store_config: StoreConfig | None = None,
+        trainer_config: TrainerConfig | None = None,
+        schema: FeatureSchema = DEFAULT_SCHEMA,
+        clock: Clock | None = None,
+        background: bool = True,
+        train_poll_interval_s: float = 0.1,
+    ) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if model_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="slorouter-models-")
+            model_dir = self._tmp.name
+        self.model_dir = Path(model_dir)
+        self.schema = schema
+        self.store = SampleStore(store_config or StoreConfig(), schema=schema)
+        self.model_store = ModelStore(self.model_dir)
+        self.trainer = Trainer(
+            self.store, self.model_store, trainer_config or TrainerConfig(), clock or MonotonicClock()
+        )
+        self.predictor = Predictor(self.model_store, expected_schema=schema)
+        self.predictor.refresh()  # a model left in model_dir by an earlier run serves at once
+        self.background = background
+        self.train_poll_interval_s = train_poll_interval_s
+        self.training_errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.predictor.ready
+
+    def start(self) -> None:
+        if self.background and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="slorouter-embedded-trainer", daemon=True)
+            self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.train_poll_interval_s):
+            self.maybe_train()
+
+    def maybe_train(self) -> list[TrainingReport]:
+        """Train what is due and load accepted models (the background thread's work; callable directly)."""
+        try:
+            reports = self.trainer.maybe_train()
+        except Exception:
+            self.training_errors += 1
+            log.exception("embedded training failed")
+            return []
+        if any(report.accepted for report in reports):
+            self.predictor.refresh()
+        return reports
+
+    async def predict(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        check_matrices(x_ttft, x_tpot, self.schema)
+        try:
+            return self.predictor.predict(x_ttft, x_tpot)
+        except PredictorNotReady as exc:
+            raise PredictionUnavailable(str(exc)) from None
+
+    def add_sample(self, kind: ModelKind, row: Mapping[str, float] | np.ndarray, latency_ms: float) -> None:
+        check_kind(kind)
+        if isinstance(row, np.ndarray):
+            matrix = np.asarray(row, dtype=np.float32).reshape(1, -1)
+            width = len(self.schema.features(kind))
+            if matrix.shape[1] != width:
+                raise ValueError(f"a {kind} feature row must have {width} values, got {row.shape}")
+            if not np.isfinite(matrix).all():
+                raise ValueError("the feature row contains NaN or infinite values")
+        else:
+            matrix = rows_to_matrix([row], kind, where="row", schema=self.schema)
+        self.store.add(kind, matrix, np.array([latency_ms], dtype=np.float64))

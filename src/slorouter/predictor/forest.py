@@ -1,0 +1,190 @@
+"""A vectorised evaluator for XGBoost tree ensembles (QuickScorer-style bitvectors in numpy).
+
+Why: ``Booster.inplace_predict`` costs about 0.5 ms per call on this machine class even for one row (and
+~1 ms for 100 rows × 200 trees), twice the router's whole budget for predicting both models. This evaluator
+does the same arithmetic in a handful of numpy calls, about 0.25 ms for 100 rows × 200 depth-6 trees.
+
+How (Lucchese et al., "QuickScorer", SIGIR 2015): the leaves of each tree (at most 64, depth ≤ 6) are
+numbered left to right and a row's state in a tree is a 64-bit mask of the leaves it can still reach,
+initially all. A split node whose test ``x[f] < threshold`` is false removes the leaves of its left subtree.
+For a feature the false nodes are exactly those with ``threshold ≤ x[f]``, a prefix of the feature's
+thresholds sorted ascending, so the AND of their masks is precomputed per (feature, prefix length, tree):
+one ``searchsorted`` per feature then a table gather gives each (row, tree) mask, the AND over features
+leaves the exit leaf as the lowest set bit, and its index (a popcount) selects the leaf value.
+Thresholds come from XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small
+(~3 MB for 200 trees over 8 features).
+
+``CompiledForest.from_booster`` returns None for models it does not cover (deeper trees, categorical
+splits, several outputs) and checks its own predictions against XGBoost's on probe rows before anyone uses
+it: the caller falls back to ``inplace_predict`` whenever it is None. Inputs must be finite (the schema
+guarantees it), so XGBoost's missing-value branches never apply.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+
+_FULL = (1 << 64) - 1
+_MAX_LEAVES = 64
+_ONE = np.uint64(1)
+
+
+class CompiledForest:
+    """Predicts the raw margin (base score + Σ leaf values) of a regression booster."""
+
+    __slots__ = (
+        "_base",
+        "_leaf_offsets",
+        "_leaf_values",
+        "_table_offsets",
+        "_tables",
+        "_thresholds",
+        "n_features",
+        "n_trees",
+    )
+
+    def __init__(
+        self,
+        thresholds: list[np.ndarray],
+        tables: np.ndarray,
+        leaf_values: np.ndarray,
+        base: float,
+        n_trees: int,
+    ) -> None:
+        self.n_features = len(thresholds)
+        self.n_trees = n_trees
+        self._thresholds = thresholds
+        # One table per feature, stacked: rows offset_f .. offset_f + len(thresholds[f]) inclusive.
+        self._tables = tables
+        self._leaf_values = leaf_values
+        self._base = base
+        self._table_offsets = np.cumsum([0] + [len(t) + 1 for t in thresholds[:-1]]).astype(np.intp)
+        # Index of the lowest set bit = popcount(mask ^ (mask - 1)) - 1; the -1 is folded in here.
+        self._leaf_offsets = np.arange(n_trees, dtype=np.intp) * _MAX_LEAVES - 1
+
+    @classmethod
+    def from_booster(cls, booster: xgb.Booster, n_features: int) -> CompiledForest | None:
+        """Compile ``booster``; None if the model is outside what this evaluator covers or disagrees."""
+        try:
+            forest = cls._compile(json.loads(booster.save_raw("json")), n_features)
+        except (KeyError, ValueError, TypeError, IndexError):
+            return None
+        if forest is None or not forest._agrees_with(booster):
+            return None
+        return forest
+
+    @classmethod
+    def _compile(cls, model: dict[str, Any], n_features: int) -> CompiledForest | None:
+        learner = model["learner"]
+        params = learner["learner_model_param"]
+        if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1:
+            return None
+        booster = learner["gradient_booster"]
+        if booster.get("name") != "gbtree":
+            return None
+        base_text = str(params["base_score"])
+        base_values = json.loads(base_text) if base_text.startswith("[") else [float(base_text)]
+        if len(base_values) != 1:
+            return None
+        trees = booster["model"]["trees"]
+        n_trees = len(trees)
+        if n_trees == 0:
+            return None
+        leaf_values = np.zeros((n_trees, _MAX_LEAVES), dtype=np.float64)
+        nodes: list[list[tuple[float, int, int]]] = [[] for _ in range(n_features)]
+        for t, tree in enumerate(trees):
+            if any(int(v) != 0 for v in tree.get("split_type", [])) or tree.get("categories_nodes"):
+                return None
+            if not _collect(tree, t, leaf_values, nodes, n_features):
+                return None
+        thresholds: list[np.ndarray] = []
+        tables: list[np.ndarray] = []
+        for feature_nodes in nodes:
+            feature_nodes.sort(key=lambda node: node[0])
+            values = np.unique(np.array([node[0] for node in feature_nodes], dtype=np.float32))
+            table = np.full((len(values) + 1, n_trees), _FULL, dtype=np.uint64)
+            current = [_FULL] * n_trees
+            j = 0
+            for k, value in enumerate(values.tolist()):
+                while j < len(feature_nodes) and np.float32(feature_nodes[j][0]) == value:
+                    _, tree_index, mask = feature_nodes[j]
+                    current[tree_index] &= mask
+                    j += 1
+                table[k + 1] = current
+            thresholds.append(values)
+            tables.append(table)
+        return cls(thresholds, np.concatenate(tables), leaf_values.ravel(), float(base_values[0]), n_trees)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Margins (float64) for the float32 rows of ``X`` (shape ``(n, n_features)``, finite values)."""
+        n = X.shape[0]
+        if n == 0:
+            return np.zeros(0, dtype=np.float64)
+        positions = np.empty((n, self.n_features), dtype=np.intp)
+        for f, thresholds in enumerate(self._thresholds):
+            positions[:, f] = np.searchsorted(thresholds, X[:, f], side="right")
+        positions += self._table_offsets
+        masks = np.bitwise_and.reduce(self._tables[positions], axis=1)  # (n, trees)
+        leaves = np.bitwise_count(masks ^ (masks - _ONE)).astype(np.intp)
+        leaves += self._leaf_offsets
+        return self._leaf_values[leaves].sum(axis=1) + self._base
+
+    def _agrees_with(self, booster: xgb.Booster) -> bool:
+        """Compare with XGBoost on probe rows that straddle every threshold."""
+        rng = np.random.default_rng(0)
+        rows = 512
+        X = np.empty((rows, self.n_features), dtype=np.float32)
+        for f, thresholds in enumerate(self._thresholds):
+            if len(thresholds) == 0:
+                X[:, f] = 0.0
+                continue
+            picks = thresholds[rng.integers(0, len(thresholds), rows)]
+            # at, just below and just above a threshold
+            nudged = np.where(
+                rng.random(rows) < 0.5,
+                np.nextafter(picks, np.float32(-np.inf)),
+                np.nextafter(picks, np.float32(np.inf)),
+            )
+            X[:, f] = np.where(rng.random(rows) < 0.3, picks, nudged).astype(np.float32)
+        X = np.abs(X)  # the schema's features are non-negative
+        expected = booster.inplace_predict(X, validate_features=False).astype(np.float64)
+        got = self.predict(X)
+        return bool(np.all(np.abs(got - expected) <= 1e-4 * (1.0 + np.abs(expected))))
+
+
+def _collect(
+    tree: dict[str, Any],
+    t: int,
+    leaf_values: np.ndarray,
+    nodes: list[list[tuple[float, int, int]]],
+    n_features: int,
+) -> bool:
+    """Number the leaves of tree ``t`` left to right and record each split's (threshold, tree, mask)."""
+    left, right = tree["left_children"], tree["right_children"]
+    split_index, split_cond = tree["split_indices"], tree["split_conditions"]
+    next_leaf = 0
+    # Iterative in-order walk; each frame: (node, phase, first leaf of the node's subtree).
+    stack: list[tuple[int, int, int]] = [(0, 0, 0)]
+    while stack:
+        node, phase, lo = stack.pop()
+        if left[node] == -1:
+            if next_leaf >= _MAX_LEAVES:
+                return False
+            leaf_values[t, next_leaf] = split_cond[node]
+            next_leaf += 1
+            continue
+        if phase == 0:
+            stack.append((node, 1, next_leaf))
+            stack.append((left[node], 0, next_leaf))
+        else:
+            feature = int(split_index[node])
+            if not 0 <= feature < n_features:
+                return False
+            left_mask = ((1 << next_leaf) - 1) ^ ((1 << lo) - 1)  # leaves [lo, next_leaf): the left subtree
+            nodes[feature].append((float(np.float32(split_cond[node])), t, _FULL ^ left_mask))
+            stack.append((right[node], 0, next_leaf))
+    return True

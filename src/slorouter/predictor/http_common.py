@@ -1,0 +1,142 @@
+"""Pieces shared by the training and prediction servers: JSON bodies, errors, probes, /metrics, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from slorouter.gateway.errors import RequestError, error_response
+
+log = logging.getLogger("slorouter.predictor")
+
+JSON_SEPARATORS = (",", ":")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+def dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=JSON_SEPARATORS).encode()
+
+
+def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+def raw_json_response(body: bytes, *, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def read_json(request: web.Request, max_bytes: int) -> Any:
+    """The request body as JSON; ``RequestError`` (400, or 413 over ``max_bytes``) otherwise.
+
+    The application's ``client_max_size`` must be ``max_bytes`` (aiohttp enforces it while reading).
+
+    NaN and Infinity, which Python's parser accepts by default, are rejected: they are not JSON.
+    """
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise RequestError(f"request body too large: the limit is {max_bytes} bytes", status=413)
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(f"request body too large: the limit is {max_bytes} bytes", status=413) from None
+    if not body:
+        raise RequestError("request body is empty; expected a JSON object")
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+
+
+def request_error_response(exc: RequestError) -> web.Response:
+    return error_response(exc.status, exc.message, param=exc.param)
+
+
+def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+def readyz_handler(
+    is_ready: Callable[[], bool], detail: Callable[[], dict[str, Any]] | None = None
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        extra = detail() if detail else {}
+        if is_ready():
+            return json_response({"status": "ready", **extra})
+        return json_response({"status": "not ready", **extra}, status=503)
+
+    return handle
+
+
+def parse_etags(header: str | None) -> set[str]:
+    """The entity tags of an ``If-None-Match`` header, unquoted (weak ones compare like strong ones here)."""
+    if not header:
+        return set()
+    tags = set()
+    for part in header.split(","):
+        tag = part.strip()
+        if tag.startswith("W/"):
+            tag = tag[2:]
+        if len(tag) >= 2 and tag[0] == tag[-1] == '"':
+            tag = tag[1:-1]
+        if tag:
+            tags.add(tag)
+    return tags
+
+
+@dataclass
+class RunningServer:
+    """An aiohttp application listening on a socket; ``url`` is its base URL."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def listen(app: web.Application, host: str, port: int) -> RunningServer:
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_host, bound_port = runner.addresses[0][:2]
+    return RunningServer(runner, str(bound_host), int(bound_port))
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

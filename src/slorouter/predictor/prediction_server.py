@@ -1,0 +1,423 @@
+"""The prediction server: TTFT/TPOT predictions over HTTP from the newest trained models.
+
+Models come from a shared model directory or from the training server (``GET /v1/models/{kind}`` with
+``If-None-Match``), polled on an interval; a model is loaded only when its version changes. Until both models
+of a first real training are loaded, prediction endpoints answer 503 and ``/readyz`` fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from slorouter.gateway.errors import RequestError, error_response
+from slorouter.predictor.features import MODEL_KINDS, FeatureError, ModelKind, SchemaMismatchError
+from slorouter.predictor.http_common import (
+    RunningServer,
+    healthz,
+    json_response,
+    listen,
+    metrics_handler,
+    read_json,
+    readyz_handler,
+    request_error_response,
+)
+from slorouter.predictor.model_store import ModelFileError, ModelStore, decode_model_file
+from slorouter.predictor.predictor import Predictor, PredictorNotReady
+
+log = logging.getLogger("slorouter.predictor.prediction_server")
+
+MAX_ROWS = 10_000
+# 10,000 rows of every feature with long decimals stay well under this.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MODEL_METADATA_HEADER = "X-Model-Metadata"
+
+
+class ModelSource(Protocol):
+    """Where the prediction server gets its models from."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def make_predictor(self) -> Predictor: ...
+
+    async def sync(self, predictor: Predictor) -> bool:
+        """Load any model whose version changed; True if something new was loaded."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class DirectorySource:
+    """Models from a shared model directory (written atomically by a trainer)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "directory", "path": str(self.directory)}
+
+    def make_predictor(self) -> Predictor:
+        return Predictor(ModelStore(self.directory))
+
+    async def sync(self, predictor: Predictor) -> bool:
+        # Reading and parsing a model file is blocking work: keep it off the event loop.
+        return await asyncio.to_thread(predictor.refresh)
+
+    async def close(self) -> None:
+        return None
+
+
+class TrainingServerSource:
+    """Models downloaded from the training server, each only when its ETag (the version) changes."""
+
+    def __init__(
+        self, url: str, *, timeout_s: float = 10.0, session: aiohttp.ClientSession | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._session = session
+        self._own_session = session is None
+        self._refused: dict[str, str] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "training-server", "url": self.url}
+
+    def make_predictor(self) -> Predictor:
+        return Predictor()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # The model metadata header can outgrow aiohttp's 8 KiB default.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s), max_field_size=1024 * 1024
+            )
+        return self._session
+
+    async def sync(self, predictor: Predictor) -> bool:
+        session = self._get_session()
+        changed = False
+        for kind in MODEL_KINDS:
+            current = predictor.versions.get(kind)
+            # Versions this server refused (another schema, say) are not downloaded again either.
+            known = [v for v in (current, self._refused.get(kind)) if v]
+            headers = {"If-None-Match": ", ".join(f'"{v}"' for v in known)} if known else {}
+            async with session.get(f"{self.url}/v1/models/{kind}", headers=headers) as response:
+                if response.status in (304, 404):
+                    continue
+                if response.status != 200:
+                    text = (await response.text())[:200]
+                    raise RuntimeError(f"GET /v1/models/{kind}: HTTP {response.status}: {text}")
+                data = await response.read()
+            try:
+                await asyncio.to_thread(self._load, predictor, kind, data)
+            except (ModelFileError, SchemaMismatchError, ValueError) as exc:
+                version = response.headers.get("ETag", "").strip('"')
+                self._refused[kind] = version
+                predictor.errors[kind] = str(exc)
+                log.error("refused %s model %s from %s: %s", kind, version, self.url, exc)
+                continue
+            changed = True
+        return changed
+
+    @staticmethod
+    def _load(predictor: Predictor, kind: ModelKind, data: bytes) -> None:
+        raw, metadata = decode_model_file(data)
+        predictor.load_raw(kind, raw, metadata)
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@dataclass
+class _Metrics:
+    requests: Counter
+    rows: Counter
+    reloads: Counter
+    sync_errors: Counter
+    ready: Gauge
+    model_version: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> _Metrics:
+        return cls(
+            requests=Counter(
+                "slorouter_prediction_requests",
+                "Prediction requests by endpoint and HTTP status.",
+                ["endpoint", "status"],
+                registry=registry,
+            ),
+            rows=Counter("slorouter_prediction_rows", "Rows predicted.", registry=registry),
+            reloads=Counter(
+                "slorouter_prediction_model_reloads", "Model loads after a version change.", registry=registry
+            ),
+            sync_errors=Counter(
+                "slorouter_prediction_model_sync_errors", "Failed model synchronisations.", registry=registry
+            ),
+            ready=Gauge("slorouter_prediction_ready", "1 once trained models are loaded.", registry=registry),
+            model_version=Gauge(
+                "slorouter_prediction_model_version_info",
+                "The loaded model version (value 1).",
+                ["model", "version"],
+                registry=registry,
+            ),
+        )
+
+
+class PredictionServer:
+    """An aiohttp application serving predictions from a ``Predictor`` kept fresh by a ``ModelSource``."""
+
+    def __init__(
+        self,
+        source: ModelSource,
+        *,
+        poll_interval_s: float = 1.0,
+        max_rows: int = MAX_ROWS,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+        self.source = source
+        self.poll_interval_s = poll_interval_s
+        self.max_rows = max_rows
+        self.predictor = source.make_predictor()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = _Metrics.create(self.registry)
+        self._bulk_ok = self.metrics.requests.labels("bulk", "200")
+        self._versions_seen: dict[str, str | None] = {}
+        self._versions: dict[str, str] = {}
+        self._versions_json = "{}"
+        self.last_reload_unix: float | None = None
+        self.last_sync_error: str | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._server: RunningServer | None = None
+        self._synced = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/predict/bulk", self._handle_bulk)
+        app.router.add_post("/v1/predict", self._handle_single)
+        app.router.add_get("/v1/status", self._handle_status)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get(
+            "/readyz", readyz_handler(lambda: self.ready, lambda: {"model_versions": self.model_versions})
+        )
+        app.router.add_get("/metrics", metrics_handler(self.registry))
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+        self._server = await listen(self.build_app(), host, port)
+        self._poller = asyncio.create_task(self._poll_loop(), name="prediction-server-model-poll")
+        return self._server
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await self.source.close()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the prediction server is not running")
+        return self._server.url
+
+    @property
+    def ready(self) -> bool:
+        return self.predictor.ready
+
+    async def wait_synced(self) -> None:
+        """Wait for the first synchronisation attempt (successful or not)."""
+        await self._synced.wait()
+
+    async def sync_now(self) -> bool:
+        """One synchronisation with the model source; True if a new model version was loaded."""
+        try:
+            changed = await self.source.sync(self.predictor)
+        except Exception as exc:  # a dead training server or a bad file must not kill the poller
+            self.metrics.sync_errors.inc()
+            self.last_sync_error = f"{type(exc).__name__}: {exc}"
+            log.warning("model synchronisation failed: %s", self.last_sync_error)
+            return False
+        finally:
+            self._synced.set()
+        self.last_sync_error = None
+        if changed:
+            self._on_reload()
+        return changed
+
+    def _on_reload(self) -> None:
+        versions = {kind: version for kind, version in self.predictor.versions.items() if version}
+        self.metrics.reloads.inc()
+        self.metrics.model_version.clear()
+        for kind, version in versions.items():
+            self.metrics.model_version.labels(kind, version).set(1)
+        self.metrics.ready.set(1 if self.predictor.ready else 0)
+        self._current_versions_json()
+        self.last_reload_unix = time.time()
+        log.info("loaded models %s", versions)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await self.sync_now()
+            await asyncio.sleep(self.poll_interval_s)
+
+    # -- handlers --------------------------------------------------------------------------------------------
+
+    def _not_ready(self) -> web.Response:
+        return error_response(
+            503,
+            "no trained model is loaded yet; predictions start after the first training",
+            code="not_ready",
+        )
+
+    async def _handle_bulk(self, request: web.Request) -> web.Response:
+        if not self.predictor.ready:
+            self.metrics.requests.labels("bulk", "503").inc()
+            return self._not_ready()
+        try:
+            data = await read_json(request, MAX_BODY_BYTES)
+            rows = self._rows(data)
+            ttft, tpot = self.predictor.predict_rows(rows)
+        except RequestError as exc:
+            self.metrics.requests.labels("bulk", str(exc.status)).inc()
+            return request_error_response(exc)
+        except FeatureError as exc:
+            self.metrics.requests.labels("bulk", "400").inc()
+            return error_response(400, str(exc))
+        except PredictorNotReady:
+            self.metrics.requests.labels("bulk", "503").inc()
+            return self._not_ready()
+        self._bulk_ok.inc()
+        self.metrics.rows.inc(len(rows))
+        return web.Response(body=self._encode_bulk(ttft, tpot), content_type="application/json")
+
+    def _rows(self, data: Any) -> list[Any]:
+        if not isinstance(data, dict):
+            raise RequestError('body must be a JSON object {"rows": [...]}')
+        rows = data.get("rows")
+        if not isinstance(rows, list):
+            raise RequestError('"rows" must be a list of feature objects', param="rows")
+        if not rows:
+            raise RequestError('"rows" must not be empty', param="rows")
+        if len(rows) > self.max_rows:
+            raise RequestError(
+                f'"rows" holds {len(rows)} rows; at most {self.max_rows} are allowed per request',
+                param="rows",
+                status=413,
+            )
+        return rows
+
+    def _encode_bulk(self, ttft: np.ndarray, tpot: np.ndarray) -> bytes:
+        # Hand-built JSON: formatting floats rounded to 1 µs beats json.dumps over a list of dicts.
+        ttft_list = np.round(ttft, 3).tolist()
+        if np.isnan(tpot).any():  # no TPOT model yet: null, as JSON has no NaN
+            tpot_list: list[Any] = [None if v != v else v for v in np.round(tpot, 3).tolist()]
+            items = ",".join(
+                [
+                    f'{{"ttft_ms":{a!r},"tpot_ms":{_json_number(b)}}}'
+                    for a, b in zip(ttft_list, tpot_list, strict=True)
+                ]
+            )
+        else:
+            items = ",".join(
+                [
+                    f'{{"ttft_ms":{a!r},"tpot_ms":{b!r}}}'
+                    for a, b in zip(ttft_list, np.round(tpot, 3).tolist(), strict=True)
+                ]
+            )
+        return f'{{"predictions":[{items}],"model_versions":{self._current_versions_json()}}}'.encode()
+
+    def _current_versions_json(self) -> str:
+        # Models load one kind at a time, so the versions can move between two reloads of the whole set.
+        versions = self.predictor.versions
+        if versions != self._versions_seen:
+            self._versions_seen = versions
+            self._versions = {kind: version for kind, version in versions.items() if version}
+            self._versions_json = json.dumps(self._versions, separators=(",", ":"))
+        return self._versions_json
+
+    @property
+    def model_versions(self) -> dict[str, str]:
+        self._current_versions_json()
+        return self._versions
+
+    async def _handle_single(self, request: web.Request) -> web.Response:
+        if not self.predictor.ready:
+            self.metrics.requests.labels("single", "503").inc()
+            return self._not_ready()
+        try:
+            row = await read_json(request, MAX_BODY_BYTES)
+            if not isinstance(row, dict):
+                raise RequestError("body must be one JSON object of feature values {NAME: number, ...}")
+            ttft, tpot = self.predictor.predict_rows([row])
+        except RequestError as exc:
+            self.metrics.requests.labels("single", str(exc.status)).inc()
+            return request_error_response(exc)
+        except FeatureError as exc:
+            self.metrics.requests.labels("single", "400").inc()
+            return error_response(400, str(exc))
+        except PredictorNotReady:
+            self.metrics.requests.labels("single", "503").inc()
+            return self._not_ready()
+        self.metrics.requests.labels("single", "200").inc()
+        self.metrics.rows.inc()
+        tpot_ms = float(tpot[0])
+        return json_response(
+            {
+                "ttft_ms": round(float(ttft[0]), 3),
+                "tpot_ms": None if tpot_ms != tpot_ms else round(tpot_ms, 3),
+                "model_versions": self.model_versions,
+            }
+        )
+
+    async def _handle_status(self, _: web.Request) -> web.Response:
+        return json_response(self.status())
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "model_versions": self.model_versions,
+            "predictor": self.predictor.status(),
+            "source": self.source.describe(),
+            "poll_interval_s": self.poll_interval_s,
+            "last_reload_unix": self.last_reload_unix,
+            "last_sync_error": self.last_sync_error,
+            "max_rows": self.max_rows,
+        }
+
+
+def _json_number(value: float | None) -> str:
+    return "null" if value is None else repr(value)
+
+
+def make_source(
+    *, model_dir: str | None = None, training_server: str | None = None
+) -> DirectorySource | TrainingServerSource:
+    if (model_dir is None) == (training_server is None):
+        raise ValueError("give exactly one of model_dir and training_server")
+    if model_dir is not None:
+        return DirectorySource(model_dir)
+    assert training_server is not None
+    return TrainingServerSource(training_server)

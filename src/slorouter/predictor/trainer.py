@@ -1,0 +1,411 @@
+"""Periodic XGBoost training from the sample store, gated by hold-out metrics.
+
+Cadence: a kind is *due* when it holds at least ``min_samples`` samples, at least one sample arrived since
+its last training, and ``retrain_interval_s`` of the injected clock passed since its last training (or it
+was never trained). Nothing is trained or saved before that: there is no cold-start stub model.
+
+Hold-out: every sample gets a fixed hold-out flag from its arrival number (a multiplicative hash, so about
+``holdout_fraction`` of the samples, evenly spread, reproducible). The hold-out set is the newest
+``holdout_max`` flagged samples in the store; every other sample is trained on. Flagged samples inside the
+window are never trained on by any model, so the new and the current model are compared on data neither
+saw (samples leave the window only by getting older or evicted, never by becoming "trainable" while in it).
+
+Objective: ``quantile`` (default, p = ``quantile``) trains ``reg:quantileerror`` on log(latency): quantiles
+commute with monotone transforms, so exp(prediction) is the latency quantile, and the trees fit relative
+errors evenly from 10 ms to 10 s. ``mean`` trains ``reg:squarederror`` on the latency itself.
+
+Replacement rule: the new model replaces the current one unless it is clearly worse on the same hold-out:
+accepted iff there is no current model (or none comparable: other schema, objective or quantile), or the
+hold-out is empty, or ``new_loss <= (1 + replace_tolerance) × current_loss`` (default tolerance 5 %), where
+the loss is the pinball loss at p for ``quantile`` and the RMSE for ``mean``. A rejected model is reported
+and dropped; the current one stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import xgboost as xgb
+
+from slorouter.clock import Clock, MonotonicClock
+from slorouter.predictor.features import (
+    MODEL_KINDS,
+    FeatureSchema,
+    ModelKind,
+    SchemaMismatchError,
+    check_kind,
+)
+from slorouter.predictor.model_store import ModelFileError, ModelMetadata, ModelStore
+from slorouter.predictor.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    objective: Literal["quantile", "mean"] = "quantile"
+    quantile: float = 0.9
+    n_estimators: int = 200
+    max_depth: int = 6
+    learning_rate: float = 0.05
+    subsample: float = 0.8
+    colsample_bytree: float = 0.8
+    min_child_weight: float = 5.0
+    retrain_interval_s: float = 5.0
+    min_samples: int = 200
+    holdout_fraction: float = 0.1
+    holdout_max: int = 1000
+    nthread: int = 2
+    seed: int = 0
+    replace_tolerance: float = 0.05
+    max_bin: int = 256
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("quantile", "mean"):
+            raise ValueError(f"objective must be 'quantile' or 'mean', got {self.objective!r}")
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1), got {self.quantile}")
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.n_estimators < 1 or self.max_depth < 1 or self.min_samples < 1 or self.nthread < 1:
+            raise ValueError("n_estimators, max_depth, min_samples and nthread must be >= 1")
+        if self.retrain_interval_s < 0 or self.replace_tolerance < 0 or self.holdout_max < 0:
+            raise ValueError("retrain_interval_s, replace_tolerance and holdout_max must be >= 0")
+
+    @property
+    def target_transform(self) -> str:
+        return "log" if self.objective == "quantile" else "identity"
+
+    def xgb_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "eta": self.learning_rate,
+            "max_depth": self.max_depth,
+            "subsample": self.subsample,
+            "colsample_bytree": self.colsample_bytree,
+            "min_child_weight": self.min_child_weight,
+            "tree_method": "hist",
+            "max_bin": self.max_bin,
+            "nthread": self.nthread,
+            "seed": self.seed,
+            "verbosity": 0,
+        }
+        if self.objective == "quantile":
+            params.update(objective="reg:quantileerror", quantile_alpha=self.quantile)
+        else:
+            params["objective"] = "reg:squarederror"
+        return params
+
+
+@dataclass(slots=True)
+class TrainingReport:
+    """The outcome of one training of one kind."""
+
+    kind: ModelKind
+    accepted: bool
+    reason: str
+    version: str | None  # the saved version (None if rejected)
+    sample_count: int
+    train_count: int
+    holdout_count: int
+    metrics: dict[str, float]  # the new model on the hold-out
+    current_metrics: dict[str, float] | None  # the model it was compared with, same hold-out
+    current_version: str | None
+    duration_s: float
+    trained_at: float  # unix time
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def holdout_flags(seq: np.ndarray, fraction: float) -> np.ndarray:
+    """Fixed hold-out flag of samples by arrival number: about ``fraction`` of them, evenly spread."""
+    hashed = (seq.astype(np.uint64) * _GOLDEN) >> np.uint64(40)  # wraps mod 2**64; top 24 bits
+    return hashed < np.uint64(int(fraction * (1 << 24)))
+
+
+def holdout_metrics(y: np.ndarray, pred: np.ndarray, quantile: float) -> dict[str, float]:
+    """MAPE, MAE, RMSE, coverage (share of y ≤ prediction) and pinball loss at ``quantile`` (ms)."""
+    y = np.asarray(y, dtype=np.float64)
+    pred = np.asarray(pred, dtype=np.float64)
+    if len(y) == 0:
+        return {}
+    err = y - pred
+    return {
+        "count": float(len(y)),
+        "mape": float(np.mean(np.abs(err) / y)),
+        "mae": float(np.mean(np.abs(err))),
+        "rmse": float(math.sqrt(np.mean(err * err))),
+        "coverage": float(np.mean(y <= pred)),
+        "pinball_loss": float(np.mean(np.maximum(quantile * err, (quantile - 1.0) * err))),
+        "mean_log_ratio": float(np.mean(np.log(y / np.maximum(pred, 1e-9)))),
+    }
+
+
+def booster_predict_ms(booster: xgb.Booster, X: np.ndarray, target_transform: str) -> np.ndarray:
+    """Latency predictions (ms, ≥ 0) of a booster for float32 rows."""
+    raw = booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32)).astype(np.float64)
+    return np.exp(raw) if target_transform == "log" else np.maximum(raw, 0.0)
+
+
+@dataclass(slots=True)
+class _Current:
+    booster: xgb.Booster
+    metadata: ModelMetadata
+
+
+@dataclass(slots=True)
+class _KindState:
+    current: _Current | None = None
+    last_attempt: float | None = None  # clock time of the last training (accepted or not)
+    last_report: TrainingReport | None = None
+    trainings: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Trainer:
+    """Trains the TTFT and TPOT models from a ``SampleStore`` into a ``ModelStore``."""
+
+    def __init__(
+        self,
+        store: SampleStore,
+        model_store: ModelStore,
+        config: TrainerConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = store
+        self.model_store = model_store
+        self.config = config or TrainerConfig()
+        self.clock: Clock = clock or MonotonicClock()
+        self.schema: FeatureSchema = store.schema
+        self._state = {kind: _KindState() for kind in MODEL_KINDS}
+        self._status_lock = threading.Lock()
+        for kind in MODEL_KINDS:
+            self._state[kind].current = self._load_current(kind)
+
+    def _load_current(self, kind: ModelKind) -> _Current | None:
+        """The model already in the model store, if usable (e.g. after a restart), as the baseline."""
+        try:
+            loaded = self.model_store.load(kind)
+        except (ModelFileError, OSError) as exc:
+            log.warning("ignoring the stored %s model: %s", kind, exc)
+            return None
+        if loaded is None:
+            return None
+        raw, metadata = loaded
+        try:
+            self.schema.check(metadata.schema, what=f"stored {kind} model {metadata.version}")
+        except SchemaMismatchError as exc:
+            log.warning("%s; it will be replaced at the next training", exc)
+            return None
+        booster = xgb.Booster()
+        booster.load_model(bytearray(raw))
+        return _Current(booster, metadata)
+
+    # --------------------------------------------------------------------------------------- cadence
+
+    def due(self, kind: ModelKind) -> bool:
+        state = self._state[check_kind(kind)]
+        if self.store.count(kind) < self.config.min_samples or self.store.added_since_training(kind) <= 0:
+            return False
+        last = state.last_attempt
+        return last is None or self.clock.now() - last >= self.config.retrain_interval_s
+
+    def maybe_train(self) -> list[TrainingReport]:
+        """Train every kind that is due; the reports of those trainings."""
+        reports = []
+        for kind in MODEL_KINDS:
+            if self.due(kind):
+                report = self.train(kind)
+                if report is not None:
+                    reports.append(report)
+        return reports
+
+    def run(self, stop: threading.Event, poll_interval_s: float = 0.25) -> None:
+        """Loop ``maybe_train`` until ``stop`` is set (for a background thread); errors are logged."""
+        while not stop.is_set():
+            try:
+                self.maybe_train()
+            except Exception:
+                log.exception("predictor training failed")
+            stop.wait(poll_interval_s)
+
+    # -------------------------------------------------------------------------------------- training
+
+    def train(self, kind: ModelKind) -> TrainingReport | None:
+        """Train ``kind`` now (whatever the cadence); None when the store holds too few samples."""
+        state = self._state[check_kind(kind)]
+        with state.lock:
+            return self._train_locked(kind, state)
+
+    def _train_locked(self, kind: ModelKind, state: _KindState) -> TrainingReport | None:
+        cfg = self.config
+        snap = self.store.snapshot(kind)
+        n = len(snap.y)
+        if n < cfg.min_samples:
+            return None
+        started = time.perf_counter()
+        state.last_attempt = self.clock.now()
+        self.store.mark_trained(kind, snap.total_added)
+
+        flagged = np.flatnonzero(holdout_flags(snap.seq, cfg.holdout_fraction))
+        hold = flagged[len(flagged) - min(len(flagged), cfg.holdout_max) :]
+        train_mask = np.ones(n, dtype=bool)
+        train_mask[hold] = False
+        X_train, y_train = snap.X[train_mask], snap.y[train_mask].astype(np.float64)
+        X_hold, y_hold = snap.X[hold], snap.y[hold].astype(np.float64)
+
+        target = np.log(y_train) if cfg.target_transform == "log" else y_train
+        dtrain = xgb.QuantileDMatrix(X_train, label=target, max_bin=cfg.max_bin, nthread=cfg.nthread)
+        booster = xgb.train(cfg.xgb_params(), dtrain, num_boost_round=cfg.n_estimators)
+        booster.set_param({"nthread": 1})
+
+        metric_q = cfg.quantile if cfg.objective == "quantile" else 0.5
+        metrics = holdout_metrics(y_hold, booster_predict_ms(booster, X_hold, cfg.target_transform), metric_q)
+        current = state.current
+        comparable = current is not None and self._comparable(current.metadata)
+        current_metrics = None
+        if current is not None and comparable and len(hold):
+            current_pred = booster_predict_ms(current.booster, X_hold, current.metadata.target_transform)
+            current_metrics = holdout_metrics(y_hold, current_pred, metric_q)
+        accepted, reason = self._decide(metrics, current_metrics, current is not None, comparable)
+
+        trained_at = time.time()
+        version = None
+        if accepted:
+            raw = bytes(booster.save_raw("ubj"))
+            version = _version(trained_at, raw)
+            metadata = ModelMetadata(
+                kind=kind,
+                version=version,
+                trained_at=trained_at,
+                sample_count=int(len(y_train)),
+                metrics=metrics,
+                schema=self.schema.to_dict(),
+                objective=cfg.objective,
+                quantile=cfg.quantile if cfg.objective == "quantile" else None,
+                target_transform=cfg.target_transform,
+                extra={
+                    "holdout_count": int(len(hold)),
+                    "xgboost": xgb.__version__,
+                    "params": cfg.xgb_params(),
+                },
+            )
+            self.model_store.save(kind, raw, metadata)
+            state.current = _Current(booster, metadata)
+        report = TrainingReport(
+            kind=kind,
+            accepted=accepted,
+            reason=reason,
+            version=version,
+            sample_count=n,
+            train_count=int(len(y_train)),
+            holdout_count=int(len(hold)),
+            metrics=metrics,
+            current_metrics=current_metrics,
+            current_version=None if current is None else current.metadata.version,
+            duration_s=time.perf_counter() - started,
+            trained_at=trained_at,
+        )
+        with self._status_lock:
+            state.last_report = report
+            state.trainings += 1
+            state.accepted += accepted
+            state.rejected += not accepted
+        log.info(
+            "trained %s on %d samples in %.2fs: %s (%s)", kind, n, report.duration_s, reason, _brief(metrics)
+        )
+        return report
+
+    def _comparable(self, metadata: ModelMetadata) -> bool:
+        cfg = self.config
+        quantile = cfg.quantile if cfg.objective == "quantile" else None
+        return (
+            metadata.schema == self.schema.to_dict()
+            and metadata.objective == cfg.objective
+            and metadata.quantile == quantile
+        )
+
+    def _decide(
+        self,
+        metrics: dict[str, float],
+        current_metrics: dict[str, float] | None,
+        has_current: bool,
+        comparable: bool,
+    ) -> tuple[bool, str]:
+        if not has_current:
+            return True, "first model"
+        if not comparable:
+            return True, "current model not comparable (schema, objective or quantile changed)"
+        if current_metrics is None or not metrics:
+            return True, "no hold-out samples to compare on"
+        key = "pinball_loss" if self.config.objective == "quantile" else "rmse"
+        new, old = metrics[key], current_metrics[key]
+        limit = (1.0 + self.config.replace_tolerance) * old
+        if new <= limit:
+            return (
+                True,
+                f"{key} {new:.4g} <= {limit:.4g} (current {old:.4g} + {self.config.replace_tolerance:.0%})",
+            )
+        return False, f"clearly worse: {key} {new:.4g} > {limit:.4g} (current {old:.4g})"
+
+    # ---------------------------------------------------------------------------------------- status
+
+    def current_version(self, kind: ModelKind) -> str | None:
+        current = self._state[check_kind(kind)].current
+        return None if current is None else current.metadata.version
+
+    def status(self) -> dict[str, Any]:
+        """JSON-serialisable state: samples, buckets, versions, last metrics and training durations."""
+        cfg = self.config
+        models: dict[str, Any] = {}
+        for kind in MODEL_KINDS:
+            state = self._state[kind]
+            with self._status_lock:
+                report = state.last_report
+                counters = {
+                    "trainings": state.trainings,
+                    "accepted": state.accepted,
+                    "rejected": state.rejected,
+                }
+            current = state.current
+            models[kind] = {
+                "samples": self.store.count(kind),
+                "samples_added_total": self.store.total_added(kind),
+                "added_since_training": self.store.added_since_training(kind),
+                "buckets": self.store.bucket_counts(kind),
+                "version": None if current is None else current.metadata.version,
+                "metrics": None if current is None else current.metadata.metrics,
+                "trained_at": None if current is None else current.metadata.trained_at,
+                "last_training": None if report is None else report.to_dict(),
+                "last_training_duration_s": None if report is None else report.duration_s,
+                **counters,
+            }
+        return {
+            "objective": cfg.objective,
+            "quantile": cfg.quantile if cfg.objective == "quantile" else None,
+            "min_samples": cfg.min_samples,
+            "retrain_interval_s": cfg.retrain_interval_s,
+            "schema": self.schema.to_dict(),
+            "models": models,
+        }
+
+
+def _version(trained_at: float, raw: bytes) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(trained_at))
+    millis = int((trained_at % 1) * 1000)
+    return f"{stamp}.{millis:03d}Z-{hashlib.sha256(raw).hexdigest()[:10]}"
+
+
+def _brief(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.3g}" for k, v in metrics.items() if k != "count")

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from slorouter.clock import ManualClock
+from slorouter.predictor.model_store import ModelStore
+from slorouter.predictor.predictor import Predictor, PredictorNotReady
+from slorouter.predictor.store import SampleStore
+from slorouter.predictor.trainer import Trainer, TrainerConfig, holdout_flags, holdout_metrics
+from tests.predictor.conftest import synthetic
+
+
+def test_holdout_flags_are_reproducible_and_about_the_fraction() -> None:
+    seq = np.arange(100_000)
+    flags = holdout_flags(seq, 0.1)
+    assert flags.mean() == pytest.approx(0.1, abs=0.002)
+    np.testing.assert_array_equal(flags, holdout_flags(seq, 0.1))
+    assert not holdout_flags(seq, 0.0).any()
+    assert flags[:1000].mean() == pytest.approx(0.1, abs=0.02)  # evenly spread, not clumped
+
+
+def test_holdout_metrics() -> None:
+    y = np.array([100.0, 200.0, 400.0, 50.0])
+    pred = np.array([110.0, 180.0, 400.0, 100.0])
+    m = holdout_metrics(y, pred, 0.9)
+    assert m["mape"] == pytest.approx((0.1 + 0.1 + 0.0 + 1.0) / 4)
+    assert m["mae"] == pytest.approx((10 + 20 + 0 + 50) / 4)
+    assert m["coverage"] == pytest.approx(0.75)  # 200 > 180
+    # pinball: under-prediction by 20 costs 0.9*20, over-predictions cost 0.1 each
+    assert m["pinball_loss"] == pytest.approx((0.1 * 10 + 0.9 * 20 + 0 + 0.1 * 50) / 4)
+    assert holdout_metrics(np.array([]), np.array([]), 0.9) == {}
+
+
+def test_no_model_before_training(trainer: Trainer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    predictor = Predictor(trainer.model_store)
+    assert not predictor.refresh() and not predictor.ready
+    assert predictor.versions == {"ttft": None, "tpot": None}
+    with pytest.raises(PredictorNotReady):
+        predictor.predict(np.zeros((1, 8), np.float32), np.zeros((1, 7), np.float32))
+    x, y, _, _ = synthetic(199)
+    trainer.store.add("ttft", x, y)
+    assert not trainer.due("ttft") and trainer.train("ttft") is None  # too few samples: nothing saved
+    assert trainer.maybe_train() == []
+    assert trainer.model_store.latest_version("ttft") is None
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_gating_by_min_samples_and_cadence(trainer: Trainer, clock: ManualClock) -> None:
+    x, y, xt, yt = synthetic(400)
+    trainer.store.add("ttft", x[:150], y[:150])
+    assert not trainer.due("ttft")
+    trainer.store.add("ttft", x[150:], y[150:])
+    assert trainer.due("ttft") and not trainer.due("tpot")
+    reports = trainer.maybe_train()
+    assert [r.kind for r in reports] == ["ttft"] and reports[0].accepted
+    assert reports[0].reason == "first model"
+    assert not trainer.due("ttft")  # no new samples
+    trainer.store.add("ttft", x[:10], y[:10])
+    assert not trainer.due("ttft")  # new samples, but the interval has not passed
+    clock.advance(4.9)
+    assert not trainer.due("ttft")
+    clock.advance(0.1)
+    assert trainer.due("ttft")
+    trainer.store.add("tpot", xt, yt)
+    assert {r.kind for r in trainer.maybe_train()} == {"ttft", "tpot"}
+    assert trainer.maybe_train() == []
+
+
+def test_training_saves_model_with_metadata(trainer: Trainer) -> None:
+    x, y, _, _ = synthetic(2000)
+    trainer.store.add("ttft", x, y)
+    report = trainer.train("ttft")
+    assert report is not None and report.accepted
+    assert (
+        report.holdout_count == pytest.approx(200, abs=40)
+        and report.train_count + report.holdout_count == 2000
+    )
+    assert set(report.metrics) >= {"mape", "mae", "coverage", "pinball_loss", "rmse"}
+    raw, meta = trainer.model_store.load("ttft")  # type: ignore[misc]
+    assert meta.version == report.version == trainer.current_version("ttft")
+    assert meta.sample_count == report.train_count and meta.objective == "quantile" and meta.quantile == 0.9
+    assert meta.schema == trainer.schema.to_dict() and meta.target_transform == "log"
+    assert meta.metrics == report.metrics and raw
+    status = trainer.status()
+    json.dumps(status)
+    assert status["models"]["ttft"]["version"] == report.version
+    assert status["models"]["ttft"]["samples"] == 2000
+    assert sum(status["models"]["ttft"]["buckets"].values()) == 2000
+    assert status["models"]["ttft"]["last_training_duration_s"] > 0
+    assert status["models"]["tpot"]["version"] is None
+
+
+def test_not_clearly_worse_rule(tmp_path, clock: ManualClock) -> None:  # type: ignore[no-untyped-def]
+    config = TrainerConfig(n_estimators=60, min_samples=200, nthread=1)
+    store = SampleStore()
+    trainer = Trainer(store, ModelStore(tmp_path), config, clock)
+    x, y, _, _ = synthetic(3000, seed=1)
+    store.add("ttft", x, y)
+    first = trainer.train("ttft")
+    assert first is not None and first.accepted
+    # Same data, same seed: an equally good model is accepted (within the 5 % tolerance).
+    store.add("ttft", x[:1], y[:1])
+    again = trainer.train("ttft")
+    assert again is not None and again.accepted and again.current_version == first.version
+    assert again.current_metrics is not None
+    assert again.metrics["pinball_loss"] <= 1.05 * again.current_metrics["pinball_loss"]
+    # A crippled trainer (2 trees) on the same store: clearly worse on the same hold-out, rejected.
+    weak = Trainer(store, trainer.model_store, replace(config, n_estimators=2), clock)
+    assert weak.current_version("ttft") == again.version  # picked up from the model store
+    store.add("ttft", x[:1], y[:1])
+    rejected = weak.train("ttft")
+    assert rejected is not None and not rejected.accepted and rejected.version is None
+    assert rejected.reason.startswith("clearly worse")
+    assert trainer.model_store.latest_version("ttft") == again.version
+    assert weak.status()["models"]["ttft"]["rejected"] == 1
+
+
+def test_objective_change_replaces_model(trainer: Trainer, clock: ManualClock) -> None:
+    x, y, _, _ = synthetic(1000)
+    trainer.store.add("ttft", x, y)
+    assert trainer.train("ttft").accepted  # type: ignore[union-attr]
+    mean = Trainer(trainer.store, trainer.model_store, replace(trainer.config, objective="mean"), clock)
+    trainer.store.add("ttft", x[:1], y[:1])
+    report = mean.train("ttft")
+    assert report is not None and report.accepted and "not comparable" in report.reason
+    assert trainer.model_store.load("ttft")[1].target_transform == "identity"  # type: ignore[index]
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="objective"):
+        TrainerConfig(objective="median")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="quantile"):
+        TrainerConfig(quantile=1.0)
