@@ -212,3 +212,12 @@ async def test_expect_100_continue_gets_the_go_ahead(app):
         assert text.startswith(b"HTTP/1.1 200 OK") and text.endswith(b"body")
     finally:
         writer.close()
+
+
+async def test_http_1_0_stream_is_delimited_by_the_close(app):
+    app.release.set()
+    text = await _raw(app.address, b"GET /stream HTTP/1.0\r\n\r\n")
+    head, _, body = text.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding" not in head
+    assert b"Connection: close" in head
+    assert body == b"data: one\n\ndata: two\n\n"

@@ -107,6 +107,7 @@ class HttpRequest:
         "_stream",
         "body",
         "headers",
+        "http10",
         "keep_alive",
         "method",
         "path",
@@ -124,6 +125,7 @@ class HttpRequest:
         self.headers = headers
         self.body = b""
         self.keep_alive = True
+        self.http10 = False
         self.too_large = False
 
     def header(self, name: bytes) -> bytes | None:
@@ -139,7 +141,9 @@ class HttpRequest:
 
     async def start_stream(self, status: int, raw_headers: bytes) -> StreamWriter:
         """Send the status and headers of a chunked response; returns the writer of its body."""
-        writer = self._stream = StreamWriter(self._proto, self.keep_alive)
+        if self.http10:
+            self.keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the body is the close
+        writer = self._stream = StreamWriter(self._proto, self.keep_alive, chunked=not self.http10)
         writer.start(status, raw_headers)
         return writer
 
@@ -147,25 +151,26 @@ class HttpRequest:
 class StreamWriter:
     """The body of a chunked response. ``write`` raises ConnectionResetError once the client is gone."""
 
-    __slots__ = ("_keep_alive", "_proto", "finished")
+    __slots__ = ("_chunked", "_keep_alive", "_proto", "finished")
 
-    def __init__(self, proto: _HttpProtocol, keep_alive: bool) -> None:
+    def __init__(self, proto: _HttpProtocol, keep_alive: bool, chunked: bool = True) -> None:
         self._proto = proto
         self._keep_alive = keep_alive
+        self._chunked = chunked
         self.finished = False
 
     def start(self, status: int, raw_headers: bytes) -> None:
         connection = b"" if self._keep_alive else b"Connection: close\r\n"
+        framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
         self._proto.send(
-            b"%s%s%sTransfer-Encoding: chunked\r\n%s\r\n"
-            % (_status_line(status), _date.get(), raw_headers, connection)
+            b"%s%s%s%s%s\r\n" % (_status_line(status), _date.get(), raw_headers, framing, connection)
         )
 
     async def write(self, data: bytes) -> None:
         if not data:
             return
         proto = self._proto
-        proto.send(b"%x\r\n%s\r\n" % (len(data), data))
+        proto.send(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         if proto.write_paused:
             await proto.drain()
 
@@ -173,7 +178,8 @@ class StreamWriter:
         if self.finished:
             return
         self.finished = True
-        self._proto.send(b"0\r\n\r\n")
+        if self._chunked:
+            self._proto.send(b"0\r\n\r\n")
         if self._proto.write_paused:
             await self._proto.drain()
 
@@ -274,6 +280,7 @@ class _HttpProtocol(asyncio.Protocol):
         request.body = body[0] if len(body) == 1 else b"".join(body)
         request.too_large = self._too_large
         request.keep_alive = parser.should_keep_alive()
+        request.http10 = parser.get_http_version() == "1.0"
         self._body = []
         if request.too_large:
             request.keep_alive = False  # the rest of the body is not worth reading
@@ -291,6 +298,10 @@ class _HttpProtocol(asyncio.Protocol):
             except asyncio.CancelledError:
                 self._abort()
                 raise
+            except ConnectionResetError:  # the client went away while the answer was being written
+                self._abort()
+                self._task = None
+                return
             self.last_active = self.loop.time()
             if self.closed or not request.keep_alive:
                 self._task = None
@@ -307,6 +318,8 @@ class _HttpProtocol(asyncio.Protocol):
         server = self.server
         try:
             response = await server.dispatch(request)
+        except ConnectionResetError:
+            raise
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
             if request._stream is not None:
