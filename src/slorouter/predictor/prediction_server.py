@@ -185,6 +185,7 @@ class PredictionServer:
         *,
         poll_interval_s: float = 1.0,
         max_rows: int = MAX_ROWS,
+        max_body_bytes: int = MAX_BODY_BYTES,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if poll_interval_s <= 0:
@@ -194,6 +195,7 @@ class PredictionServer:
         self.source = source
         self.poll_interval_s = poll_interval_s
         self.max_rows = max_rows
+        self.max_body_bytes = max_body_bytes
         self.predictor = source.make_predictor()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics.create(self.registry)
@@ -206,11 +208,12 @@ class PredictionServer:
         self._poller: asyncio.Task[None] | None = None
         self._server: RunningServer | None = None
         self._synced = asyncio.Event()
+        self._sync_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/predict/bulk", self._handle_bulk)
         app.router.add_post("/v1/predict", self._handle_single)
         app.router.add_get("/v1/status", self._handle_status)
@@ -254,7 +257,8 @@ class PredictionServer:
     async def sync_now(self) -> bool:
         """One synchronisation with the model source; True if a new model version was loaded."""
         try:
-            changed = await self.source.sync(self.predictor)
+            async with self._sync_lock:  # the poller and a direct call must not load the same version twice
+                changed = await self.source.sync(self.predictor)
         except Exception as exc:  # a dead training server or a bad file must not kill the poller
             self.metrics.sync_errors.inc()
             self.last_sync_error = f"{type(exc).__name__}: {exc}"
@@ -297,7 +301,7 @@ class PredictionServer:
             self.metrics.requests.labels("bulk", "503").inc()
             return self._not_ready()
         try:
-            data = await read_json(request, MAX_BODY_BYTES)
+            data = await read_json(request, self.max_body_bytes)
             rows = self._rows(data)
             ttft, tpot = self.predictor.predict_rows(rows)
         except RequestError as exc:
@@ -368,7 +372,7 @@ class PredictionServer:
             self.metrics.requests.labels("single", "503").inc()
             return self._not_ready()
         try:
-            row = await read_json(request, MAX_BODY_BYTES)
+            row = await read_json(request, self.max_body_bytes)
             if not isinstance(row, dict):
                 raise RequestError("body must be one JSON object of feature values {NAME: number, ...}")
             ttft, tpot = self.predictor.predict_rows([row])

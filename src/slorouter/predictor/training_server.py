@@ -128,6 +128,7 @@ class _Metrics:
     holdout_mape: Gauge
     holdout_coverage: Gauge
     stored: Gauge
+    model_requests: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Metrics:
@@ -184,6 +185,12 @@ class _Metrics:
                 ["model"],
                 registry=registry,
             ),
+            model_requests=Counter(
+                "slorouter_training_model_requests",
+                "GET /v1/models/{model} by HTTP status (200 download, 304 not modified, 404 not trained).",
+                ["model", "status"],
+                registry=registry,
+            ),
         )
 
 
@@ -200,6 +207,7 @@ class TrainingServer:
         clock: Clock | None = None,
         registry: CollectorRegistry | None = None,
         max_samples_per_request: int = MAX_SAMPLES_PER_REQUEST,
+        max_body_bytes: int = MAX_BODY_BYTES,
         train_poll_interval_s: float = 0.1,
     ) -> None:
         self.model_dir = Path(model_dir)
@@ -209,6 +217,7 @@ class TrainingServer:
         self.trainer_config = trainer_config or TrainerConfig()
         self.trainer = Trainer(self.store, self.model_store, self.trainer_config, clock or MonotonicClock())
         self.max_samples_per_request = max_samples_per_request
+        self.max_body_bytes = max_body_bytes
         self.train_poll_interval_s = train_poll_interval_s
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics.create(self.registry)
@@ -227,7 +236,7 @@ class TrainingServer:
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/samples", self._handle_samples)
         app.router.add_get("/v1/models/{kind}", self._handle_model)
         app.router.add_get("/v1/models/{kind}/metadata", self._handle_model_metadata)
@@ -303,7 +312,7 @@ class TrainingServer:
 
     async def _handle_samples(self, request: web.Request) -> web.Response:
         try:
-            data = await read_json(request, MAX_BODY_BYTES)
+            data = await read_json(request, self.max_body_bytes)
         except RequestError as exc:
             self.metrics.rejected_requests.labels(str(exc.status)).inc()
             return request_error_response(exc)
@@ -353,11 +362,16 @@ class TrainingServer:
 
     async def _handle_model(self, request: web.Request) -> web.Response:
         model = await self._model_or_error(request)
+        kind = request.match_info["kind"]
         if isinstance(model, web.Response):
+            if kind in MODEL_KINDS:
+                self.metrics.model_requests.labels(kind, str(model.status)).inc()
             return model
         etag = f'"{model.version}"'
         if model.version in parse_etags(request.headers.get("If-None-Match")):
+            self.metrics.model_requests.labels(kind, "304").inc()
             return web.Response(status=304, headers={"ETag": etag})
+        self.metrics.model_requests.labels(kind, "200").inc()
         return web.Response(
             body=model.data,
             content_type=MODEL_CONTENT_TYPE,

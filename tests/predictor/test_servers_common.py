@@ -1,0 +1,184 @@
+"""Helpers shared by the server, client and embedded tests, and tests of ``http_common``.
+
+The helpers live here (not in conftest.py, which belongs to the library's tests) and are imported by
+``test_servers_*``, ``test_client*`` and ``test_embedded*``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from slorouter.predictor.client import WireFormat
+from slorouter.predictor.features import MODEL_KINDS
+from slorouter.predictor.http_common import listen, parse_etags, read_json
+from slorouter.predictor.model_store import ModelStore
+from slorouter.predictor.store import SampleStore
+from slorouter.predictor.trainer import Trainer, TrainerConfig
+from tests.predictor.conftest import synthetic
+
+# Few trees and a short cadence: these tests check the mechanics, not accuracy.
+FAST_TRAINING = TrainerConfig(
+    n_estimators=20, max_depth=4, min_samples=200, retrain_interval_s=0.05, nthread=1
+)
+
+
+def feature_rows(x_ttft: np.ndarray, x_tpot: np.ndarray) -> list[dict[str, float]]:
+    """Rows carrying the union of both feature sets, keyed by name (as the HTTP contract sends them)."""
+    names = WireFormat().names
+    wire = np.hstack([x_ttft, x_tpot[:, -1:]])
+    return [dict(zip(names, row, strict=True)) for row in wire.astype(np.float64).tolist()]
+
+
+def samples_body(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` TTFT and ``n`` TPOT samples for ``POST /v1/samples`` with a learnable relation."""
+    x_ttft, y_ttft, x_tpot, y_tpot = synthetic(n, seed)
+    rows = feature_rows(x_ttft, x_tpot)
+    samples = [
+        {"model": "ttft", "features": row, "latency_ms": float(y)}
+        for row, y in zip(rows, y_ttft, strict=True)
+    ]
+    samples += [
+        {"model": "tpot", "features": dict(row), "latency_ms": float(y)}
+        for row, y in zip(rows, y_tpot, strict=True)
+    ]
+    return samples
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds (a bound, not a speed claim)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def train_models(directory: Path, n: int = 400, seed: int = 0) -> Path:
+    """Train both models (small, fast) into ``directory`` with the library's trainer."""
+    store = SampleStore()
+    x_ttft, y_ttft, x_tpot, y_tpot = synthetic(n, seed)
+    store.add("ttft", x_ttft, y_ttft)
+    store.add("tpot", x_tpot, y_tpot)
+    trainer = Trainer(store, ModelStore(directory), replace(FAST_TRAINING, retrain_interval_s=0.0))
+    for kind in MODEL_KINDS:
+        report = trainer.train(kind)
+        assert report is not None and report.accepted
+    return directory
+
+
+def copy_models(source: Path, destination: Path, kinds: tuple[str, ...] = MODEL_KINDS) -> Path:
+    """Copy the current models of ``kinds`` into another model directory (a new, writable one)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    src, dst = ModelStore(source), ModelStore(destination)
+    for kind in kinds:
+        loaded = src.load(kind)  # type: ignore[arg-type]
+        assert loaded is not None
+        dst.save(kind, *loaded)  # type: ignore[arg-type]
+    return destination
+
+
+def republish(directory: Path, suffix: str, kinds: tuple[str, ...] = MODEL_KINDS) -> dict[str, str]:
+    """Publish the current models again under new versions (as a new training would)."""
+    store = ModelStore(directory)
+    versions = {}
+    for kind in kinds:
+        loaded = store.load(kind)  # type: ignore[arg-type]
+        assert loaded is not None
+        raw, metadata = loaded
+        versions[kind] = store.save(kind, raw, replace(metadata, version=f"{metadata.version}-{suffix}"))  # type: ignore[arg-type]
+    return versions
+
+
+@pytest.fixture(scope="session")
+def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory with trained TTFT and TPOT models; read-only (copy it to change it)."""
+    return train_models(tmp_path_factory.mktemp("trained-models"))
+
+
+@pytest.fixture
+def model_dir(trained_dir: Path, tmp_path: Path) -> Path:
+    """A writable copy of ``trained_dir``."""
+    destination = tmp_path / "models"
+    shutil.copytree(trained_dir, destination)
+    return destination
+
+
+@pytest.fixture
+async def http() -> Any:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session
+
+
+# -- http_common ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, set()),
+        ("", set()),
+        ('"v1"', {"v1"}),
+        ('W/"v1"', {"v1"}),
+        ('"v1", "v2"', {"v1", "v2"}),
+        ("v3", {"v3"}),
+        ('"v1",,W/"v2"', {"v1", "v2"}),
+    ],
+)
+def test_parse_etags(header: str | None, expected: set[str]) -> None:
+    assert parse_etags(header) == expected
+
+
+async def test_read_json_errors(http: aiohttp.ClientSession) -> None:
+    async def echo(request: web.Request) -> web.Response:
+        from slorouter.gateway.errors import RequestError
+
+        try:
+            data = await read_json(request, 64)
+        except RequestError as exc:
+            return web.json_response({"status": exc.status, "message": exc.message})
+        return web.json_response({"status": 200, "data": data})
+
+    app = web.Application(client_max_size=64)
+    app.router.add_post("/", echo)
+    server = await listen(app, "127.0.0.1", 0)
+    try:
+        cases = [
+            (b'{"a": 1}', 200, None),
+            (b"", 400, "empty"),
+            (b"{nope", 400, "not valid JSON"),
+            (b'{"a": NaN}', 400, "NaN is not a valid JSON number"),
+            (b'{"a": Infinity}', 400, "Infinity"),
+            (b"\xff\xfe", 400, "not valid JSON"),
+            (b'{"a": "' + b"x" * 100 + b'"}', 413, "64 bytes"),
+        ]
+        for body, status, message in cases:
+            async with http.post(server.url + "/", data=body) as response:
+                result = await response.json()
+            assert result["status"] == status, body
+            if message:
+                assert message in result["message"], result
+    finally:
+        await server.close()

@@ -1,0 +1,308 @@
+"""The prediction server on 127.0.0.1: readiness, both model sources, reloads, bulk contract and limits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from slorouter.predictor.model_store import ModelStore
+from slorouter.predictor.prediction_server import PredictionServer, make_source
+from slorouter.predictor.predictor import Predictor
+from slorouter.predictor.training_server import TrainingServer
+from tests.predictor import test_servers_common as common
+from tests.predictor.conftest import synthetic
+from tests.predictor.test_servers_common import (
+    FAST_TRAINING,
+    copy_models,
+    eventually,
+    feature_rows,
+    republish,
+    samples_body,
+)
+
+http = common.http
+trained_dir = common.trained_dir
+model_dir = common.model_dir
+
+
+@pytest.fixture
+async def empty_server(tmp_path: Path) -> AsyncIterator[PredictionServer]:
+    server = PredictionServer(make_source(model_dir=str(tmp_path / "models")), poll_interval_s=0.02)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def server(model_dir: Path) -> AsyncIterator[PredictionServer]:
+    prediction = PredictionServer(
+        make_source(model_dir=str(model_dir)), poll_interval_s=0.02, max_rows=10_000
+    )
+    await prediction.start()
+    await eventually(lambda: all(prediction.predictor.versions.values()))
+    try:
+        yield prediction
+    finally:
+        await prediction.stop()
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with http.post(url, data=data, headers={"Content-Type": "application/json"}) as response:
+        return response.status, await response.json()
+
+
+def expected(directory: Path, rows: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    predictor = Predictor(ModelStore(directory))
+    predictor.refresh()
+    return predictor.predict_rows(rows)
+
+
+async def test_not_ready_until_a_trained_model_appears(
+    empty_server: PredictionServer, trained_dir: Path, http: aiohttp.ClientSession
+) -> None:
+    url = empty_server.url
+    rows = feature_rows(*synthetic(3)[::2])
+    async with http.get(url + "/readyz") as r:
+        assert r.status == 503
+    async with http.get(url + "/healthz") as r:
+        assert r.status == 200
+    status, body = await post(http, url + "/v1/predict/bulk", {"rows": rows})
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
+    status, _ = await post(http, url + "/v1/predict", rows[0])
+    assert status == 503
+    async with http.get(url + "/v1/status") as r:
+        assert (await r.json())["ready"] is False
+
+    copy_models(trained_dir, Path(empty_server.source.describe()["path"]))
+    await eventually(lambda: all(empty_server.predictor.versions.values()))
+    async with http.get(url + "/readyz") as r:
+        assert r.status == 200
+        assert set((await r.json())["model_versions"]) == {"ttft", "tpot"}
+    status, body = await post(http, url + "/v1/predict/bulk", {"rows": rows})
+    assert status == 200 and len(body["predictions"]) == 3
+
+
+async def test_bulk_predictions_in_row_order(
+    server: PredictionServer, model_dir: Path, http: aiohttp.ClientSession
+) -> None:
+    x_ttft, _, x_tpot, _ = synthetic(500, seed=5)
+    rows = feature_rows(x_ttft, x_tpot)
+    status, body = await post(http, server.url + "/v1/predict/bulk", {"rows": rows})
+    assert status == 200
+    ttft, tpot = expected(model_dir, rows)
+    assert len(body["predictions"]) == 500
+    np.testing.assert_allclose([p["ttft_ms"] for p in body["predictions"]], ttft, rtol=1e-6, atol=1e-3)
+    np.testing.assert_allclose([p["tpot_ms"] for p in body["predictions"]], tpot, rtol=1e-6, atol=1e-3)
+    store = ModelStore(model_dir)
+    assert body["model_versions"] == {k: store.latest_version(k) for k in ("ttft", "tpot")}
+
+    # Reversed rows, reversed answers.
+    status, reversed_body = await post(http, server.url + "/v1/predict/bulk", {"rows": rows[::-1]})
+    assert reversed_body["predictions"] == body["predictions"][::-1]
+
+    # The derived effective_input_tokens may be left out.
+    slim = [{k: v for k, v in row.items() if k != "effective_input_tokens"} for row in rows[:5]]
+    status, slim_body = await post(http, server.url + "/v1/predict/bulk", {"rows": slim})
+    assert status == 200
+    np.testing.assert_allclose(
+        [p["ttft_ms"] for p in slim_body["predictions"]],
+        [p["ttft_ms"] for p in body["predictions"][:5]],
+        rtol=1e-4,
+    )
+
+
+async def test_single_prediction(
+    server: PredictionServer, model_dir: Path, http: aiohttp.ClientSession
+) -> None:
+    rows = feature_rows(*synthetic(2, seed=3)[::2])
+    status, body = await post(http, server.url + "/v1/predict", rows[1])
+    assert status == 200
+    ttft, tpot = expected(model_dir, rows)
+    assert body["ttft_ms"] == pytest.approx(ttft[1], abs=1e-3)
+    assert body["tpot_ms"] == pytest.approx(tpot[1], abs=1e-3)
+    assert set(body["model_versions"]) == {"ttft", "tpot"}
+    status, error = await post(http, server.url + "/v1/predict", {"row": rows[1]})
+    assert (
+        status == 400
+        and "rows[0].kv_cache_percentage: required field is missing" in error["error"]["message"]
+    )
+    status, error = await post(http, server.url + "/v1/predict", [rows[1]])
+    assert status == 400
+
+
+BAD_BULK = [
+    pytest.param(b"[", "not valid JSON", id="not-json"),
+    pytest.param([], "must be a JSON object", id="list-body"),
+    pytest.param({"requests": []}, '"rows" must be a list', id="no-rows"),
+    pytest.param({"rows": []}, "must not be empty", id="empty"),
+    pytest.param({"rows": [1]}, "rows[0]: must be an object", id="row-not-object"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_BULK)
+async def test_bulk_rejects_bad_bodies(
+    server: PredictionServer, http: aiohttp.ClientSession, body: Any, message: str
+) -> None:
+    status, error = await post(http, server.url + "/v1/predict/bulk", body)
+    assert status == 400
+    assert message in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("kv_cache_percentage", 1.5, "rows[3].kv_cache_percentage: must be between 0 and 1, got 1.5"),
+        ("num_request_waiting", -1, "rows[3].num_request_waiting: must be >= 0"),
+        ("input_token_length", "12", "rows[3].input_token_length: must be a number"),
+        ("num_tokens_generated", None, "rows[3].num_tokens_generated: required field is missing"),
+        ("prefix_cache_score", True, "rows[3].prefix_cache_score: must be a number"),
+    ],
+)
+async def test_bulk_is_all_or_nothing(
+    server: PredictionServer, http: aiohttp.ClientSession, field: str, value: Any, message: str
+) -> None:
+    rows = feature_rows(*synthetic(6)[::2])
+    if value is None:
+        del rows[3][field]
+    else:
+        rows[3][field] = value
+    status, error = await post(http, server.url + "/v1/predict/bulk", {"rows": rows})
+    assert status == 400
+    assert error["error"]["message"].startswith(message)
+    assert "predictions" not in error
+
+
+async def test_row_limit(server: PredictionServer, http: aiohttp.ClientSession) -> None:
+    rows = feature_rows(*synthetic(10_000, seed=9)[::2])
+    status, body = await post(http, server.url + "/v1/predict/bulk", {"rows": rows})
+    assert status == 200 and len(body["predictions"]) == 10_000
+    status, error = await post(http, server.url + "/v1/predict/bulk", {"rows": [*rows, rows[0]]})
+    assert status == 413
+    assert "10001 rows; at most 10000" in error["error"]["message"]
+    status, error = await post(http, server.url + "/v1/predict/bulk", b" " * (17 * 1024 * 1024))
+    assert status == 413
+
+
+async def test_reloads_only_when_the_version_changes(
+    server: PredictionServer, model_dir: Path, http: aiohttp.ClientSession
+) -> None:
+    loads: list[str] = []
+    original = server.predictor.load_raw
+
+    def spy(kind: Any, raw: bytes, metadata: Any) -> None:
+        loads.append(metadata.version)
+        original(kind, raw, metadata)
+
+    server.predictor.load_raw = spy  # type: ignore[method-assign]
+    polls = server.metrics.sync_errors._value.get()
+    for _ in range(5):
+        await server.sync_now()
+    assert loads == [] and server.metrics.sync_errors._value.get() == polls
+
+    versions = republish(model_dir, "v2", kinds=("ttft",))
+    await eventually(lambda: loads == [versions["ttft"]])
+    for _ in range(5):
+        await server.sync_now()
+    assert loads == [versions["ttft"]]
+    rows = feature_rows(*synthetic(1)[::2])
+    status, body = await post(http, server.url + "/v1/predict/bulk", {"rows": rows})
+    assert status == 200 and body["model_versions"]["ttft"] == versions["ttft"]
+    async with http.get(server.url + "/metrics") as r:
+        text = await r.text()
+    assert f'slorouter_prediction_model_version_info{{model="ttft",version="{versions["ttft"]}"}} 1.0' in text
+    assert 'slorouter_prediction_requests_total{endpoint="bulk",status="200"} 1.0' in text
+
+
+async def test_ttft_only_gives_null_tpot(
+    trained_dir: Path, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    directory = copy_models(trained_dir, tmp_path / "ttft-only", kinds=("ttft",))
+    server = PredictionServer(make_source(model_dir=str(directory)), poll_interval_s=0.02)
+    await server.start()
+    try:
+        await eventually(lambda: server.ready)
+        rows = feature_rows(*synthetic(2)[::2])
+        status, body = await post(http, server.url + "/v1/predict/bulk", {"rows": rows})
+        assert status == 200
+        assert [p["tpot_ms"] for p in body["predictions"]] == [None, None]
+        assert all(p["ttft_ms"] > 0 for p in body["predictions"])
+        assert set(body["model_versions"]) == {"ttft"}
+    finally:
+        await server.stop()
+
+
+async def test_models_polled_from_the_training_server(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    training = TrainingServer(tmp_path / "training-models", trainer_config=FAST_TRAINING)
+    await training.start()
+    prediction = PredictionServer(make_source(training_server=training.url), poll_interval_s=0.02)
+    await prediction.start()
+    try:
+        await prediction.wait_synced()
+        assert not prediction.ready
+        async with http.post(training.url + "/v1/samples", json={"samples": samples_body(300)}) as r:
+            assert r.status == 202
+        await eventually(
+            lambda: (
+                all(prediction.predictor.versions.values())
+                and prediction.predictor.versions
+                == {k: training.trainer.current_version(k) for k in ("ttft", "tpot")}
+            )
+        )
+        rows = feature_rows(*synthetic(4, seed=2)[::2])
+        status, body = await post(http, prediction.url + "/v1/predict/bulk", {"rows": rows})
+        assert status == 200
+        ttft, _ = expected(training.model_dir, rows)
+        np.testing.assert_allclose([p["ttft_ms"] for p in body["predictions"]], ttft, atol=1e-3)
+
+        # Later polls are answered 304 Not Modified: nothing is downloaded or loaded again.
+        reloads = prediction.metrics.reloads._value.get()
+        for _ in range(3):
+            assert await prediction.sync_now() is False
+        assert prediction.metrics.reloads._value.get() == reloads
+        async with http.get(training.url + "/metrics") as r:
+            text = await r.text()
+        assert 'slorouter_training_model_requests_total{model="ttft",status="304"}' in text
+        async with http.get(prediction.url + "/v1/status") as r:
+            status_body = await r.json()
+        assert status_body["source"] == {"type": "training-server", "url": training.url}
+    finally:
+        await prediction.stop()
+        await training.stop()
+
+
+async def test_training_server_down_keeps_serving_the_loaded_model(
+    trained_dir: Path, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    training = TrainingServer(copy_models(trained_dir, tmp_path / "models"), trainer_config=FAST_TRAINING)
+    await training.start()
+    prediction = PredictionServer(make_source(training_server=training.url), poll_interval_s=0.02)
+    await prediction.start()
+    try:
+        await eventually(lambda: prediction.ready)
+        await training.stop()
+        assert await prediction.sync_now() is False
+        assert prediction.last_sync_error is not None
+        rows = feature_rows(*synthetic(2)[::2])
+        status, _ = await post(http, prediction.url + "/v1/predict/bulk", {"rows": rows})
+        assert status == 200
+    finally:
+        await prediction.stop()
+        await training.stop()
+
+
+def test_source_choice_is_exclusive() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        make_source()
+    with pytest.raises(ValueError, match="exactly one"):
+        make_source(model_dir="/tmp/x", training_server="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="poll_interval_s"):
+        PredictionServer(make_source(model_dir="/tmp/x"), poll_interval_s=0)

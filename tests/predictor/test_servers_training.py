@@ -1,0 +1,238 @@
+"""The training server on 127.0.0.1: ingestion and its validation, training cadence, model download."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from slorouter.predictor.model_store import decode_model_file
+from slorouter.predictor.training_server import MODEL_METADATA_HEADER, TrainingServer
+from tests.predictor import test_servers_common as common
+from tests.predictor.test_servers_common import FAST_TRAINING, eventually, samples_body
+
+http = common.http
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[TrainingServer]:
+    training = TrainingServer(
+        tmp_path / "models", trainer_config=FAST_TRAINING, max_samples_per_request=50, max_body_bytes=100_000
+    )
+    await training.start()
+    try:
+        yield training
+    finally:
+        await training.stop()
+
+
+async def post_samples(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with http.post(url + "/v1/samples", data=data, headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.json()
+
+
+async def test_accepts_samples_of_both_models(server: TrainingServer, http: aiohttp.ClientSession) -> None:
+    samples = samples_body(10)
+    status, body = await post_samples(http, server.url, {"samples": samples})
+    assert (status, body) == (202, {"accepted": 20})
+    assert server.store.count("ttft") == 10 and server.store.count("tpot") == 10
+    status, body = await post_samples(http, server.url, {"samples": [], "extra": "ignored"})
+    assert (status, body) == (202, {"accepted": 0})
+    async with http.get(server.url + "/v1/status") as r:
+        status_body = await r.json()
+    assert status_body["models"]["ttft"]["samples"] == 10
+    assert sum(status_body["models"]["tpot"]["buckets"].values()) == 10
+    assert status_body["model_versions"] == {"ttft": None, "tpot": None}
+
+
+def _valid() -> list[dict[str, Any]]:
+    return samples_body(2)  # ttft, ttft, tpot, tpot
+
+
+def _with(index: int, path: tuple[str, ...], value: Any) -> list[dict[str, Any]]:
+    samples = copy.deepcopy(_valid())
+    target: Any = samples
+    for key in (index, *path[:-1]):
+        target = target[key]
+    if value is _DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return samples
+
+
+_DELETE = object()
+
+BAD_BODIES = [
+    pytest.param(b"{not json", "not valid JSON", id="not-json"),
+    pytest.param(
+        b'{"samples": [{"model": "ttft", "features": {}, "latency_ms": NaN}]}', "NaN", id="nan-literal"
+    ),
+    pytest.param([1, 2], "must be a JSON object", id="body-list"),
+    pytest.param({"entries": []}, '"samples" must be a list', id="no-samples"),
+    pytest.param({"samples": {"a": 1}}, '"samples" must be a list', id="samples-object"),
+    pytest.param({"samples": [*_valid(), 7]}, "samples[4]: must be an object", id="sample-not-object"),
+    pytest.param({"samples": _with(1, ("model",), "e2e")}, "samples[1].model: must be one of", id="model"),
+    pytest.param({"samples": _with(3, ("model",), _DELETE)}, "samples[3].model", id="model-missing"),
+    pytest.param(
+        {"samples": _with(2, ("features",), [1, 2])}, "samples[2].features: must be an object", id="feat"
+    ),
+    pytest.param(
+        {"samples": _with(1, ("latency_ms",), -1)}, "samples[1].latency_ms: must be a positive", id="neg"
+    ),
+    pytest.param({"samples": _with(1, ("latency_ms",), 0)}, "samples[1].latency_ms", id="zero-latency"),
+    pytest.param({"samples": _with(1, ("latency_ms",), True)}, "samples[1].latency_ms", id="bool-latency"),
+    pytest.param({"samples": _with(1, ("latency_ms",), "12")}, "samples[1].latency_ms", id="str-latency"),
+    pytest.param({"samples": _with(0, ("latency_ms",), _DELETE)}, "samples[0].latency_ms", id="no-latency"),
+    pytest.param(
+        {"samples": _with(3, ("features", "kv_cache_percentage"), 1.7)},
+        "samples[3].features.kv_cache_percentage: must be between 0 and 1, got 1.7",
+        id="kv-range",
+    ),
+    pytest.param(
+        {"samples": _with(1, ("features", "input_token_length"), _DELETE)},
+        "samples[1].features.input_token_length: required field is missing",
+        id="missing-feature",
+    ),
+    pytest.param(
+        {"samples": _with(2, ("features", "num_tokens_generated"), _DELETE)},
+        "samples[2].features.num_tokens_generated: required field is missing",
+        id="missing-tpot-feature",
+    ),
+    pytest.param(
+        {"samples": _with(1, ("features", "num_request_waiting"), "3")},
+        "samples[1].features.num_request_waiting: must be a number",
+        id="string-feature",
+    ),
+    pytest.param(
+        {"samples": _with(0, ("features", "num_request_running"), -2)},
+        "samples[0].features.num_request_running: must be >= 0",
+        id="negative-feature",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_BODIES)
+async def test_invalid_samples_are_rejected_whole(
+    server: TrainingServer, http: aiohttp.ClientSession, body: Any, message: str
+) -> None:
+    status, error = await post_samples(http, server.url, body)
+    assert status == 400, error
+    assert message in error["error"]["message"], error
+    assert error["error"]["type"] == "BadRequestError"
+    # All or nothing: the valid samples before and after the bad one were not stored either.
+    assert server.store.count("ttft") == 0 and server.store.count("tpot") == 0
+
+
+async def test_request_limits(server: TrainingServer, http: aiohttp.ClientSession) -> None:
+    status, error = await post_samples(http, server.url, {"samples": samples_body(26)})  # 52 > 50 samples
+    assert status == 413
+    assert "at most 50" in error["error"]["message"]
+    status, error = await post_samples(http, server.url, b'{"samples": [' + b" " * 200_000 + b"]}")
+    assert status == 413
+    assert "100000 bytes" in error["error"]["message"]
+    assert server.store.count("ttft") == 0
+    async with http.get(server.url + "/metrics") as r:
+        text = await r.text()
+    assert 'slorouter_training_sample_requests_rejected_total{status="413"} 2.0' in text
+
+
+async def test_model_404_before_training(server: TrainingServer, http: aiohttp.ClientSession) -> None:
+    for kind in ("ttft", "tpot"):
+        async with http.get(f"{server.url}/v1/models/{kind}") as r:
+            assert r.status == 404
+            assert "no " + kind in (await r.json())["error"]["message"]
+    async with http.get(f"{server.url}/v1/models/e2e") as r:
+        assert r.status == 404
+        assert "unknown model" in (await r.json())["error"]["message"]
+
+
+async def test_trains_once_enough_samples_then_serves_models(
+    server: TrainingServer, http: aiohttp.ClientSession
+) -> None:
+    status, _ = await post_samples(http, server.url, {"samples": samples_body(25, seed=1)})
+    assert status == 202
+    await eventually(lambda: server.trainer.status()["models"]["ttft"]["added_since_training"] == 25, 5)
+    assert server.trainer.current_version("ttft") is None  # 25 < min_samples (200): no model, no stub
+
+    for seed in range(2, 10):
+        status, _ = await post_samples(http, server.url, {"samples": samples_body(25, seed=seed)})
+        assert status == 202
+    await eventually(lambda: all(server.trainer.current_version(k) for k in ("ttft", "tpot")))
+
+    async with http.get(server.url + "/v1/models/ttft") as r:
+        assert r.status == 200
+        etag = r.headers["ETag"]
+        metadata = json.loads(r.headers[MODEL_METADATA_HEADER])
+        raw, decoded = decode_model_file(await r.read())
+    assert etag == f'"{decoded.version}"' and metadata == decoded.to_dict()
+    assert decoded.kind == "ttft" and decoded.sample_count > 0 and raw
+    assert {"mape", "coverage", "pinball_loss"} <= set(decoded.metrics)
+
+    for header, expected in [(etag, 304), (f"W/{etag}", 304), (f'"other", {etag}', 304), ('"other"', 200)]:
+        async with http.get(server.url + "/v1/models/ttft", headers={"If-None-Match": header}) as r:
+            assert r.status == expected, header
+            assert r.headers["ETag"] == etag
+    async with http.get(server.url + "/v1/models/ttft/metadata") as r:
+        assert (await r.json())["version"] == decoded.version
+
+    async with http.get(server.url + "/v1/status") as r:
+        status_body = await r.json()
+    assert status_body["model_versions"]["ttft"] == decoded.version
+    assert status_body["models"]["ttft"]["last_training"]["accepted"] is True
+    assert status_body["models"]["ttft"]["metrics"]["mape"] >= 0
+
+    async with http.get(server.url + "/metrics") as r:
+        text = await r.text()
+    assert 'slorouter_training_runs_total{model="ttft",outcome="accepted"}' in text
+    assert f'slorouter_training_model_version_info{{model="ttft",version="{decoded.version}"}} 1.0' in text
+    assert 'slorouter_training_holdout_mape{model="ttft"}' in text
+    assert 'slorouter_training_holdout_coverage{model="tpot"}' in text
+    assert 'slorouter_training_samples_received_total{model="tpot"} 225.0' in text
+    assert 'slorouter_training_model_requests_total{model="ttft",status="304"} 3.0' in text
+
+
+async def test_training_runs_in_one_background_thread(tmp_path: Path) -> None:
+    training = TrainingServer(tmp_path / "models", trainer_config=FAST_TRAINING)
+    threads: set[str] = set()
+    original = training.trainer.maybe_train
+
+    def spy() -> Any:
+        threads.add(threading.current_thread().name)
+        return original()
+
+    training.trainer.maybe_train = spy  # type: ignore[method-assign]
+    await training.start()
+    try:
+        await eventually(lambda: bool(threads))
+    finally:
+        await training.stop()
+    assert threads == {"slorouter-trainer"}
+
+
+async def test_probes_and_restart_keeps_models(server: TrainingServer, http: aiohttp.ClientSession) -> None:
+    async with http.get(server.url + "/healthz") as r:
+        assert (r.status, await r.json()) == (200, {"status": "ok"})
+    async with http.get(server.url + "/readyz") as r:
+        assert r.status == 200
+    for seed in range(9):
+        await post_samples(http, server.url, {"samples": samples_body(25, seed=seed)})
+    await eventually(lambda: server.trainer.current_version("tpot") is not None)
+    version = server.trainer.current_version("tpot")
+
+    # A new server on the same directory publishes the models already there.
+    restarted = TrainingServer(server.model_dir, trainer_config=replace(FAST_TRAINING, min_samples=10_000))
+    await restarted.start()
+    try:
+        async with http.get(restarted.url + "/v1/models/tpot") as r:
+            assert r.status == 200 and r.headers["ETag"] == f'"{version}"'
+    finally:
+        await restarted.stop()
