@@ -115,7 +115,7 @@ def test_columns_path_matches_rows_path_and_broadcasts() -> None:
     for kind in ("ttft", "tpot"):
         np.testing.assert_array_equal(columns_to_matrix(columns, kind), rows_to_matrix(rows, kind))
     del columns["num_request_running"]
-    with pytest.raises(FeatureError, match="columns.num_request_running"):
+    with pytest.raises(FeatureError, match=r"columns\.num_request_running"):
         columns_to_matrix(columns, "ttft")
 
 

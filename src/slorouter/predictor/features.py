@@ -284,9 +284,9 @@ def rows_to_matrix(
 
     Raises ``FeatureError`` naming the first bad row and field, e.g.
     ``rows[3].kv_cache_percentage: must be between 0 and 1, got 1.7``. ``where`` is the location prefix:
-    ``"samples"`` gives ``samples[3].field``; a template with ``{i}`` such as ``"samples[{i}].features"`` gives
-    ``samples[3].features.field``. ``indices`` maps row positions to the indices to report (for a caller
-    that validates a subset of its input).
+    ``"samples"`` gives ``samples[3].field``; a template with ``{i}`` such as
+    ``"samples[{i}].features"`` gives ``samples[3].features.field``. ``indices`` maps row positions to
+    the indices to report (for a caller that validates a subset of its input).
     """
     names = schema.features(kind)
     columns = _extract(rows, names, where, indices)
@@ -312,7 +312,7 @@ def columns_to_matrix(
     *,
     schema: FeatureSchema = DEFAULT_SCHEMA,
 ) -> np.ndarray:
-    """The matrix of ``kind`` from per-feature columns (the router's candidate arrays), with no per-row Python.
+    """The matrix of ``kind`` from per-feature columns (the router's candidate arrays), no per-row Python.
 
     Scalars broadcast (e.g. the request's ``input_token_length`` for every candidate); the row count is the
     length of the first 1-d column (1 if all are scalars). ``effective_input_tokens`` is derived when absent.

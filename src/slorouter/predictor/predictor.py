@@ -137,7 +137,7 @@ class Predictor:
         return changed
 
     def load_raw(self, kind: ModelKind, raw: bytes, metadata: ModelMetadata) -> None:
-        """Load booster bytes with their metadata (e.g. downloaded from a training server) and make them current.
+        """Load booster bytes and their metadata (e.g. downloaded from a training server); make them current.
 
         Raises ``SchemaMismatchError`` for a model trained on another feature schema, ``ValueError`` for
         metadata of another kind.
@@ -152,7 +152,8 @@ class Predictor:
         n_features = len(self.schema.features(kind))
         if booster.num_features() != n_features:
             raise SchemaMismatchError(
-                f"{kind} model {metadata.version} has {booster.num_features()} features, expected {n_features}"
+                f"{kind} model {metadata.version} has {booster.num_features()} features, "
+                f"expected {n_features}"
             )
         forest = CompiledForest.from_booster(booster, n_features) if self.compile_forest else None
         model = LoadedModel(kind, metadata, booster, forest, n_features, metadata.target_transform == "log")
@@ -175,10 +176,7 @@ class Predictor:
             raise PredictorNotReady("no TTFT model has been trained yet")
         ttft = ttft_model.predict(x_ttft)
         tpot_model = models.get("tpot")
-        if tpot_model is None:
-            tpot = np.full(len(x_tpot), np.nan)
-        else:
-            tpot = tpot_model.predict(x_tpot)
+        tpot = np.full(len(x_tpot), np.nan) if tpot_model is None else tpot_model.predict(x_tpot)
         return ttft, tpot
 
     def predict_rows(

@@ -32,8 +32,8 @@ import xxhash
 
 from slorouter.predictor.features import (
     ALL_FEATURES,
-    DEFAULT_SCHEMA,
     DECODE_TOKENS_IN_FLIGHT,
+    DEFAULT_SCHEMA,
     EFFECTIVE_INPUT_TOKENS,
     INPUT_TOKEN_LENGTH,
     KV_CACHE_PERCENTAGE,
@@ -109,7 +109,7 @@ class SimSamples:
         return columns_to_matrix(columns, kind, schema=schema), y[keep]
 
     def rows(self, indices: np.ndarray | None = None) -> list[dict[str, float]]:
-        """Feature rows (the union of both models' features, and ``pod_class``) as a router would send them."""
+        """Feature rows (both models' features and ``pod_class``) as a router would send them."""
         index = np.arange(len(self)) if indices is None else np.asarray(indices)
         names = list(self.columns)
         data = [self.columns[name][index].tolist() for name in names]

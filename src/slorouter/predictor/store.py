@@ -94,7 +94,10 @@ class SampleStore:
         }
 
     def bucket_of(self, kind: ModelKind, X: np.ndarray) -> np.ndarray:
-        """Bucket index of each row of ``X`` (a ``kind`` matrix): ``(queue · kv_buckets + kv) · prefix + p``."""
+        """Bucket of each row of ``X`` (a ``kind`` matrix): ``(queue·kv_buckets + kv)·prefix_buckets + p``.
+
+        Rows are assumed valid (``features`` checked them); out-of-range fractions are clipped.
+        """
         cfg = self.config
         cols = self._columns[check_kind(kind)]
         waiting = X[:, cols[NUM_REQUEST_WAITING]].astype(np.float64)
