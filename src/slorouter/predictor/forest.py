@@ -124,11 +124,14 @@ class CompiledForest:
         n = X.shape[0]
         if n == 0:
             return np.zeros(0, dtype=np.float64)
-        positions = np.empty((n, self.n_features), dtype=np.intp)
+        positions = np.empty((self.n_features, n), dtype=np.intp)
         for f, thresholds in enumerate(self._thresholds):
-            positions[:, f] = np.searchsorted(thresholds, X[:, f], side="right")
-        positions += self._table_offsets
-        masks = np.bitwise_and.reduce(self._tables[positions], axis=1)  # (n, trees)
+            positions[f] = np.searchsorted(thresholds, X[:, f], side="right")
+        positions += self._table_offsets[:, None]
+        gathered = self._tables[positions]  # (features, n, trees)
+        masks = gathered[0]
+        for f in range(1, self.n_features):  # in-place ANDs of contiguous slices beat ufunc.reduce here
+            masks &= gathered[f]
         leaves = np.bitwise_count(masks ^ (masks - _ONE)).astype(np.intp)
         leaves += self._leaf_offsets
         return self._leaf_values[leaves].sum(axis=1) + self._base
