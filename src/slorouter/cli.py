@@ -13,6 +13,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "slorouter.gateway.command",  # serve
     "slorouter.sim.command",  # sim
+    "slorouter.predictor.command",  # predictor training-server | prediction-server
 )
 
 
