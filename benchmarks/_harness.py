@@ -24,6 +24,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_for_port(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -99,6 +105,7 @@ wrk.headers["Content-Type"] = "application/json"
     finally:
         os.unlink(f.name)
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
+    result["requests"] = float(re.search(r"(\d+) requests in", out).group(1))
     for pct in ("50", "90", "99"):
         result[f"p{pct}_ms"] = _to_ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

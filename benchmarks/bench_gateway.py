@@ -3,6 +3,8 @@
 Upstream: `slorouter sim --profile instant` (no model cost), so what is measured is the proxy itself.
 Added latency is measured with one connection (unloaded); throughput with 64 connections.
 The rounds alternate direct and gateway runs, and the table reports the median of the rounds.
+The CPU columns are each process's user+system time per request (from /proc): unlike req/s on a small
+shared machine, they barely depend on what else is running, so they show the gateway's own cost.
 
     .venv/bin/python benchmarks/bench_gateway.py [--rounds 3] [--seconds 8]
 """
@@ -14,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _harness import SLOROUTER, free_port, markdown_table, process, run_wrk
+from _harness import SLOROUTER, cpu_seconds, free_port, markdown_table, process, run_wrk
 
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
 
@@ -36,9 +38,10 @@ def main() -> None:
         )
         sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", "instant",
                "--model", "sim-instant"]  # fmt: skip
+        serve = [*SLOROUTER, "serve", "--config", str(config), "--log-level", "WARNING"]
         with (
-            process(sim, [sim_port + i for i in range(args.pods)]),
-            process([*SLOROUTER, "serve", "--config", str(config), "--log-level", "WARNING"], [gw_port]),
+            process(sim, [sim_port + i for i in range(args.pods)]) as sim_proc,
+            process(serve, [gw_port]) as gw,
         ):
             direct_url = f"http://{endpoints[0]}/v1/completions"
             gateway_url = f"http://127.0.0.1:{gw_port}/v1/completions"
@@ -48,7 +51,12 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, url in (("direct", direct_url), ("gateway", gateway_url)):
                     for mode, conns in (("latency", 1), ("throughput", 64)):
+                        before = cpu_seconds(gw.pid), cpu_seconds(sim_proc.pid)
                         r = run_wrk(url, BODY, connections=conns, seconds=args.seconds)
+                        after = cpu_seconds(gw.pid), cpu_seconds(sim_proc.pid)
+                        requests = max(r["requests"], 1.0)
+                        r["gw_cpu_ms"] = (after[0] - before[0]) * 1e3 / requests
+                        r["sim_cpu_ms"] = (after[1] - before[1]) * 1e3 / requests
                         results.setdefault((name, mode), []).append(r)
 
     def med(name: str, mode: str, key: str) -> float:
@@ -62,6 +70,7 @@ def main() -> None:
         rows.append([
             f"{conns}", f"{d_rps:,.0f}", f"{g_rps:,.0f}", f"{g_rps / d_rps:.2f}",
             f"{d_p50:.2f}", f"{g_p50:.2f}", f"{g_p50 - d_p50:+.2f}", f"{d_p99:.2f}", f"{g_p99:.2f}",
+            f"{med('gateway', mode, 'gw_cpu_ms'):.3f}", f"{med('direct', mode, 'sim_cpu_ms'):.3f}",
         ])  # fmt: skip
     errors = sum(r["non_2xx"] for rs in results.values() for r in rs)
     print(
@@ -76,6 +85,8 @@ def main() -> None:
                 "added p50 ms",
                 "direct p99 ms",
                 "gateway p99 ms",
+                "gateway CPU ms/req",
+                "pod CPU ms/req (direct)",
             ],
             rows,
         )
