@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=100)
     parser.add_argument("--iterations", type=int, default=5000)
     parser.add_argument("--train-rows", type=int, default=200_000)
+    parser.add_argument("--train-nthread", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -85,7 +86,7 @@ def main() -> None:
         ms = timings(fn, args.iterations)
         rows.append((label, np.percentile(ms, 50), np.percentile(ms, 99)))
 
-    # Training: 200k TTFT samples (resampled simulator rows with jittered latencies), nthread=2.
+    # Training: 200k TTFT samples (resampled simulator rows with jittered latencies).
     x_all, y_all = samples.dataset("ttft")
     idx = rng.integers(0, len(y_all), args.train_rows)
     X = x_all[idx].copy()
@@ -93,7 +94,9 @@ def main() -> None:
     y = y_all[idx] * rng.lognormal(0, 0.05, len(idx))
     big = SampleStore(StoreConfig(per_bucket=args.train_rows))
     big.add("ttft", X, y)
-    train_trainer = Trainer(big, ModelStore(tempfile.mkdtemp()), TrainerConfig(nthread=2), ManualClock())
+    train_trainer = Trainer(
+        big, ModelStore(tempfile.mkdtemp()), TrainerConfig(nthread=args.train_nthread), ManualClock()
+    )
     report = train_trainer.train("ttft")
     assert report is not None
 
@@ -105,7 +108,8 @@ def main() -> None:
         target = "p50 ≤ 0.5, p99 ≤ 1" if "default" in label else ""
         print(f"| {label} | {p50:.3f} | {p99:.3f} | {target} |")
     print(
-        f"| Trainer.train, {report.train_count + report.holdout_count:,} TTFT samples, nthread=2 "
+        f"| Trainer.train, {report.train_count + report.holdout_count:,} TTFT samples, "
+        f"nthread={args.train_nthread} "
         f"(total s) | {report.duration_s:.2f} s | | ≤ 5 s |"
     )
 
