@@ -46,8 +46,14 @@ class Director:
             candidates = candidates.subset(keep)
         return candidates
 
-    def schedule(self, request: InferenceRequest, exclude: Collection[str] = ()) -> SchedulingResult:
-        """Pick the endpoint(s) for a request; raises ``SchedulingError`` (with its HTTP status)."""
+    async def schedule_async(
+        self, request: InferenceRequest, exclude: Collection[str] = ()
+    ) -> SchedulingResult:
+        """Pick the endpoint(s) for a request; raises ``SchedulingError`` (with its HTTP status).
+
+        A data producer may return an awaitable (e.g. a remote prediction); it is awaited before the next
+        producer runs, so producers still see each other's output in dependency order.
+        """
         candidates = self.candidates(exclude)
         if not len(candidates):
             raise NoCandidatesError(
@@ -55,13 +61,28 @@ class Director:
             )
         for producer in self.setup.data_producers:
             try:
-                producer.produce(request, candidates)
+                pending = producer.produce(request, candidates)
+                if pending is not None:
+                    await pending
             except Exception:
                 # A broken producer degrades routing (its signal is missing), never availability.
                 log.exception("data producer %r failed; scheduling without its data", producer)
         for admitter in self.setup.admitters:
             admitter.admit(request, candidates)
         return self.setup.scheduler.schedule(request, candidates)
+
+    def schedule(self, request: InferenceRequest, exclude: Collection[str] = ()) -> SchedulingResult:
+        """``schedule_async`` for front-ends without an event loop (the discrete-event simulator).
+
+        Works when no producer really waits (in-process prediction); a producer that does is an error.
+        """
+        coroutine = self.schedule_async(request, exclude)
+        try:
+            coroutine.send(None)
+        except StopIteration as done:
+            return done.value
+        coroutine.close()
+        raise RuntimeError("a data producer waited on I/O; use schedule_async from an event loop")
 
     def dispatch(self, request: InferenceRequest, result: SchedulingResult) -> RequestLifecycle:
         """Run the pre-request hooks and account the request as in flight on its target."""

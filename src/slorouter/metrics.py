@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -135,3 +135,74 @@ class PoolCollector(Collector):
             for address, value in zip(addresses, self.pool.columns[column].tolist(), strict=True):
                 family.add_metric([address], float(value))
             yield family
+
+
+PREDICTION_DURATION_BUCKETS = (
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5,
+)  # fmt: skip
+
+
+class LatencyMetrics:
+    """Series of the predicted-latency pipeline (names after the original EPP, labels filled in)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.predicted_ttft = Histogram(
+            "inference_objective_request_predicted_ttft_seconds",
+            "Predicted TTFT of the chosen endpoint (E2E latency when streamingMode is false).",
+            MODEL_LABELS,
+            buckets=GENERAL_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predicted_tpot = Histogram(
+            "inference_objective_request_predicted_tpot_seconds",
+            "Predicted TPOT of the chosen endpoint (streamingMode true).",
+            MODEL_LABELS,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.prediction_duration = Histogram(
+            "inference_objective_request_prediction_duration_seconds",
+            "Wall time of one batched TTFT+TPOT prediction over the candidates.",
+            MODEL_LABELS,
+            buckets=PREDICTION_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft_slo_violations = Counter(
+            "inference_objective_request_ttft_slo_violation",
+            "Requests whose actual TTFT (E2E when streamingMode is false) exceeded x-slo-ttft-ms.",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.tpot_slo_violations = Counter(
+            "inference_objective_request_tpot_slo_violation",
+            "Requests whose actual TPOT exceeded x-slo-tpot-ms.",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "slorouter_prediction_fallbacks",
+            "Requests that wanted prediction but were routed without it, by reason.",
+            ("reason",),
+            registry=r,
+        )
+        self.shed = Counter(
+            "slorouter_requests_shed",
+            "Sheddable requests rejected because no endpoint was predicted to meet their SLO.",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.explorations = Counter(
+            "slorouter_scheduling_explorations",
+            "Requests routed by an epsilon-greedy exploration instead of the exploit path.",
+            registry=r,
+        )
+        self.training_samples = Counter(
+            "slorouter_training_samples",
+            "Training samples recorded from completed requests, by model.",
+            ("model",),
+            registry=r,
+        )
+        self.predictor_ready = Gauge(
+            "slorouter_predictor_ready", "1 when a trained model serves predictions.", registry=r
+        )

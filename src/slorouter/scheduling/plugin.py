@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict
 from slorouter.clock import Clock, MonotonicClock
 
 if TYPE_CHECKING:
+    from slorouter.metrics import LatencyMetrics
     from slorouter.pool.state import Endpoint, PoolState
+    from slorouter.predictor.client import LatencyPredictorBackend
     from slorouter.scheduling.types import (
         Candidates,
         CycleState,
@@ -35,11 +37,13 @@ class PluginParams(BaseModel):
 
 @dataclass
 class PluginContext:
-    """What the framework hands every plugin: time, randomness and the pool."""
+    """What the framework hands every plugin: time, randomness, the pool, the latency predictor, metrics."""
 
     clock: Clock = field(default_factory=MonotonicClock)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng())
     pool: PoolState | None = None
+    predictor: LatencyPredictorBackend | None = None
+    metrics: LatencyMetrics | None = None
 
 
 class Plugin:

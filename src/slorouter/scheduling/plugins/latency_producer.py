@@ -1,0 +1,295 @@
+"""``predicted-latency-producer``: predictions before the pick, training samples after the response.
+
+Before scheduling it builds one feature row per candidate from the freshest pool state (scraped metrics,
+router-local in-flight counts, prefix match) and the request, gets TTFT and TPOT predictions for all
+candidates in one batched call, and attaches predictions, headroom and validity (see ``latency.py``). After
+the response it records training samples with the very feature row that was used to predict for the chosen
+endpoint, so training and prediction never disagree about what a feature meant.
+
+- ``streamingMode: false`` (default): one TTFT-model sample per request holding its end-to-end latency.
+- ``streamingMode: true``: a TTFT sample at the first token and a TPOT sample at the end,
+  TPOT = (E2E − TTFT) / (output tokens − 1), from token counts (``usage`` when the server sends it).
+
+Mixed pools: with ``podClassLabel`` the endpoint label's value becomes the ``pod_class`` feature (the model
+must be trained with that schema). Without it, an online per-endpoint correction (``endpointCorrection``)
+learns how much slower or faster each endpoint runs than predicted and scales its predictions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import Field
+
+from slorouter.predictor.client import PredictionUnavailable
+from slorouter.predictor.correction import EndpointCorrection
+from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, columns_to_matrix, pod_class_code
+from slorouter.scheduling.datakeys import (
+    PREDICTED_TPOT_MS,
+    PREDICTED_TTFT_MS,
+    PREFIX_MATCH_BLOCKS,
+    TPOT_HEADROOM_MS,
+    TPOT_VALID,
+    TTFT_HEADROOM_MS,
+    TTFT_VALID,
+)
+from slorouter.scheduling.plugin import (
+    DataProducer,
+    Plugin,
+    PluginContext,
+    PluginParams,
+    PreRequest,
+    ResponseBodyProcessor,
+    ResponseInfo,
+)
+from slorouter.scheduling.plugins.latency import compute_headroom
+from slorouter.scheduling.plugins.prefix import prefix_match_ratio
+from slorouter.scheduling.registry import register_plugin
+from slorouter.scheduling.types import Candidates, InferenceRequest, SchedulingResult
+
+log = logging.getLogger(__name__)
+
+
+class PredictedLatencyParams(PluginParams):
+    streaming_mode: bool = Field(False, alias="streamingMode")
+    slo_buffer_factor: float = Field(1.0, alias="sloBufferFactor", gt=0.0)
+    predict_in_produce: bool = Field(True, alias="predictInProduce")
+    pod_class_label: str = Field("", alias="podClassLabel")
+    endpoint_correction: bool = Field(True, alias="endpointCorrection")
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """What the producer remembers about one request between produce, pre-request and the response."""
+
+    addresses: list[str]
+    x_ttft: np.ndarray
+    x_tpot: np.ndarray
+    predicted_ttft: np.ndarray | None = None  # uncorrected model output, per candidate
+    predicted_tpot: np.ndarray | None = None
+    corrected_ttft: np.ndarray | None = None
+    corrected_tpot: np.ndarray | None = None
+    target: int = -1
+    target_address: str = ""
+    tpot_slo_registered: bool = False
+    samples: list[str] = field(default_factory=list)
+
+
+@register_plugin
+class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcessor):
+    type_name = "predicted-latency-producer"
+    Params = PredictedLatencyParams
+    params: PredictedLatencyParams
+    produces = (
+        PREDICTED_TTFT_MS,
+        PREDICTED_TPOT_MS,
+        TTFT_HEADROOM_MS,
+        TPOT_HEADROOM_MS,
+        TTFT_VALID,
+        TPOT_VALID,
+    )
+    consumes = (PREFIX_MATCH_BLOCKS,)
+
+    def __init__(self, name: str, params: PluginParams, ctx: PluginContext) -> None:
+        super().__init__(name, params, ctx)
+        self.schema = FeatureSchema(DEFAULT_SCHEMA.version, pod_class=bool(self.params.pod_class_label))
+        use_correction = self.params.endpoint_correction and not self.params.pod_class_label
+        self.correction = EndpointCorrection() if use_correction else None
+        # TPOT SLOs of the requests running on each endpoint (streaming mode): the strictest is protected.
+        self._running_tpot_slos: dict[str, Counter[float]] = {}
+
+    # --- produce -------------------------------------------------------------------------------------
+    def produce(self, request: InferenceRequest, candidates: Candidates) -> Awaitable[None] | None:
+        columns = {
+            "kv_cache_percentage": candidates.column("kv_usage"),
+            "input_token_length": float(request.prompt_tokens),
+            "num_request_waiting": candidates.column("waiting"),
+            "num_request_running": candidates.column("running"),
+            "prefill_tokens_in_flight": candidates.column("inflight_prefill_tokens"),
+            "decode_tokens_in_flight": candidates.column("inflight_decode_tokens"),
+            "prefix_cache_score": prefix_match_ratio(candidates),
+            "num_tokens_generated": float(request.max_tokens),
+        }
+        if self.schema.pod_class:
+            label = self.params.pod_class_label
+            columns["pod_class"] = np.array(
+                [float(pod_class_code(e.labels.get(label))) for e in candidates.endpoints]
+            )
+        state = _RequestState(
+            addresses=[e.address for e in candidates.endpoints],
+            x_ttft=columns_to_matrix(columns, "ttft", schema=self.schema),
+            x_tpot=columns_to_matrix(columns, "tpot", schema=self.schema),
+        )
+        request.state[self.name] = state
+        backend = self.ctx.predictor
+        if backend is None or not self.params.predict_in_produce or not request.use_prediction:
+            return None
+        if not backend.ready:
+            self._fallback("warming-up")
+            return None
+        predict_now = getattr(backend, "predict_now", None)
+        if predict_now is None:
+            return self._produce_remote(request, candidates, state)
+        started = time.perf_counter()
+        try:
+            ttft, tpot = predict_now(state.x_ttft, state.x_tpot)
+        except PredictionUnavailable as exc:
+            self._fallback("unavailable", exc)
+            return None
+        self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
+        return None
+
+    async def _produce_remote(self, request: InferenceRequest, candidates: Candidates, state: _RequestState):
+        assert self.ctx.predictor is not None
+        started = time.perf_counter()
+        try:
+            ttft, tpot = await self.ctx.predictor.predict(state.x_ttft, state.x_tpot)
+        except PredictionUnavailable as exc:
+            self._fallback("unavailable", exc)
+            return
+        self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
+
+    def _attach(
+        self,
+        request: InferenceRequest,
+        candidates: Candidates,
+        state: _RequestState,
+        ttft: np.ndarray,
+        tpot: np.ndarray,
+        duration_s: float,
+    ) -> None:
+        ttft = np.asarray(ttft, dtype=np.float64)
+        tpot = np.asarray(tpot, dtype=np.float64)
+        if len(ttft) != len(candidates) or not np.isfinite(ttft).all():
+            self._fallback("invalid-prediction")
+            return
+        # No TPOT model yet (it needs finished requests): TPOT is unknown, not zero, so no TPOT SLO can be
+        # judged; treat it as unconstrained until the model exists.
+        tpot = np.where(np.isfinite(tpot), tpot, 0.0)
+        state.predicted_ttft, state.predicted_tpot = ttft, tpot
+        if self.correction is not None:
+            ttft = ttft * self.correction.factors(state.addresses, "ttft")
+            if self.params.streaming_mode:
+                tpot = tpot * self.correction.factors(state.addresses, "tpot")
+        state.corrected_ttft, state.corrected_tpot = ttft, tpot
+        strictest = None
+        if self.params.streaming_mode and self._running_tpot_slos:
+            strictest = np.array(
+                [min(self._running_tpot_slos[a], default=0.0) if a in self._running_tpot_slos else 0.0
+                 for a in state.addresses]
+            )  # fmt: skip
+        candidates.attrs[PREDICTED_TTFT_MS] = ttft
+        candidates.attrs[PREDICTED_TPOT_MS] = tpot
+        candidates.attrs.update(
+            compute_headroom(
+                ttft,
+                tpot,
+                slo_ttft_ms=request.slo_ttft_ms,
+                slo_tpot_ms=request.slo_tpot_ms,
+                streaming_mode=self.params.streaming_mode,
+                slo_buffer_factor=self.params.slo_buffer_factor,
+                strictest_running_tpot_slo_ms=strictest,
+            )
+        )
+        metrics = self.ctx.metrics
+        if metrics is not None:
+            metrics.prediction_duration.labels(request.model, request.target_model).observe(duration_s)
+
+    def _fallback(self, reason: str, exc: Exception | None = None) -> None:
+        if exc is not None:
+            log.debug("prediction unavailable (%s): %s", reason, exc)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.fallbacks.labels(reason).inc()
+
+    # --- pre-request ---------------------------------------------------------------------------------
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        state: _RequestState | None = request.state.get(self.name)
+        if state is None:
+            return
+        address = result.target.address
+        state.target_address = address
+        try:
+            state.target = state.addresses.index(address)
+        except ValueError:
+            return
+        if state.corrected_ttft is not None and self.ctx.metrics is not None:
+            labels = (request.model, request.target_model)
+            self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
+            if self.params.streaming_mode:
+                self.ctx.metrics.predicted_tpot.labels(*labels).observe(
+                    state.corrected_tpot[state.target] / 1000
+                )
+        if self.params.streaming_mode and request.slo_tpot_ms is not None:
+            self._running_tpot_slos.setdefault(address, Counter())[request.slo_tpot_ms] += 1
+            state.tpot_slo_registered = True
+
+    # --- response ------------------------------------------------------------------------------------
+    def on_response_body(
+        self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
+    ) -> None:
+        state: _RequestState | None = request.state.get(self.name)
+        if state is None or state.target < 0:
+            return
+        ok = response.error is None and response.status in (0, 200)
+        streaming = self.params.streaming_mode
+        if streaming and start_of_stream and ok and response.first_token_at is not None and not end_of_stream:
+            self._record(request, state, "ttft", (response.first_token_at - response.dispatched_at) * 1000)
+        if not end_of_stream:
+            return
+        self._release_tpot_slo(request, state)
+        if not ok or response.completed_at is None:
+            return
+        e2e_ms = (response.completed_at - response.dispatched_at) * 1000
+        if not streaming:
+            self._record(request, state, "ttft", e2e_ms)
+            return
+        if response.first_token_at is None:
+            return
+        ttft_ms = (response.first_token_at - response.dispatched_at) * 1000
+        if "ttft" not in state.samples:  # the first token and the end came together
+            self._record(request, state, "ttft", ttft_ms)
+        if response.tokens > 1:
+            self._record(request, state, "tpot", (e2e_ms - ttft_ms) / (response.tokens - 1))
+
+    def _record(self, request: InferenceRequest, state: _RequestState, kind: str, latency_ms: float) -> None:
+        if kind in state.samples or not latency_ms > 0:
+            return
+        state.samples.append(kind)
+        i = state.target
+        row = state.x_ttft[i] if kind == "ttft" else state.x_tpot[i]
+        backend = self.ctx.predictor
+        if backend is not None:
+            try:
+                backend.add_sample(kind, row, latency_ms)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("recording a %s training sample failed", kind)
+        predicted = state.predicted_ttft if kind == "ttft" else state.predicted_tpot
+        if self.correction is not None and predicted is not None and predicted[i] > 0:
+            self.correction.observe(state.target_address, kind, float(predicted[i]), latency_ms)  # type: ignore[arg-type]
+        metrics = self.ctx.metrics
+        if metrics is None:
+            return
+        metrics.training_samples.labels(kind).inc()
+        labels = (request.model, request.target_model)
+        if kind == "ttft" and request.slo_ttft_ms is not None and latency_ms > request.slo_ttft_ms:
+            metrics.ttft_slo_violations.labels(*labels).inc()
+        if kind == "tpot" and request.slo_tpot_ms is not None and latency_ms > request.slo_tpot_ms:
+            metrics.tpot_slo_violations.labels(*labels).inc()
+
+    def _release_tpot_slo(self, request: InferenceRequest, state: _RequestState) -> None:
+        if not state.tpot_slo_registered or request.slo_tpot_ms is None:
+            return
+        state.tpot_slo_registered = False
+        slos = self._running_tpot_slos.get(state.target_address)
+        if slos is None:
+            return
+        slos[request.slo_tpot_ms] -= 1
+        if slos[request.slo_tpot_ms] <= 0:
+            del slos[request.slo_tpot_ms]
+        if not slos:
+            del self._running_tpot_slos[state.target_address]

@@ -1,0 +1,185 @@
+"""predicted-latency-producer: features, predictions and headroom before the pick; samples after."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from slorouter.clock import ManualClock
+from slorouter.director import Director
+from slorouter.metrics import LatencyMetrics
+from slorouter.pool.inflight import InFlightTracker
+from slorouter.predictor.client import PredictionUnavailable
+from slorouter.predictor.features import TPOT_FEATURES, TTFT_FEATURES
+from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
+from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.types import InferenceRequest
+from tests.scheduling.conftest import addresses, candidates_of, make_pool
+
+
+class FakeBackend:
+    """A predictor whose TTFT prediction is 100 ms × (1 + waiting) and TPOT 10 ms."""
+
+    def __init__(self, ready: bool = True, sync: bool = True) -> None:
+        self.ready = ready
+        self.samples: list[tuple[str, np.ndarray, float]] = []
+        self.calls = 0
+        if sync:
+            self.predict_now = self._predict
+
+    def _predict(self, x_ttft, x_tpot):
+        self.calls += 1
+        if not self.ready:
+            raise PredictionUnavailable("down")
+        waiting = x_ttft[:, TTFT_FEATURES.index("num_request_waiting")]
+        return 100.0 * (1 + waiting), np.full(len(x_tpot), 10.0)
+
+    async def predict(self, x_ttft, x_tpot):
+        await asyncio.sleep(0)
+        return self._predict(x_ttft, x_tpot)
+
+    def add_sample(self, kind, row, latency_ms):
+        self.samples.append((kind, np.array(row), latency_ms))
+
+
+def _director(backend, streaming=False, extra=None):
+    clock = ManualClock(10.0)
+    pool = make_pool(3, waiting=[2, 0, 1], kv_usage=[0.3, 0.1, 0.2], running=[4, 1, 2])
+    registry = CollectorRegistry()
+    ctx = PluginContext(clock=clock, rng=np.random.default_rng(0), pool=pool, predictor=backend,
+                        metrics=LatencyMetrics(registry))  # fmt: skip
+    config = {
+        "plugins": [
+            {
+                "type": "predicted-latency-producer",
+                "parameters": {"streamingMode": streaming, **(extra or {})},
+            },
+            {"type": "latency-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": "latency-scorer"}, {"pluginRef": "max-score-picker"}],
+            }
+        ],
+    }
+    setup = build_scheduler_setup(config, ctx)
+    return Director(pool, setup, InFlightTracker(pool), clock), registry
+
+
+def _request(**fields):
+    return InferenceRequest("r1", "m", "hello " * 40, prompt_tokens=60, max_tokens=8, **fields)
+
+
+def test_predictions_route_to_the_fastest_pod_and_e2e_trains_the_ttft_model():
+    backend = FakeBackend()
+    director, registry = _director(backend)
+    request = _request()
+    result = director.schedule(request)
+    assert result.target.address == addresses(3)[1]  # waiting 0 → predicted 100 ms, the lowest
+    assert result.primary.route == "predicted"
+    lifecycle = director.dispatch(request, result)
+    director.clock.advance(0.25)
+    lifecycle.on_headers(200, streaming=False)
+    lifecycle.on_complete()
+    assert len(backend.samples) == 1
+    kind, row, latency = backend.samples[0]
+    assert kind == "ttft" and latency == pytest.approx(250.0)
+    features = dict(zip(TTFT_FEATURES, row.tolist(), strict=True))
+    assert features["num_request_waiting"] == 0 and features["input_token_length"] == 60
+    assert features["kv_cache_percentage"] == pytest.approx(0.1)
+    assert registry.get_sample_value("slorouter_training_samples_total", {"model": "ttft"}) == 1
+
+
+def test_streaming_mode_trains_ttft_at_the_first_token_and_tpot_from_token_counts():
+    backend = FakeBackend()
+    director, _ = _director(backend, streaming=True)
+    request = _request(slo_ttft_ms=500.0, slo_tpot_ms=50.0)
+    lifecycle = director.dispatch(request, director.schedule(request))
+    director.clock.advance(0.1)
+    lifecycle.on_headers(200, streaming=True)
+    lifecycle.on_tokens(1)
+    director.clock.advance(0.07)
+    lifecycle.on_tokens(7)
+    lifecycle.on_complete(usage={"completion_tokens": 8})
+    kinds = [(k, round(v, 3)) for k, _, v in backend.samples]
+    assert kinds == [("ttft", 100.0), ("tpot", 10.0)]  # (170 − 100) / (8 − 1)
+    tpot_row = dict(zip(TPOT_FEATURES, backend.samples[1][1].tolist(), strict=True))
+    assert tpot_row["num_tokens_generated"] == 8
+
+
+def test_failed_requests_produce_no_samples():
+    backend = FakeBackend()
+    director, _ = _director(backend)
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    lifecycle.on_complete(error="upstream status 500")
+    assert backend.samples == []
+
+
+@pytest.mark.parametrize(("backend", "reason"), [(FakeBackend(ready=False), "warming-up"), (None, None)])
+def test_without_a_ready_predictor_the_scorer_falls_back(backend, reason):
+    director, registry = _director(backend)
+    result = director.schedule(_request())
+    assert result.primary.route == "fallback"
+    if reason:
+        assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": reason}) == 1
+
+
+def test_prediction_unavailable_falls_back_and_still_trains():
+    backend = FakeBackend()
+    director, registry = _director(backend)
+    backend.predict_now = lambda *_: (_ for _ in ()).throw(PredictionUnavailable("timeout"))
+    request = _request()
+    result = director.schedule(request)
+    assert result.primary.route == "fallback"
+    assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 1
+    lifecycle = director.dispatch(request, result)
+    director.clock.advance(0.2)
+    lifecycle.on_complete()
+    assert [k for k, _, _ in backend.samples] == ["ttft"]
+
+
+def test_opted_out_requests_are_not_predicted_but_train():
+    backend = FakeBackend()
+    director, _ = _director(backend)
+    request = _request(use_prediction=False)
+    result = director.schedule(request)
+    assert backend.calls == 0 and result.primary.route == "fallback"
+
+
+async def test_remote_backends_are_awaited():
+    backend = FakeBackend(sync=False)
+    director, _ = _director(backend)
+    result = await director.schedule_async(_request())
+    assert result.target.address == addresses(3)[1]
+    with pytest.raises(RuntimeError, match="schedule_async"):
+        director.schedule(_request())
+
+
+def test_headroom_attached_for_slo_requests():
+    backend = FakeBackend()
+    director, _ = _director(backend)
+    request = _request(slo_ttft_ms=250.0)
+    cands = candidates_of(director.pool)
+    for producer in director.setup.data_producers:
+        producer.produce(request, cands)
+    assert cands.attrs[PREDICTED_TTFT_MS].tolist() == [300.0, 100.0, 200.0]
+    assert cands.attrs[TTFT_HEADROOM_MS].tolist() == [-50.0, 150.0, 50.0]
+
+
+def test_endpoint_correction_learns_a_slow_pod():
+    backend = FakeBackend()
+    director, _ = _director(backend)
+    producer = director.setup.plugins["predicted-latency-producer"]
+    slow = addresses(3)[1]
+    for _ in range(40):
+        producer.correction.observe(slow, "ttft", 100.0, 400.0)
+    request = _request()
+    result = director.schedule(request)
+    assert result.target.address != slow  # its 100 ms prediction now reads ~400 ms
