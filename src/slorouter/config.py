@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slorouter.pool.config import PoolConfig
 from slorouter.validation import format_validation_error
@@ -30,13 +30,70 @@ class GatewayConfig(StrictModel):
     retry_on_upstream_failure: bool = True
 
 
+class EmbeddedPredictorConfig(StrictModel):
+    """Store, trainer and predictor inside the router (no sidecars)."""
+
+    model_dir: str | None = Field(default=None, description="where models are written; a temp dir if unset")
+    retrain_interval_s: float = Field(default=5.0, gt=0)
+    min_samples: int = Field(default=200, ge=10)
+    objective: Literal["quantile", "mean"] = "quantile"
+    quantile: float = Field(default=0.9, gt=0, lt=1)
+    n_estimators: int = Field(default=200, ge=1, le=5000)
+    max_depth: int = Field(default=6, ge=1, le=16)
+    per_bucket: int = Field(default=500, ge=1, description="newest samples kept per stratified bucket")
+
+
+class RemotePredictorConfig(StrictModel):
+    """Sidecar mode: a training server and one or more prediction servers."""
+
+    training_server: str = Field(min_length=1, description="URL of the training server")
+    prediction_servers: list[str] = Field(min_length=1, description="URLs of the prediction servers")
+    timeout_ms: float = Field(default=50.0, gt=0, description="after this, route by the heuristic fallback")
+    coalesce_window_ms: float = Field(default=1.0, ge=0)
+    flush_interval_s: float = Field(default=1.0, gt=0)
+    max_buffered_samples: int = Field(default=50_000, ge=1)
+
+
+class PredictorConfig(StrictModel):
+    mode: Literal["embedded", "remote", "off"] = "embedded"
+    prediction_by_default: bool = Field(
+        default=False,
+        description="route every request by prediction unless it sends x-prediction-based-scheduling: false",
+    )
+    embedded: EmbeddedPredictorConfig = Field(default_factory=EmbeddedPredictorConfig)
+    remote: RemotePredictorConfig | None = None
+
+    @model_validator(mode="after")
+    def _remote_needs_urls(self) -> PredictorConfig:
+        if self.mode == "remote" and self.remote is None:
+            raise ValueError("mode 'remote' needs predictor.remote.training_server and prediction_servers")
+        return self
+
+
+class ObjectiveConfig(StrictModel):
+    priority: int = Field(default=0, description="< 0 makes the objective's requests sheddable")
+
+
 class Config(StrictModel):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     pool: PoolConfig | None = None
     scheduler: dict[str, Any] | None = Field(
-        default=None, description="EndpointPickerConfig: plugins and schedulingProfiles"
+        default=None,
+        description="EndpointPickerConfig: plugins and schedulingProfiles. Omitted: the predicted-latency "
+        "pipeline when a predictor is configured, else the heuristic default",
+    )
+    predictor: PredictorConfig | None = Field(default=None, description="omitted: no latency predictor")
+    objectives: dict[str, ObjectiveConfig] = Field(
+        default_factory=dict, description="x-gateway-inference-objective NAME → priority"
     )
     seed: int | None = Field(default=None, description="seeds the scheduler's RNG (random pickers)")
+
+    @property
+    def prediction_enabled(self) -> bool:
+        return self.predictor is not None and self.predictor.mode != "off"
+
+    def objective_priorities(self) -> dict[str, int]:
+        return {name: objective.priority for name, objective in self.objectives.items()}
 
 
 def parse_config(data: Any, source: str = "config") -> Config:

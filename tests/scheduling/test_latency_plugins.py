@@ -321,3 +321,20 @@ def test_prediction_profile_handler_requires_its_profiles():
     }
     with pytest.raises(SchedulerConfigError, match="missing: predicted-latency"):
         build_scheduler_setup(config, make_ctx())
+
+
+def test_the_shipped_example_is_the_built_in_predicted_latency_pipeline():
+    from pathlib import Path
+
+    import yaml
+
+    from slorouter.config import load_config
+    from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency.yaml"
+    config = load_config(path)
+    assert config.scheduler == PREDICTED_LATENCY_SCHEDULER_CONFIG
+    assert config.prediction_enabled and config.objective_priorities() == {"critical": 10, "batch": -1}
+    setup = build_scheduler_setup(config.scheduler, make_ctx())
+    assert setup.scheduler.profile_names == ["default", "predicted-latency"]
+    assert yaml.safe_load(path.read_text())["predictor"]["mode"] == "embedded"

@@ -116,6 +116,53 @@ DEFAULT_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
+PREDICTION_PROFILE_NAME = "predicted-latency"
+# The original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier filter →
+# loose 0.80 gate → latency-scorer → weighted-random-picker, with the producer and the SLO admitter. Requests
+# that do not use prediction run the heuristic default profile instead (prediction-profile-handler).
+PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {"type": "prediction-profile-handler"},
+        *DEFAULT_SCHEDULER_CONFIG["plugins"],
+        {"type": "max-score-picker"},
+        {"type": "predicted-latency-producer"},
+        {"type": "latency-slo-admitter"},
+        {
+            "name": "strict-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": {"affinityThreshold": 0.99},
+        },
+        {"type": "slo-headroom-tier-filter"},
+        {
+            "name": "loose-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": {"affinityThreshold": 0.80},
+        },
+        {"type": "latency-scorer"},
+        {"type": "weighted-random-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": DEFAULT_PROFILE_NAME,
+            "plugins": [
+                *DEFAULT_SCHEDULER_CONFIG["schedulingProfiles"][0]["plugins"],
+                {"pluginRef": "max-score-picker"},
+            ],
+        },
+        {
+            "name": PREDICTION_PROFILE_NAME,
+            "plugins": [
+                {"pluginRef": "strict-affinity-filter"},
+                {"pluginRef": "slo-headroom-tier-filter"},
+                {"pluginRef": "loose-affinity-filter"},
+                {"pluginRef": "latency-scorer"},
+                {"pluginRef": "weighted-random-picker"},
+            ],
+        },
+    ],
+}
+
+
 @dataclass
 class SchedulerSetup:
     """Everything the loader built. Lists are in a deterministic order: declaration order (auto-created
