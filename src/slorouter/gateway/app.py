@@ -190,7 +190,11 @@ class Gateway:
         for attempt in range(attempts):
             started = time.perf_counter()
             try:
-                result = self.director.schedule(request, exclude=tried)
+                # Awaited: a data producer may wait on I/O (a remote latency predictor).
+                result = await self.director.schedule_async(request, exclude=tried)
+            except asyncio.CancelledError:
+                self.metrics.client_disconnects.inc()
+                raise
             except SchedulingError as exc:
                 if tried:  # the failed endpoint was the only one left
                     break
