@@ -313,3 +313,25 @@ async def test_interim_100_continue_is_skipped(server, client):
         assert await resp.read() == b"body"
     finally:
         resp.release()
+
+
+async def test_body_delimited_by_the_close(client):
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello ")
+        await writer.drain()
+        writer.write(b"world")
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        resp = await client.request(f"127.0.0.1:{port}", "GET", "/")
+        try:
+            assert await resp.read() == b"hello world"
+        finally:
+            resp.release()
+        assert not client._pools[f"127.0.0.1:{port}"].idle
+    finally:
+        server.close()
+        await server.wait_closed()

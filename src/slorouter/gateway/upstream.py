@@ -19,6 +19,7 @@ import httptools
 
 _PAUSE_READING_AT = 1 << 20  # buffered body bytes at which the socket stops being read
 _NO_BODY_STATUSES = frozenset({204, 304})
+_FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
 
 
 class UpstreamError(Exception):
@@ -211,10 +212,12 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             return  # an interim response (100 Continue, 103 Early Hints): the real one follows
         response = self._response = UpstreamResponse(self, status, headers)
-        if status not in _NO_BODY_STATUSES and not (100 <= status < 200):
-            self._until_close = not any(
-                k.lower() in (b"content-length", b"transfer-encoding") for k, _ in headers
-            )
+        if status not in _NO_BODY_STATUSES:
+            self._until_close = True
+            for key, _ in headers:
+                if key.lower() in _FRAMING_HEADERS:
+                    self._until_close = False
+                    break
         head = self._head
         self._head = None
         if head is not None and not head.done():
