@@ -160,11 +160,29 @@ def test_pick_prefers_the_least_outstanding_ready_server() -> None:
     assert ServerState("http://x").ready is None
 
 
+def test_wire_numbers_round_trip_float32_exactly() -> None:
+    rng = np.random.default_rng(3)
+    wire = WireFormat()
+    for scale in (1e-7, 1.0, 1e3, 1e7):
+        x_ttft = (rng.random((500, 8)) * scale).astype(np.float32)
+        x_tpot = np.hstack([x_ttft[:, :6], np.floor(rng.random((500, 1)) * 500)]).astype(np.float32)
+        rows = json.loads(wire.encode(x_ttft, x_tpot))["rows"]
+        back = np.array([[row[n] for n in wire.names] for row in rows], dtype=np.float64).astype(np.float32)
+        np.testing.assert_array_equal(back[:, :8], x_ttft)
+        np.testing.assert_array_equal(back[:, 8], x_tpot[:, 6])
+
+
 async def test_wire_rows_are_keyed_by_feature_name() -> None:
     x_ttft, x_tpot = matrices(2)
     body = json.loads(WireFormat().encode(x_ttft, x_tpot))
     rows = feature_rows(x_ttft, x_tpot)
-    assert body == {"rows": rows}
+    assert list(body) == ["rows"] and len(body["rows"]) == 2
+    for sent, row in zip(body["rows"], rows, strict=True):
+        assert sent.keys() == row.keys()
+        # Exact in float32, and short: counts as integers, fractions with 9 significant digits.
+        assert [np.float32(v) for v in sent.values()] == [np.float32(v) for v in row.values()]
+        assert isinstance(sent["input_token_length"], int) and isinstance(sent["kv_cache_percentage"], float)
+        assert len(repr(sent["kv_cache_percentage"])) <= 11
     assert set(body["rows"][0]) == {
         "kv_cache_percentage",
         "input_token_length",

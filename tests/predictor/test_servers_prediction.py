@@ -11,8 +11,9 @@ import aiohttp
 import numpy as np
 import pytest
 
+from slorouter.predictor.features import FeatureError, FeatureSchema, rows_to_matrices
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.prediction_server import PredictionServer, make_source
+from slorouter.predictor.prediction_server import PredictionServer, RowMatrices, make_source
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.training_server import TrainingServer
 from tests.predictor import test_servers_common as common
@@ -306,3 +307,51 @@ def test_source_choice_is_exclusive() -> None:
         make_source(model_dir="/tmp/x", training_server="http://127.0.0.1:1")
     with pytest.raises(ValueError, match="poll_interval_s"):
         PredictionServer(make_source(model_dir="/tmp/x"), poll_interval_s=0)
+
+
+@pytest.mark.parametrize("pod_class", [False, True])
+def test_fast_row_path_agrees_with_the_library(pod_class: bool) -> None:
+    schema = FeatureSchema(pod_class=pod_class)
+    fast = RowMatrices(schema)
+    rng = np.random.default_rng(11)
+    x_ttft, _, x_tpot, _ = synthetic(50, seed=11)
+    base = feature_rows(x_ttft, x_tpot)
+    if pod_class:
+        base = [{**row, "pod_class": float(rng.integers(0, 5))} for row in base]
+    mutations: list[Any] = [
+        None,
+        ("kv_cache_percentage", 1.0000001),
+        ("kv_cache_percentage", -0.0),
+        ("prefix_cache_score", 1),
+        ("num_request_waiting", True),
+        ("num_request_waiting", "1"),
+        ("input_token_length", -1e-9),
+        ("input_token_length", 1e16),
+        ("input_token_length", 10**400),
+        ("decode_tokens_in_flight", float("inf")),
+        ("effective_input_tokens", "drop"),
+        ("num_tokens_generated", "drop"),
+        ("num_tokens_generated", None),
+        ("pod_class", 1.5),
+        ("pod_class", 2.0**24),
+    ]
+    for mutation in mutations:
+        rows = [dict(row) for row in base]
+        if mutation is not None:
+            field, value = mutation
+            target = rows[int(rng.integers(0, len(rows)))]
+            if value == "drop":
+                target.pop(field, None)
+            else:
+                target[field] = value
+        try:
+            expected_matrices: Any = rows_to_matrices(rows, schema=schema)
+        except (FeatureError, OverflowError):
+            expected_matrices = None
+        got = fast(rows)
+        if got is None:
+            continue  # the server then runs the library's path: same outcome by construction
+        assert expected_matrices is not None, mutation
+        np.testing.assert_array_equal(got[0], expected_matrices[0])
+        np.testing.assert_array_equal(got[1], expected_matrices[1])
+    assert fast(base) is not None

@@ -13,6 +13,8 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +24,17 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slorouter.gateway.errors import RequestError, error_response
-from slorouter.predictor.features import MODEL_KINDS, FeatureError, ModelKind, SchemaMismatchError
+from slorouter.predictor.features import (
+    FRACTION_FEATURES,
+    MAX_COUNT,
+    MODEL_KINDS,
+    POD_CLASS,
+    POD_CLASS_CODES,
+    FeatureError,
+    FeatureSchema,
+    ModelKind,
+    SchemaMismatchError,
+)
 from slorouter.predictor.http_common import (
     RunningServer,
     healthz,
@@ -176,6 +188,53 @@ class _Metrics:
         )
 
 
+class RowMatrices:
+    """Both models' float32 matrices straight from bulk rows, for rows that are plainly valid.
+
+    One ``itemgetter`` per row, one ``np.array`` and vectorised range checks, about half the cost of the
+    library's column-by-column validation. Anything not plainly valid (a missing or derived-only field, a
+    non-number, a value out of range) returns None, and the caller runs the library's ``rows_to_matrices``,
+    which names the bad row and field or derives what may be derived; so this path can only accept what the
+    library accepts.
+    """
+
+    def __init__(self, schema: FeatureSchema) -> None:
+        names = schema.all_features()
+        self._getter = itemgetter(*names)
+        self._ttft = [names.index(n) for n in schema.features("ttft")]
+        self._tpot = [names.index(n) for n in schema.features("tpot")]
+        self._low = np.zeros(len(names))
+        self._high = np.array([1.0 if n in FRACTION_FEATURES else MAX_COUNT for n in names])
+        self._pod_class = names.index(POD_CLASS) if POD_CLASS in names else None
+        if self._pod_class is not None:
+            self._high[self._pod_class] = POD_CLASS_CODES - 1
+
+    def __call__(self, rows: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+        try:
+            values = list(map(self._getter, rows))
+        except (KeyError, TypeError):
+            return None
+        if not set(map(type, chain.from_iterable(values))) <= _NUMBER_TYPES:
+            return None
+        try:
+            matrix = np.array(values, dtype=np.float64)
+        except OverflowError:
+            return None
+        if not ((matrix >= self._low) & (matrix <= self._high)).all():
+            return None
+        if self._pod_class is not None and not np.array_equal(
+            matrix[:, self._pod_class], np.floor(matrix[:, self._pod_class])
+        ):
+            return None
+        return (
+            np.ascontiguousarray(matrix[:, self._ttft], dtype=np.float32),
+            np.ascontiguousarray(matrix[:, self._tpot], dtype=np.float32),
+        )
+
+
+_NUMBER_TYPES = frozenset({int, float})
+
+
 class PredictionServer:
     """An aiohttp application serving predictions from a ``Predictor`` kept fresh by a ``ModelSource``."""
 
@@ -197,6 +256,7 @@ class PredictionServer:
         self.max_rows = max_rows
         self.max_body_bytes = max_body_bytes
         self.predictor = source.make_predictor()
+        self._row_matrices = RowMatrices(self.predictor.schema)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics.create(self.registry)
         self._bulk_ok = self.metrics.requests.labels("bulk", "200")
@@ -303,7 +363,11 @@ class PredictionServer:
         try:
             data = await read_json(request, self.max_body_bytes)
             rows = self._rows(data)
-            ttft, tpot = self.predictor.predict_rows(rows)
+            matrices = self._row_matrices(rows)
+            if matrices is None:
+                ttft, tpot = self.predictor.predict_rows(rows)
+            else:
+                ttft, tpot = self.predictor.predict(*matrices)
         except RequestError as exc:
             self.metrics.requests.labels("bulk", str(exc.status)).inc()
             return request_error_response(exc)
