@@ -342,11 +342,8 @@ class PredictionClient:
                 result = await future
         except TimeoutError:
             return self._unavailable(f"no prediction within {self.timeout_s * 1000:g} ms")
-        except PredictionUnavailable:
-            self.stats.unavailable += 1
-            if self._metrics:
-                self._metrics.calls.labels("unavailable").inc()
-            raise
+        except PredictionUnavailable as exc:
+            return self._unavailable(str(exc))
         if self._metrics:
             self._metrics.calls.labels("ok").inc()
         return result
@@ -384,11 +381,15 @@ class PredictionClient:
                 results = [await self._send(bodies[0][0], bodies[0][1], deadline)]
             else:
                 results = await asyncio.gather(*(self._send(body, n, deadline) for body, n in bodies))
-        except Exception as exc:
-            error = exc if isinstance(exc, PredictionUnavailable) else PredictionUnavailable(str(exc))
+        except (Exception, asyncio.CancelledError) as exc:
+            reason = (
+                "the prediction client is stopping" if isinstance(exc, asyncio.CancelledError) else str(exc)
+            )
             for call in calls:
                 if not call.future.done():
-                    call.future.set_exception(error)
+                    call.future.set_exception(PredictionUnavailable(reason))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
         ttft = np.concatenate([r[0] for r in results]) if len(results) > 1 else results[0][0]
         tpot = np.concatenate([r[1] for r in results]) if len(results) > 1 else results[0][1]
