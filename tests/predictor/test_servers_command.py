@@ -197,3 +197,12 @@ def test_both_servers_as_separate_processes(tmp_path: Path) -> None:
         training.stderr.read() if training.stderr else "",
     )
     assert "listening on" in (training.stdout.read() if training.stdout else "")
+
+
+def test_registered_in_the_main_cli() -> None:
+    from slorouter import cli
+
+    if "slorouter.predictor.command" not in cli.SUBCOMMAND_MODULES:
+        pytest.skip("the predictor subcommand is not registered in slorouter.cli yet")
+    args = cli.build_parser().parse_args(["predictor", "prediction-server", "--model-dir", "m"])
+    assert args.func is command.run_prediction_server
