@@ -37,6 +37,7 @@ async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
         assert embedded.store.count("ttft") == 400
         await eventually(lambda: all(embedded.predictor.versions.values()))
         assert embedded.ready
+        assert embedded.versions == {k: embedded.trainer.current_version(k) for k in ("ttft", "tpot")}
         ttft, tpot = await embedded.predict(x_ttft[:50], x_tpot[:50])
         want_ttft, want_tpot = embedded.predictor.predict(x_ttft[:50], x_tpot[:50])
         np.testing.assert_array_equal(ttft, want_ttft)

@@ -66,6 +66,11 @@ class EmbeddedPredictor:
     def ready(self) -> bool:
         return self.predictor.ready
 
+    @property
+    def versions(self) -> dict[str, str | None]:
+        """The model version served per kind (None before its first training)."""
+        return self.predictor.versions
+
     def start(self) -> None:
         if self.background and self._thread is None:
             self._stop.clear()
@@ -97,12 +102,17 @@ class EmbeddedPredictor:
             self.predictor.refresh()
         return reports
 
-    async def predict(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict_now(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``predict`` without the event loop: in-process prediction never waits, so callers on the hot path
+        (and the discrete-event simulator, which has no event loop) call this directly."""
         check_matrices(x_ttft, x_tpot, self.schema)
         try:
             return self.predictor.predict(x_ttft, x_tpot)
         except PredictorNotReady as exc:
             raise PredictionUnavailable(str(exc)) from None
+
+    async def predict(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.predict_now(x_ttft, x_tpot)
 
     def add_sample(self, kind: ModelKind, row: Mapping[str, float] | np.ndarray, latency_ms: float) -> None:
         check_kind(kind)
