@@ -81,6 +81,8 @@ async def test_manual_cadence_in_virtual_time(tmp_path: Path) -> None:
         assert embedded.ready and embedded.predictor.versions["tpot"] is None
         ttft, tpot = await embedded.predict(x_ttft[:2], x_tpot[:2])
         assert np.all(ttft > 0) and np.all(np.isnan(tpot))  # no TPOT model yet
+        now_ttft, _ = embedded.predict_now(x_ttft[:2], x_tpot[:2])  # the same, without an event loop
+        np.testing.assert_array_equal(now_ttft, ttft)
         for i in range(300, 600):
             embedded.add_sample("ttft", x_ttft[i], float(y_ttft[i]))
         assert embedded.maybe_train() == []  # not due: 0 s of virtual time passed
