@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -203,6 +203,25 @@ class LatencyMetrics:
             ("model",),
             registry=r,
         )
-        self.predictor_ready = Gauge(
-            "slorouter_predictor_ready", "1 when a trained model serves predictions.", registry=r
-        )
+
+
+class PredictorCollector(Collector):
+    """Predictor readiness and, where the backend knows them, the model versions it serves."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def collect(self) -> Iterator[Metric]:
+        ready = GaugeMetricFamily("slorouter_predictor_ready", "1 when a trained model serves predictions.")
+        ready.add_metric([], float(bool(self.backend.ready)))
+        yield ready
+        versions = getattr(self.backend, "versions", None)
+        if isinstance(versions, dict):
+            info = GaugeMetricFamily(
+                "slorouter_predictor_model_info", "The model version served, per model (value 1).",
+                labels=["model", "version"],
+            )  # fmt: skip
+            for kind, version in sorted(versions.items()):
+                if version:
+                    info.add_metric([kind, version], 1.0)
+            yield info

@@ -13,23 +13,28 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
 from slorouter.director import Director, RequestLifecycle
 from slorouter.gateway.errors import RequestError, sse_error_event
+from slorouter.gateway.headers import parse_routing_headers
 from slorouter.gateway.openai import ParsedRequest, parse_chat_completion, parse_completion
 from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error, json_response
 from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
-from slorouter.metrics import GatewayMetrics
-from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.metrics import GatewayMetrics, LatencyMetrics
+from slorouter.scheduling.datakeys import TARGET_PREDICTION_STATE
+from slorouter.scheduling.plugins.latency import EXPLORE_ROUTE
+from slorouter.scheduling.types import AdmissionDeniedError, InferenceRequest, SchedulingError
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_HEADER = "x-slorouter-endpoint"
 ROUTE_HEADER = "x-slorouter-route"
+PREDICTED_TTFT_HEADER = b"x-slorouter-predicted-ttft-ms"
+PREDICTED_TPOT_HEADER = b"x-slorouter-predicted-tpot-ms"
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those computed per hop are never copied across.
 _NOT_FORWARDED = frozenset(
     {
@@ -65,11 +70,21 @@ class Gateway:
         director: Director,
         metrics: GatewayMetrics,
         clock: Clock,
+        *,
+        objectives: Mapping[str, int] | None = None,
+        prediction_by_default: bool = False,
+        latency_metrics: LatencyMetrics | None = None,
     ) -> None:
         self.config = config
         self.director = director
         self.metrics = metrics
         self.clock = clock
+        self.objectives = dict(objectives or {})
+        self.prediction_by_default = prediction_by_default
+        self.latency_metrics = latency_metrics
+        # With streamingMode false the predictor models E2E latency, and the TTFT histograms hold E2E
+        # latency, as in the original, so that actual and predicted series compare like with like.
+        self.e2e_as_ttft = _e2e_prediction(director)
         self._api_keys = frozenset(f"Bearer {key}" for key in config.api_keys)
         self._client: UpstreamClient | None = None
         self._ids = itertools.count()
@@ -127,7 +142,8 @@ class Gateway:
                 upstream.release()
         except UpstreamError as exc:
             return json_error(502, f"endpoint {endpoint.address} failed: {exc.__class__.__name__}")
-        return Response(upstream.status, body, raw_headers=self._response_head(upstream, endpoint.address))
+        head = _upstream_headers(upstream) + f"{ENDPOINT_HEADER}: {endpoint.address}\r\n".encode("latin-1")
+        return Response(upstream.status, body, raw_headers=head)
 
     # --- inference -----------------------------------------------------------------------------------
     async def _completions(self, request: HttpRequest) -> Response | None:
@@ -167,6 +183,9 @@ class Gateway:
         raw = http.body
         try:
             parsed = parse(raw)
+            hints = parse_routing_headers(
+                headers, self.objectives, prediction_by_default=self.prediction_by_default
+            )
         except RequestError as exc:
             self.metrics.count_request("none", exc.status)
             return json_error(exc.status, exc.message, param=exc.param)
@@ -183,6 +202,10 @@ class Gateway:
             headers=headers,
             cache_salt=parsed.cache_salt,
             received_at=self.clock.now(),
+            priority=hints.priority,
+            slo_ttft_ms=hints.slo_ttft_ms,
+            slo_tpot_ms=hints.slo_tpot_ms,
+            use_prediction=hints.use_prediction,
         )
         attempts = 2 if self.config.retry_on_upstream_failure else 1
         tried: list[str] = []
@@ -198,6 +221,8 @@ class Gateway:
             except SchedulingError as exc:
                 if tried:  # the failed endpoint was the only one left
                     break
+                if isinstance(exc, AdmissionDeniedError) and self.latency_metrics is not None:
+                    self.latency_metrics.shed.labels(request.model, request.target_model).inc()
                 self.metrics.count_request("none", exc.status)
                 return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
             self.metrics.scheduling_duration.observe(time.perf_counter() - started)
@@ -250,7 +275,7 @@ class Gateway:
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
         lifecycle.on_complete(error=error)
         self._observe(lifecycle)
-        head = self._response_head(upstream, address, lifecycle.result.primary.route or "heuristic")
+        head = self._response_head(upstream, lifecycle)
         return Response(upstream.status, body, raw_headers=head)
 
     async def _relay_stream(
@@ -267,7 +292,7 @@ class Gateway:
         if not first:
             lifecycle.response.error = "empty stream"
             raise UpstreamFailedError(f"{address}: closed the stream before sending anything")
-        head = self._response_head(upstream, address, lifecycle.result.primary.route or "heuristic")
+        head = self._response_head(upstream, lifecycle)
         tail = b""
         chunk = first
         try:
@@ -301,7 +326,8 @@ class Gateway:
         if response.status != 200 or response.error or response.first_token_at is None:
             return
         ttft, tpot = self.metrics.latency_children(request.model, request.target_model)
-        ttft.observe(response.first_token_at - request.received_at)
+        end = response.completed_at if self.e2e_as_ttft and response.completed_at else response.first_token_at
+        ttft.observe(end - request.received_at)
         if response.streaming and response.tokens > 1 and response.completed_at is not None:
             tpot.observe((response.completed_at - response.first_token_at) / (response.tokens - 1))
 
@@ -311,17 +337,29 @@ class Gateway:
         value = http.header(b"authorization")
         return value is not None and value.decode("latin-1") in self._api_keys
 
-    def _response_head(self, upstream: UpstreamResponse, address: str, route: str = "") -> bytes:
+    def _response_head(self, upstream: UpstreamResponse, lifecycle: RequestLifecycle) -> bytes:
         """The upstream's end-to-end headers, then the gateway's own, as preformatted lines."""
+        address = lifecycle.response.endpoint.address
+        route = lifecycle.result.primary.route or "heuristic"
+        if route == EXPLORE_ROUTE and self.latency_metrics is not None:
+            self.latency_metrics.explorations.inc()
         own = self._endpoint_headers.get((address, route))
         if own is None:
-            own = f"{ENDPOINT_HEADER}: {address}\r\n".encode("latin-1")
-            if route:
-                own += f"{ROUTE_HEADER}: {route}\r\n".encode("latin-1")
+            own = f"{ENDPOINT_HEADER}: {address}\r\n{ROUTE_HEADER}: {route}\r\n".encode("latin-1")
             self._endpoint_headers[(address, route)] = own
-        parts = [b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in _NOT_RETURNED]
-        parts.append(own)
+        parts = [_upstream_headers(upstream), own]
+        predicted = lifecycle.request.state.get(TARGET_PREDICTION_STATE)
+        if predicted is not None:
+            ttft_ms, tpot_ms = predicted
+            parts.append(b"%s: %.1f\r\n" % (PREDICTED_TTFT_HEADER, ttft_ms))
+            if tpot_ms is not None:
+                parts.append(b"%s: %.2f\r\n" % (PREDICTED_TPOT_HEADER, tpot_ms))
         return b"".join(parts)
+
+
+def _upstream_headers(upstream: UpstreamResponse) -> bytes:
+    """The upstream's end-to-end response headers, preformatted."""
+    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in _NOT_RETURNED)
 
 
 def _usage_from_tail(tail: bytes) -> dict[str, Any] | None:
@@ -349,3 +387,12 @@ def _unauthorized() -> Response:
 
 def _too_large(limit: int) -> Response:
     return json_error(413, f"the request body is larger than the limit of {limit} bytes")
+
+
+def _e2e_prediction(director: Director) -> bool:
+    """True when a predicted-latency producer models end-to-end latency (streamingMode false)."""
+    for plugin in director.setup.plugins.values():
+        params = getattr(plugin, "params", None)
+        if plugin.type_name == "predicted-latency-producer" and not getattr(params, "streaming_mode", True):
+            return True
+    return False

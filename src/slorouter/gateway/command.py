@@ -11,7 +11,7 @@ import sys
 
 import uvloop
 
-from slorouter.config import Config, ConfigError, load_config
+from slorouter.config import Config, ConfigError, PredictorConfig, load_config
 from slorouter.gateway.runtime import Router
 from slorouter.pool.config import PoolConfig
 from slorouter.scheduling.config import SchedulerConfigError
@@ -72,7 +72,11 @@ async def _serve(config: Config, embedded: bool) -> int:
         from slorouter.sim.server import start_pods
 
         cluster = await start_pods(EMBEDDED_PODS, 0, EMBEDDED_PROFILE)
-        config = config.model_copy(update={"pool": PoolConfig(endpoints=list(cluster.addresses))})
+        update: dict[str, object] = {"pool": PoolConfig(endpoints=list(cluster.addresses))}
+        if config.predictor is None:
+            # The embedded default routes by predicted latency (heuristics until the first model is trained).
+            update["predictor"] = PredictorConfig(mode="embedded", prediction_by_default=True)
+        config = config.model_copy(update=update)
         log.info(
             "embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses
         )
@@ -100,12 +104,15 @@ async def _serve(config: Config, embedded: bool) -> int:
 
 def _print_try_it(address: str, model: str) -> None:
     print(
-        f"\nslorouter is routing on http://{address} across {EMBEDDED_PODS} simulated pods. Try:\n\n"
+        f"\nslorouter is routing on http://{address} across {EMBEDDED_PODS} simulated pods, by predicted\n"
+        "latency once its models have trained on the first few hundred requests (heuristics until then).\n"
+        "Try:\n\n"
         f"  curl -s http://{address}/v1/completions -H 'Content-Type: application/json' \\\n"
         f'    -d \'{{"model": "{model}", "prompt": "Hello, world", "max_tokens": 16}}\'\n\n'
         f"  curl -sN http://{address}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hi"}}], '
         f'"max_tokens": 16, "stream": true}}\'\n\n'
+        "Add -H 'x-slo-ttft-ms: 500' for a TTFT target; -i shows x-slorouter-route and the predictions.\n"
         "Press Ctrl-C to stop.\n",
         flush=True,
     )

@@ -9,16 +9,25 @@ import aiohttp
 import numpy as np
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.config import Config, ConfigError
+from slorouter.config import Config, ConfigError, PredictorConfig
 from slorouter.director import Director
 from slorouter.gateway.app import Gateway
 from slorouter.gateway.server import HttpServer
-from slorouter.metrics import GatewayMetrics
+from slorouter.metrics import GatewayMetrics, LatencyMetrics, PredictorCollector
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
-from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.predictor.client import (
+    LatencyPredictorBackend,
+    PredictionClient,
+    RemotePredictor,
+    TrainingSampleSink,
+)
+from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.store import StoreConfig
+from slorouter.predictor.trainer import TrainerConfig
+from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 
 log = logging.getLogger(__name__)
@@ -34,6 +43,7 @@ class Router:
     gateway: Gateway
     scraper: MetricsScraper
     metrics: GatewayMetrics
+    predictor: LatencyPredictorBackend | None = None
     _server: HttpServer | None = field(default=None, repr=False)
     _scrape_session: aiohttp.ClientSession | None = field(default=None, repr=False)
     address: str = ""
@@ -44,20 +54,39 @@ class Router:
             raise ConfigError("config: 'pool' is required (pool.endpoints lists the model servers)")
         clock = clock or MonotonicClock()
         pool = PoolState(endpoints_from_config(config.pool))
+        metrics = GatewayMetrics(pool)
         ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
-        setup = build_scheduler_setup(config.scheduler, ctx)
+        scheduler_config = config.scheduler
+        predictor = None
+        if config.predictor is not None and config.predictor.mode != "off":
+            predictor = _build_predictor(config.predictor, clock, metrics)
+            ctx.predictor = predictor
+            ctx.metrics = LatencyMetrics(metrics.registry)
+            metrics.registry.register(PredictorCollector(predictor))
+            if scheduler_config is None:
+                scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
+        setup = build_scheduler_setup(scheduler_config, ctx)
         tracker = InFlightTracker(pool)
         director = Director(pool, setup, tracker, clock)
-        metrics = GatewayMetrics(pool)
         tracker.register_metrics(metrics.registry)
-        gateway = Gateway(config.gateway, director, metrics, clock)
+        gateway = Gateway(
+            config.gateway,
+            director,
+            metrics,
+            clock,
+            objectives=config.objective_priorities(),
+            prediction_by_default=bool(config.predictor and config.predictor.prediction_by_default),
+            latency_metrics=ctx.metrics,
+        )
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
-        return cls(config, pool, director, gateway, scraper, metrics)
+        return cls(config, pool, director, gateway, scraper, metrics, predictor)
 
     async def start(self) -> None:
         """Scrape every endpoint once, then serve; returns once the gateway is listening."""
         await self.scraper.scrape_once()
         self.scraper.start()
+        if self.predictor is not None:
+            self.predictor.start()
         await self.gateway.open()
         self._server = self.gateway.build_server()
         host, port = await self._server.start(self.config.gateway.host, self.config.gateway.port)
@@ -66,7 +95,46 @@ class Router:
 
     async def stop(self) -> None:
         await self.scraper.stop()
+        if self.predictor is not None:
+            await self.predictor.stop()
         if self._server is not None:
             await self._server.close()
             self._server = None
         await self.gateway.close()
+
+
+def _build_predictor(
+    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics
+) -> LatencyPredictorBackend:
+    if config.mode == "remote":
+        assert config.remote is not None
+        remote = config.remote
+        client = PredictionClient(
+            remote.prediction_servers,
+            registry=metrics.registry,
+            timeout_s=remote.timeout_ms / 1000,
+            coalesce_window_s=remote.coalesce_window_ms / 1000,
+        )
+        sink = TrainingSampleSink(
+            remote.training_server,
+            flush_interval_s=remote.flush_interval_s,
+            max_buffer=remote.max_buffered_samples,
+            registry=metrics.registry,
+        )
+        return RemotePredictor(client, sink)
+    embedded = config.embedded
+    trainer = TrainerConfig(
+        objective=embedded.objective,
+        quantile=embedded.quantile,
+        n_estimators=embedded.n_estimators,
+        max_depth=embedded.max_depth,
+        retrain_interval_s=embedded.retrain_interval_s,
+        min_samples=embedded.min_samples,
+        nthread=1,  # leave the other core to the gateway: training never competes with requests for both
+    )
+    return EmbeddedPredictor(
+        embedded.model_dir,
+        store_config=StoreConfig(per_bucket=embedded.per_bucket),
+        trainer_config=trainer,
+        clock=clock,
+    )

@@ -33,6 +33,7 @@ from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
     PREFIX_MATCH_BLOCKS,
+    TARGET_PREDICTION_STATE,
     TPOT_HEADROOM_MS,
     TPOT_VALID,
     TTFT_HEADROOM_MS,
@@ -217,6 +218,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             state.target = state.addresses.index(address)
         except ValueError:
             return
+        if state.corrected_ttft is not None and state.corrected_tpot is not None:
+            tpot = float(state.corrected_tpot[state.target]) if self.params.streaming_mode else None
+            request.state[TARGET_PREDICTION_STATE] = (float(state.corrected_ttft[state.target]), tpot)
         if state.corrected_ttft is not None and self.ctx.metrics is not None:
             labels = (request.model, request.target_model)
             self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
