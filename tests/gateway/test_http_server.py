@@ -221,3 +221,17 @@ async def test_http_1_0_stream_is_delimited_by_the_close(app):
     assert b"Transfer-Encoding" not in head
     assert b"Connection: close" in head
     assert body == b"data: one\n\ndata: two\n\n"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /hello HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"\r\n",
+        b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 70_000 + b"\r\n\r\n",
+        b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+)
+async def test_oversized_request_heads_get_431_and_the_connection_closes(app, head):
+    text = await _raw(app.address, head)
+    assert text.startswith(b"HTTP/1.1 431")
+    assert b"exceed" in text

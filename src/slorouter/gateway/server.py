@@ -184,6 +184,15 @@ class StreamWriter:
             await self._proto.drain()
 
 
+# Bounds on what one request head may hold, so a client cannot grow the gateway's memory with headers.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 200
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
 class _HttpProtocol(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -195,6 +204,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.last_active = 0.0
         self._drain_waiter: asyncio.Future[None] | None = None
         self._url = b""
+        self._head_size = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._body_size = 0
@@ -214,6 +224,13 @@ class _HttpProtocol(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._reject(
+                    431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} fields"
+                )
+            else:
+                self._reject(400, f"malformed HTTP request: {exc}")
         except httptools.HttpParserError as exc:
             self._reject(400, f"malformed HTTP request: {exc}")
 
@@ -239,6 +256,7 @@ class _HttpProtocol(asyncio.Protocol):
     # --- httptools callbacks -------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._url = b""
+        self._head_size = 0
         self._headers = []
         self._body = []
         self._body_size = 0
@@ -246,9 +264,15 @@ class _HttpProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._head_size += len(url)
+        if self._head_size > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD_BYTES or len(self._headers) > MAX_HEADERS:
+            raise _HeadTooLarge
 
     def on_headers_complete(self) -> None:
         expect_continue = False
