@@ -1,0 +1,642 @@
+"""Routing quality in real time: the heuristic profile vs the predicted-latency profile on simulated pods.
+
+One `slorouter sim --pods 8 --profile llama3-8b-h100` process is the pool. For each policy a fresh pool is
+started (same seed: identical pods, cold caches) with a `slorouter serve --config` gateway in front of it,
+and a load generator (asyncio + aiohttp, in its own process) sends a warm-up phase, then the measured phase.
+Both policies get the same warm-up and the same measured arrival sequence (same seed); only the measured
+phase is reported. The predicted-latency gateway runs the embedded predictor and the built-in
+predicted-latency pipeline with ``streamingMode: true`` (TTFT and TPOT models; in the default E2E mode a TTFT
+SLO would be compared with a predicted end-to-end latency); its warm-up lasts until both models are served.
+The heuristic gateway runs the default profile (queue, KV-cache and prefix-cache scorers).
+
+Workload (deterministic from --seed): Poisson arrivals of streamed chat completions
+(``stream_options.include_usage``): short chat (one of 4 shared 64-token system prompts plus a unique
+question, 100-300 prompt tokens) and long-context requests (one of 8 shared documents of 500-1,500 tokens
+plus a unique part, 3,000-8,000 tokens), max_tokens uniform in 32..256. SLO headers ``x-slo-ttft-ms`` and
+``x-slo-tpot-ms`` per class (--slo-chat, --slo-long); a request meets its SLO when it meets both. TTFT is
+taken at the first SSE chunk carrying a token; TPOT = (E2E - TTFT) / (completion tokens - 1), with the
+token count from the usage chunk.
+
+Capacity is derived from the simulator's own latency model, not guessed: one pod's engine
+(``slorouter.sim.engine.Engine``) is driven in virtual time through this workload offered far above its
+capacity; its completions per virtual second in that overload are the pod's maximum throughput, and the
+pool's capacity is that times the number of pods (the best any router could do). The offered rate is
+--load (default 0.7) times that, unless --rate is given.
+
+Why half the requests are long-context by default (--long-share 0.5): on the 2-core development machine a
+streamed request costs about 20-30 ms of CPU in total (the pods, the gateway and the load generator each
+handle one SSE chunk per token), so the machine drives about 60 streamed requests/s before CPU contention
+distorts the latencies. An 80/20 chat/long mix has a derived capacity of about 32 req/s per pod, 257 req/s
+for 8 pods (70%: 180 req/s, out of reach); at 50/50 the capacity is about 10 req/s per pod, so 70% of it
+(about 55 req/s) fits, with the CPU of each process reported. ``--long-share 0.2`` runs the 80/20 mix.
+
+    .venv/bin/python benchmarks/bench_quality_realtime.py [--duration 90] [--warmup 30] [--load 0.7]
+        [--rate REQ_PER_S] [--seed 0] [--pods 8] [--long-share 0.5] [--slo-chat 200 25] [--slo-long 600 35]
+        [--policies heuristic,predicted[,predicted-most]] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, markdown_table, wait_for_port
+
+PROFILE = "llama3-8b-h100"
+MODEL = "sim-llama3-8b"
+# The capacity is a property of the workload's distribution: derived with one seed, so that --seed changes the
+# arrival sequence but not the offered rate.
+CAPACITY_SEED = 0
+WARMUP_SEED_OFFSET = 1_000_003  # the warm-up sequence is another draw than the measured one
+LETTERS = np.frombuffer(b"etaoinshrdlucmfwypvbgkqjxz", dtype=np.uint8)
+
+
+# --- workload ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    long_share: float = 0.5
+    chat_tokens: tuple[int, int] = (100, 300)
+    long_tokens: tuple[int, int] = (3000, 8000)
+    max_tokens: tuple[int, int] = (32, 256)
+    system_prompts: int = 4
+    system_prompt_tokens: int = 64
+    documents: int = 8
+    document_tokens: tuple[int, int] = (500, 1500)
+
+
+@dataclass(frozen=True)
+class Request:
+    offset_s: float  # arrival, seconds after the phase's start
+    kind: str  # "chat" or "long"
+    prompt_tokens: int  # approximate (the chat template adds a few)
+    max_tokens: int
+    body: bytes
+
+
+def _text(rng: np.random.Generator, tokens: int) -> str:
+    """Random lower-case words, ``tokens`` tokens long for the simulator (4 bytes of text per token)."""
+    data = LETTERS[rng.integers(0, len(LETTERS), tokens * 4)]
+    data[rng.integers(3, 9) :: 7] = ord(" ")
+    return data.tobytes().decode("ascii")
+
+
+def _shared_texts(seed: int, workload: Workload) -> tuple[list[str], list[str]]:
+    """System prompts and documents, the same for every phase and policy."""
+    rng = np.random.default_rng([seed, 7])
+    systems = [
+        f"System prompt {i}. " + _text(rng, workload.system_prompt_tokens)
+        for i in range(workload.system_prompts)
+    ]
+    low, high = workload.document_tokens
+    documents = [
+        f"Document {i}. Answer questions about it. " + _text(rng, int(rng.integers(low, high + 1)))
+        for i in range(workload.documents)
+    ]
+    return systems, documents
+
+
+def build_requests(seed: int, rate: float, duration_s: float, workload: Workload) -> list[Request]:
+    """The phase's arrivals (Poisson at ``rate``) and bodies, all decided by ``seed``."""
+    systems, documents = _shared_texts(0, workload)  # shared content does not depend on the phase's seed
+    rng = np.random.default_rng(seed)
+    requests: list[Request] = []
+    offset = 0.0
+    while True:
+        offset += float(rng.exponential(1.0 / rate))
+        if offset >= duration_s:
+            return requests
+        max_tokens = int(rng.integers(workload.max_tokens[0], workload.max_tokens[1] + 1))
+        if rng.random() < workload.long_share:
+            kind = "long"
+            system = documents[int(rng.integers(len(documents)))]
+            total = int(rng.integers(workload.long_tokens[0], workload.long_tokens[1] + 1))
+            question = max(total - len(system) // 4, 200)
+        else:
+            kind = "chat"
+            system = systems[int(rng.integers(len(systems)))]
+            total = int(rng.integers(workload.chat_tokens[0], workload.chat_tokens[1] + 1))
+            question = max(total - len(system) // 4, 16)
+        body = {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Question {len(requests)}: " + _text(rng, question)},
+            ],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        prompt_tokens = len(system) // 4 + question
+        requests.append(
+            Request(offset, kind, prompt_tokens, max_tokens, json.dumps(body, separators=(",", ":")).encode())
+        )
+
+
+# --- capacity ---------------------------------------------------------------------------------------------
+
+
+def pod_capacity(workload: Workload, seed: int, overload_rate: float = 80.0, seconds: float = 60.0) -> float:
+    """Maximum throughput (requests/s) of one simulated pod on this workload, from its engine in virtual time.
+
+    Requests arrive at ``overload_rate`` (far above capacity) for ``seconds``; completions are counted over
+    the second half, when the queue is long and the engine runs as full as it can.
+    """
+    from slorouter.sim.engine import Engine
+    from slorouter.sim.profiles import get_profile
+    from slorouter.tokenizer import chat_to_prompt, encode_array
+
+    engine = Engine(get_profile(PROFILE), seed=seed)
+    arrivals = []
+    for r in build_requests(seed + 17, overload_rate, seconds, workload):
+        messages = json.loads(r.body)["messages"]
+        prompt = encode_array(chat_to_prompt(messages))
+        arrivals.append((r.offset_s, prompt, r.max_tokens))
+    now, i, finished = 0.0, 0, []
+    while now < seconds:
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            engine.add_request(i, arrivals[i][1], arrivals[i][2], arrivals[i][0])
+            i += 1
+        step = engine.plan_step(now)
+        if step is None:
+            wakeups = [
+                t
+                for t in (engine.next_ready_time(), arrivals[i][0] if i < len(arrivals) else None)
+                if t is not None
+            ]
+            now = min(wakeups)
+            continue
+        finished += [event.finish_time for event in engine.commit_step(step).finished]
+        now = step.end
+    counted = [t for t in finished if seconds / 2 <= t < seconds]
+    return len(counted) / (seconds / 2)
+
+
+# --- load generator (its own process) ---------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    phase: str
+    index: int
+    kind: str
+    prompt_tokens: int
+    max_tokens: int
+    lag_ms: float  # how late the request left, against its scheduled arrival
+    status: int = 0
+    ttft_ms: float = math.nan
+    e2e_ms: float = math.nan
+    completion_tokens: int = 0
+    route: str = ""
+    endpoint: str = ""
+    predicted_ttft_ms: float = math.nan  # the gateway's prediction for the chosen pod (response headers)
+    predicted_tpot_ms: float = math.nan
+    error: str = ""
+
+
+TOKEN_MARK = b'"delta":{"content":"'
+EMPTY_TOKEN = b'"delta":{"content":""'
+COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+
+async def _one(
+    session: Any, url: str, request: Request, headers: dict[str, str], result: Result, sent: float
+) -> None:
+    import aiohttp
+
+    try:
+        async with session.post(url, data=request.body, headers=headers) as response:
+            result.status = response.status
+            result.route = response.headers.get("x-slorouter-route", "")
+            result.endpoint = response.headers.get("x-slorouter-endpoint", "")
+            result.predicted_ttft_ms = float(response.headers.get("x-slorouter-predicted-ttft-ms", "nan"))
+            result.predicted_tpot_ms = float(response.headers.get("x-slorouter-predicted-tpot-ms", "nan"))
+            if response.status != 200:
+                result.error = (await response.text())[:200]
+                return
+            tail = b""
+            async for chunk in response.content.iter_any():
+                if math.isnan(result.ttft_ms):
+                    # A token chunk: the delta has content (the chat stream opens with an empty role chunk).
+                    start = chunk.find(TOKEN_MARK)
+                    if start >= 0 and chunk.find(EMPTY_TOKEN, start, start + len(EMPTY_TOKEN)) < 0:
+                        result.ttft_ms = (time.perf_counter() - sent) * 1e3
+                tail = (tail + chunk)[-4096:]
+            result.e2e_ms = (time.perf_counter() - sent) * 1e3
+            match = COMPLETION_TOKENS.search(tail)
+            result.completion_tokens = int(match.group(1)) if match else 0
+            if not tail.rstrip().endswith(b"data: [DONE]"):
+                result.error = "stream ended without [DONE]"
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _predictor_ready(session: Any, base: str) -> bool:
+    """Both models (TTFT and TPOT) are served by the gateway's embedded predictor."""
+    try:
+        async with session.get(f"{base}/metrics") as response:
+            text = await response.text()
+    except Exception:
+        return False
+    return all(f'slorouter_predictor_model_info{{model="{kind}"' in text for kind in ("ttft", "tpot"))
+
+
+async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    workload = Workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["workload"].items()})
+    base = spec["gateway"]
+    url = f"{base}/v1/chat/completions"
+    rate = spec["rate"]
+    # The warm-up sequence is long enough to be extended while waiting for the predictor's models.
+    extra = spec["max_extra_warmup_s"]
+    warmup = build_requests(spec["seed"] + WARMUP_SEED_OFFSET, rate, spec["warmup_s"] + extra, workload)
+    measured = build_requests(spec["seed"], rate, spec["duration_s"], workload)
+    slo = {"chat": spec["slo_chat"], "long": spec["slo_long"]}
+    headers = {
+        kind: {"Content-Type": "application/json", "x-slo-ttft-ms": f"{t:g}", "x-slo-tpot-ms": f"{p:g}"}
+        for kind, (t, p) in slo.items()
+    }
+    results: list[Result] = []
+    tasks: set[asyncio.Task[None]] = set()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=spec["request_timeout_s"])
+    loop = asyncio.get_running_loop()
+    info: dict[str, Any] = {"warmup_extended_s": 0.0, "ready_at_measured_start": None}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def send(phase: str, index: int, request: Request, due: float) -> None:
+            now = loop.time()
+            if due > now:
+                await asyncio.sleep(due - now)
+            sent = time.perf_counter()
+            result = Result(phase, index, request.kind, request.prompt_tokens, request.max_tokens,
+                            (loop.time() - due) * 1e3)  # fmt: skip
+            results.append(result)
+            task = asyncio.create_task(_one(session, url, request, headers[request.kind], result, sent))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        start = loop.time()
+        warm_end = start + spec["warmup_s"]
+        i = 0
+        while i < len(warmup):
+            due = start + warmup[i].offset_s
+            if due >= warm_end:
+                if not spec["wait_ready"] or await _predictor_ready(session, base):
+                    break
+                if due >= start + spec["warmup_s"] + extra:
+                    break
+                warm_end = min(warm_end + 1.0, start + spec["warmup_s"] + extra)
+            await send("warmup", i, warmup[i], due)
+            i += 1
+        info["warmup_extended_s"] = round(warm_end - start - spec["warmup_s"], 1)
+        if spec["wait_ready"]:
+            info["ready_at_measured_start"] = await _predictor_ready(session, base)
+        measured_start = max(loop.time(), warm_end)
+        if measured_start > loop.time():
+            await asyncio.sleep(measured_start - loop.time())
+        cpu_measured = time.process_time()
+        pids = spec.get("pids", {})
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        machine_before = machine_busy_seconds()
+        for j, request in enumerate(measured):
+            await send("measured", j, request, measured_start + request.offset_s)
+        sending_done = loop.time()
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=spec["request_timeout_s"] + 5)
+        info["drain_s"] = round(loop.time() - sending_done, 1)
+    wall = loop.time() - measured_start
+    # CPU over the measured phase (its sending and its drain), in cores.
+    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in pids.items()}
+    cpu["loadgen"] = (time.process_time() - cpu_measured) / wall
+    busy, total = machine_busy_seconds()
+    cpu["machine"] = (busy - machine_before[0]) / wall  # every process on the machine, ours included
+    cpu["machine_cores"] = (total - machine_before[1]) / wall
+    info["cpu"] = {name: round(value, 2) for name, value in cpu.items()}
+    info["measured_wall_s"] = round(wall, 1)
+    return {"info": info, "results": [asdict(r) for r in results]}
+
+
+def loadgen_main(spec_path: str, out_path: str) -> None:
+    import uvloop
+
+    spec = json.loads(Path(spec_path).read_text())
+    output = uvloop.run(run_load(spec))
+    Path(out_path).write_text(json.dumps(output))
+
+
+# --- orchestration ----------------------------------------------------------------------------------------
+
+
+POLICIES = ("heuristic", "predicted", "predicted-most")
+PROBLEM = re.compile(r"(?i)error|warning|traceback|exception")
+
+
+def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> dict[str, Any]:
+    """``heuristic``: the default profile (queue, KV-cache and prefix scorers). ``predicted``: the built-in
+    predicted-latency pipeline in streaming mode, embedded predictor. ``predicted-most``: the same with
+    ``headroomSelectionStrategy: most`` (spreading instead of bin-packing)."""
+    from slorouter.scheduling.config import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
+
+    config: dict[str, Any] = {
+        "gateway": {"host": "127.0.0.1", "port": port},
+        "pool": {"endpoints": endpoints},
+        "seed": seed,
+    }
+    if policy != "heuristic":
+        scheduler = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
+        for plugin in scheduler["plugins"]:
+            if plugin["type"] == "predicted-latency-producer":
+                plugin["parameters"] = {"streamingMode": True}
+            if plugin["type"] == "latency-scorer" and policy == "predicted-most":
+                plugin["parameters"] = {"headroomSelectionStrategy": "most"}
+        config["predictor"] = {"mode": "embedded", "prediction_by_default": True}
+        config["scheduler"] = scheduler
+    else:
+        config["scheduler"] = copy.deepcopy(DEFAULT_SCHEDULER_CONFIG)
+    return config
+
+
+def run_policy(name: str, args: argparse.Namespace, rate: float, tmp: Path) -> dict[str, Any]:
+    sim_port = free_port_range(args.pods)
+    gw_port = free_port()
+    endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(args.pods)]
+    config_path = tmp / f"{name}.yaml"
+    config_path.write_text(yaml.safe_dump(gateway_config(gw_port, endpoints, name, args.seed)))
+    spec = {
+        "gateway": f"http://127.0.0.1:{gw_port}",
+        "rate": rate,
+        "seed": args.seed,
+        "warmup_s": args.warmup,
+        "duration_s": args.duration,
+        "wait_ready": name != "heuristic",
+        "max_extra_warmup_s": args.max_extra_warmup,
+        "request_timeout_s": 120.0,
+        "slo_chat": args.slo_chat,
+        "slo_long": args.slo_long,
+        "workload": asdict(Workload(long_share=args.long_share)),
+    }
+    spec_path, out_path = tmp / f"{name}-spec.json", tmp / f"{name}-out.json"
+    spec_path.write_text(json.dumps(spec))
+    sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", PROFILE,
+           "--seed", str(args.seed)]  # fmt: skip
+    serve = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
+    with (
+        logged_process(sim, [sim_port + i for i in range(args.pods)], tmp / f"{name}-sim.log") as sim_proc,
+        logged_process(serve, [gw_port], tmp / f"{name}-gateway.log") as gw,
+    ):
+        spec["pids"] = {"sim": sim_proc.pid, "gateway": gw.pid}
+        spec_path.write_text(json.dumps(spec))
+        loadgen = subprocess.run([sys.executable, __file__, "_loadgen", str(spec_path), str(out_path)])
+        if loadgen.returncode != 0:
+            raise SystemExit(f"{name}: the load generator failed ({loadgen.returncode})")
+    for log in ("sim", "gateway"):
+        text = (tmp / f"{name}-{log}.log").read_text(errors="replace")
+        problems = [line for line in text.splitlines() if PROBLEM.search(line)]
+        if problems:
+            print(f"{name}: {log} log (last problems):\n" + "\n".join(problems[-5:]), file=sys.stderr)
+    return json.loads(out_path.read_text())
+
+
+@contextmanager
+def logged_process(args: list[str], ports: list[int], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process whose output goes to ``log_path`` (a pipe nobody reads could fill up and block it)."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        for port in ports:
+            try:
+                wait_for_port(port)
+            except TimeoutError:
+                output = log_path.read_text(errors="replace")
+                raise SystemExit(f"{' '.join(args[3:5])} did not start:\n{output}") from None
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (Linux /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+def free_port_range(count: int) -> int:
+    """The first of ``count`` consecutive ports that can all be bound, below the ephemeral range (where
+    the benchmark's own client connections could take one of them between the check and the pods' start)."""
+    rng = np.random.default_rng()
+    for _ in range(100):
+        base = int(rng.integers(20_000, 32_000 - count))
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+# --- report -----------------------------------------------------------------------------------------------
+
+
+def summarize(output: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    rows = [r for r in output["results"] if r["phase"] == "measured"]
+    ok = [r for r in rows if r["status"] == 200 and not r["error"] and r["completion_tokens"] > 1]
+    slo = {"chat": args.slo_chat, "long": args.slo_long}
+
+    def tpot(r: dict[str, Any]) -> float:
+        return (r["e2e_ms"] - r["ttft_ms"]) / (r["completion_tokens"] - 1)
+
+    def met(r: dict[str, Any]) -> bool:
+        ttft_slo, tpot_slo = slo[r["kind"]]
+        return r["ttft_ms"] <= ttft_slo and tpot(r) <= tpot_slo
+
+    def pct(values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) if values else math.nan
+
+    ttft = [r["ttft_ms"] for r in ok]
+    summary: dict[str, Any] = {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p90": pct(ttft, 90),
+        "ttft_p99": pct(ttft, 99),
+        "tpot_p90": pct([tpot(r) for r in ok], 90),
+        "e2e_p50": pct([r["e2e_ms"] for r in ok], 50),
+        "slo": sum(map(met, ok)) / max(len(rows), 1),  # errors count as misses
+    }
+    for kind in ("chat", "long"):
+        of_kind = [r for r in ok if r["kind"] == kind]
+        summary[f"{kind}_ttft_p90"] = pct([r["ttft_ms"] for r in of_kind], 90)
+        summary[f"{kind}_slo"] = sum(map(met, of_kind)) / max(sum(r["kind"] == kind for r in rows), 1)
+    routes: dict[str, int] = {}
+    for r in rows:
+        routes[r["route"] or "-"] = routes.get(r["route"] or "-", 0) + 1
+    summary["routes"] = routes
+    predicted = [r for r in ok if not math.isnan(r["predicted_ttft_ms"])]
+    if predicted:  # the model predicts a quantile (p90 by default): coverage should be near it
+        n = len(predicted)
+        summary["ttft_coverage"] = sum(r["ttft_ms"] <= r["predicted_ttft_ms"] for r in predicted) / n
+        summary["tpot_coverage"] = sum(tpot(r) <= r["predicted_tpot_ms"] for r in predicted) / n
+    pods: dict[str, int] = {}
+    for r in ok:
+        pods[r["endpoint"]] = pods.get(r["endpoint"], 0) + 1
+    summary["requests_per_pod"] = sorted(pods.values())
+    lags = [r["lag_ms"] for r in rows]
+    summary["lag_p99_ms"] = pct(lags, 99)
+    summary["achieved_rate"] = len(rows) / args.duration
+    return summary
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
+        loadgen_main(sys.argv[2], sys.argv[3])
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--duration", type=float, default=90.0, help="measured seconds per policy")
+    parser.add_argument("--warmup", type=float, default=30.0, help="warm-up seconds per policy (excluded)")
+    parser.add_argument(
+        "--max-extra-warmup",
+        type=float,
+        default=60.0,
+        help="longest extension of the predicted warm-up while its models are not served",
+    )
+    parser.add_argument("--load", type=float, default=0.7, help="offered load as a share of the capacity")
+    parser.add_argument("--rate", type=float, default=None, help="requests/s (overrides --load)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pods", type=int, default=8)
+    parser.add_argument("--long-share", type=float, default=0.5, help="share of long-context requests")
+    parser.add_argument(
+        "--slo-chat",
+        type=float,
+        nargs=2,
+        default=(200.0, 25.0),
+        metavar=("TTFT", "TPOT"),
+        help="SLOs in ms of short chat requests",
+    )
+    parser.add_argument(
+        "--slo-long",
+        type=float,
+        nargs=2,
+        default=(600.0, 35.0),
+        metavar=("TTFT", "TPOT"),
+        help="SLOs in ms of long-context requests",
+    )
+    parser.add_argument("--policies", default="heuristic,predicted", help="which policies to run, in order")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    args = parser.parse_args()
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        parser.error(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
+
+    workload = Workload(long_share=args.long_share)
+    started = time.monotonic()
+    per_pod = pod_capacity(workload, CAPACITY_SEED)
+    capacity = per_pod * args.pods
+    rate = args.rate if args.rate is not None else args.load * capacity
+    print(f"capacity: {per_pod:.1f} req/s per pod (engine in virtual time, overloaded) x {args.pods} pods = "
+          f"{capacity:.0f} req/s; offered {rate:.1f} req/s ({rate / capacity:.0%})", flush=True)  # fmt: skip
+    outputs: dict[str, dict[str, Any]] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.policies.split(","):
+            outputs[name] = run_policy(name, args, rate, Path(tmp))
+            summaries[name] = summarize(outputs[name], args)
+            info = outputs[name]["info"]
+            print(f"{name}: {summaries[name]['requests']} measured requests; {info}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "outputs": outputs}))
+    print()
+    print(report(summaries, outputs, args, rate, capacity))
+    print(f"\nwall time {time.monotonic() - started:.0f} s; command: .venv/bin/python {shlex.join(sys.argv)}")
+
+
+def report(
+    summaries: dict[str, dict[str, Any]],
+    outputs: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
+    rate: float,
+    capacity: float,
+) -> str:
+    headers = ["policy", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p90 ms",
+               "E2E p50 ms", "SLO attainment", "chat TTFT p90", "long TTFT p90",
+               "CPU cores sim/gw/loadgen"]  # fmt: skip
+    rows = []
+    for name, s in summaries.items():
+        cpu = outputs[name]["info"]["cpu"]
+        rows.append([
+            name, s["requests"], s["errors"], f"{s['ttft_p50']:.0f}", f"{s['ttft_p90']:.0f}",
+            f"{s['ttft_p99']:.0f}", f"{s['tpot_p90']:.1f}", f"{s['e2e_p50']:.0f}", f"{s['slo']:.1%}",
+            f"{s['chat_ttft_p90']:.0f}", f"{s['long_ttft_p90']:.0f}",
+            f"{cpu['sim']:.2f}/{cpu['gateway']:.2f}/{cpu['loadgen']:.2f}",
+        ])  # fmt: skip
+    keys = ["ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "e2e_p50", "slo"]
+    keys += ["chat_ttft_p90", "long_ttft_p90"]
+    for name, p in summaries.items():
+        h = summaries.get("heuristic")
+        if name == "heuristic" or h is None:
+            continue
+        ratio = [f"{p[k] / h[k]:.2f}" if h[k] else "-" for k in keys]
+        rows.append([f"{name} / heuristic", "", "", *ratio, ""])
+    lines = [markdown_table(headers, rows), ""]
+    lines.append(
+        f"{args.pods} pods `{PROFILE}`, capacity {capacity:.0f} req/s (derived), offered {rate:.1f} req/s "
+        f"({rate / capacity:.0%}), {args.duration:g} s measured after {args.warmup:g} s warm-up, "
+        f"seed {args.seed}; "
+        f"SLOs chat TTFT {args.slo_chat[0]:g} ms / TPOT {args.slo_chat[1]:g} ms, long-context TTFT "
+        f"{args.slo_long[0]:g} ms / TPOT {args.slo_long[1]:g} ms."
+    )
+    for name, s in summaries.items():
+        info = outputs[name]["info"]
+        lines.append(
+            f"{name}: routes {s['routes']}; requests per pod {s['requests_per_pod']}; "
+            + (
+                f"prediction coverage TTFT {s['ttft_coverage']:.0%} TPOT {s['tpot_coverage']:.0%}; "
+                if "ttft_coverage" in s
+                else ""
+            )
+            + f"achieved {s['achieved_rate']:.1f} req/s; send lag p99 "
+            f"{s['lag_p99_ms']:.1f} ms; warm-up extended {info['warmup_extended_s']} s; "
+            f"CPU over the measured phase, cores: {info['cpu']}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
