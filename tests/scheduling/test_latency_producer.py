@@ -183,3 +183,14 @@ def test_endpoint_correction_learns_a_slow_pod():
     request = _request()
     result = director.schedule(request)
     assert result.target.address != slow  # its 100 ms prediction now reads ~400 ms
+
+
+def test_an_outage_after_warm_up_is_counted_as_unavailable():
+    backend = FakeBackend()
+    director, registry = _director(backend)
+    director.schedule(_request())
+    backend.ready = False
+    director.schedule(_request())
+    director.schedule(_request())
+    assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 2
+    assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "warming-up"}) is None

@@ -103,6 +103,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         self.correction = EndpointCorrection() if use_correction else None
         # TPOT SLOs of the requests running on each endpoint (streaming mode): the strictest is protected.
         self._running_tpot_slos: dict[str, Counter[float]] = {}
+        self._served = False  # whether the predictor has been ready at least once
 
     # --- produce -------------------------------------------------------------------------------------
     def produce(self, request: InferenceRequest, candidates: Candidates) -> Awaitable[None] | None:
@@ -131,8 +132,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if backend is None or not self.params.predict_in_produce or not request.use_prediction:
             return None
         if not backend.ready:
-            self._fallback("warming-up")
+            # Before the first model this is the warm-up; after it, the predictor went away (e.g. every
+            # prediction server is down), which operators need to tell apart.
+            self._fallback("unavailable" if self._served else "warming-up")
             return None
+        self._served = True
         predict_now = getattr(backend, "predict_now", None)
         if predict_now is None:
             return self._produce_remote(request, candidates, state)
