@@ -228,6 +228,8 @@ class Gateway:
             self.metrics.scheduling_duration.observe(time.perf_counter() - started)
             if attempt:
                 self.metrics.upstream_retries.inc()
+            if result.primary.route == EXPLORE_ROUTE and self.latency_metrics is not None:
+                self.latency_metrics.explorations.inc()
             lifecycle = self.director.dispatch(request, result)
             address = result.target.address
             try:
@@ -341,8 +343,6 @@ class Gateway:
         """The upstream's end-to-end headers, then the gateway's own, as preformatted lines."""
         address = lifecycle.response.endpoint.address
         route = lifecycle.result.primary.route or "heuristic"
-        if route == EXPLORE_ROUTE and self.latency_metrics is not None:
-            self.latency_metrics.explorations.inc()
         own = self._endpoint_headers.get((address, route))
         if own is None:
             own = f"{ENDPOINT_HEADER}: {address}\r\n{ROUTE_HEADER}: {route}\r\n".encode("latin-1")

@@ -356,6 +356,17 @@ class PredictionServer:
             code="not_ready",
         )
 
+    def _failure(self, route: str, exc: Exception) -> web.Response:
+        """The answer (and the counted status) for a request that is invalid or finds no model loaded."""
+        if isinstance(exc, RequestError):
+            status, response = exc.status, request_error_response(exc)
+        elif isinstance(exc, FeatureError):
+            status, response = 400, error_response(400, str(exc))
+        else:
+            status, response = 503, self._not_ready()
+        self.metrics.requests.labels(route, str(status)).inc()
+        return response
+
     async def _handle_bulk(self, request: web.Request) -> web.Response:
         if not self.predictor.ready:
             self.metrics.requests.labels("bulk", "503").inc()
@@ -368,15 +379,8 @@ class PredictionServer:
                 ttft, tpot = self.predictor.predict_rows(rows)
             else:
                 ttft, tpot = self.predictor.predict(*matrices)
-        except RequestError as exc:
-            self.metrics.requests.labels("bulk", str(exc.status)).inc()
-            return request_error_response(exc)
-        except FeatureError as exc:
-            self.metrics.requests.labels("bulk", "400").inc()
-            return error_response(400, str(exc))
-        except PredictorNotReady:
-            self.metrics.requests.labels("bulk", "503").inc()
-            return self._not_ready()
+        except (RequestError, FeatureError, PredictorNotReady) as exc:
+            return self._failure("bulk", exc)
         self._bulk_ok.inc()
         self.metrics.rows.inc(len(rows))
         return web.Response(body=self._encode_bulk(ttft, tpot), content_type="application/json")
@@ -440,15 +444,8 @@ class PredictionServer:
             if not isinstance(row, dict):
                 raise RequestError("body must be one JSON object of feature values {NAME: number, ...}")
             ttft, tpot = self.predictor.predict_rows([row])
-        except RequestError as exc:
-            self.metrics.requests.labels("single", str(exc.status)).inc()
-            return request_error_response(exc)
-        except FeatureError as exc:
-            self.metrics.requests.labels("single", "400").inc()
-            return error_response(400, str(exc))
-        except PredictorNotReady:
-            self.metrics.requests.labels("single", "503").inc()
-            return self._not_ready()
+        except (RequestError, FeatureError, PredictorNotReady) as exc:
+            return self._failure("single", exc)
         self.metrics.requests.labels("single", "200").inc()
         self.metrics.rows.inc()
         tpot_ms = float(tpot[0])
