@@ -184,10 +184,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         state.corrected_ttft, state.corrected_tpot = ttft, tpot
         strictest = None
         if self.params.streaming_mode and self._running_tpot_slos:
-            strictest = np.array(
-                [min(self._running_tpot_slos[a], default=0.0) if a in self._running_tpot_slos else 0.0
-                 for a in state.addresses]
-            )  # fmt: skip
+            running = self._running_tpot_slos
+            strictest = np.array([min(running.get(a, ()), default=0.0) for a in state.addresses])
         candidates.attrs[PREDICTED_TTFT_MS] = ttft
         candidates.attrs[PREDICTED_TPOT_MS] = tpot
         candidates.attrs.update(
