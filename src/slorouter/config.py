@@ -36,7 +36,7 @@ class EmbeddedPredictorConfig(StrictModel):
     model_dir: str | None = Field(default=None, description="where models are written; a temp dir if unset")
     retrain_interval_s: float = Field(default=5.0, gt=0)
     min_samples: int = Field(default=200, ge=10)
-    objective: Literal["quantile", "mean"] = "quantile"
+    objective: Literal["conformal", "quantile", "mean"] = "conformal"
     quantile: float = Field(default=0.9, gt=0, lt=1)
     n_estimators: int = Field(default=200, ge=1, le=5000)
     max_depth: int = Field(default=6, ge=1, le=16)

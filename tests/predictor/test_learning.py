@@ -2,15 +2,16 @@
 
 Samples come from ``samples_sim`` (4 simulated H100 engines, Poisson load from 5 % to 110 % of capacity
 changing every 5 virtual seconds, log-normal prompts/outputs, shared prefixes). Training seed 5, 6,000
-requests; fresh traffic seed 6, 1,500 requests; default trainer (200 trees, depth 6, p90) but nthread=1
-(two OpenMP threads crawl when the other core is busy, as on a shared CI machine).
+requests; fresh traffic seed 6, 1,500 requests; default trainer (200 trees, depth 6, conformal p90) but
+nthread=1 (two OpenMP threads crawl when the other core is busy, as on a shared CI machine).
 
 Thresholds, and why MAPE ≤ 15 % (the issue's target) is not asserted: the simulator's TTFT has an
 irreducible spread given what a router can see (the unknown phase of the engine step in flight, requests
-arriving after this one that share its prefill budget, the remaining output of running requests). Even a
-median model reaches only about 17-23 % MAPE on fresh traffic, and a p90 model's MAPE is larger by design
-(it predicts a value above most outcomes: about 40 %). The test therefore checks the p90 coverage band of
-the issue, the median model's MAPE (≤ 25 %), and that both beat a constant predictor by far.
+arriving after this one that share its prefill budget, the remaining output of running requests). The
+point prediction of the conformal model (its p90 × ``point_factor``) reaches about 18 % MAPE on fresh
+traffic; a p90 value's MAPE is larger by design (it sits above most outcomes: about 40 %). The test
+therefore checks the p90 coverage band of the issue, the point prediction's MAPE (≤ 25 %) and its
+median-like coverage, and that it beats a constant predictor by far.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ def samples() -> tuple[SimSamples, SimSamples]:
     return generate_samples(6000, seed=5), generate_samples(1500, seed=6)
 
 
-def train_and_predict(tmp_path, train: SimSamples, fresh: SimSamples, quantile: float) -> np.ndarray:  # type: ignore[no-untyped-def]
+def train_and_predict(tmp_path, train: SimSamples, fresh: SimSamples) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
+    """The TTFT p90 predictions for ``fresh`` and the factor that turns them into point predictions."""
     store = SampleStore()
     for kind in ("ttft", "tpot"):
         store.add(kind, *train.dataset(kind))
-    trainer = Trainer(store, ModelStore(tmp_path), TrainerConfig(quantile=quantile, nthread=1), ManualClock())
+    trainer = Trainer(store, ModelStore(tmp_path), TrainerConfig(nthread=1), ManualClock())
     reports = trainer.maybe_train()
     assert [r.kind for r in reports] == ["ttft", "tpot"] and all(r.accepted for r in reports)
     predictor = Predictor(ModelStore(tmp_path))
@@ -45,7 +47,7 @@ def train_and_predict(tmp_path, train: SimSamples, fresh: SimSamples, quantile: 
     assert len(x_tpot) == len(x_ttft)  # every fresh request produced at least 2 tokens
     ttft, tpot = predictor.predict(x_ttft, x_tpot)
     assert np.all(np.isfinite(tpot)) and np.all(tpot > 0)
-    return ttft
+    return ttft, predictor.point_factor("ttft")
 
 
 def test_learns_ttft_from_simulated_traffic(tmp_path, samples: tuple[SimSamples, SimSamples]) -> None:  # type: ignore[no-untyped-def]
@@ -54,14 +56,13 @@ def test_learns_ttft_from_simulated_traffic(tmp_path, samples: tuple[SimSamples,
     constant = float(np.median(train.ttft_ms))
     constant_mape = float(np.mean(np.abs(actual - constant) / actual))
 
-    p90 = holdout_metrics(actual, train_and_predict(tmp_path / "p90", train, fresh, 0.9), 0.9)
-    assert 0.8 <= p90["coverage"] <= 0.97
-    assert p90["mape"] <= 0.5
-
-    median = holdout_metrics(actual, train_and_predict(tmp_path / "p50", train, fresh, 0.5), 0.5)
-    assert median["mape"] <= 0.25
-    assert median["mape"] <= constant_mape / 2
-    assert 0.35 <= median["coverage"] <= 0.65
+    p90, point_factor = train_and_predict(tmp_path, train, fresh)
+    assert 0.0 < point_factor < 1.0
+    metrics = holdout_metrics(actual, p90, 0.9, p90 * point_factor)
+    assert 0.8 <= metrics["coverage"] <= 0.97
+    assert metrics["mape"] <= 0.25
+    assert metrics["mape"] <= constant_mape / 2
+    assert 0.35 <= float(np.mean(actual <= p90 * point_factor)) <= 0.65
 
 
 def test_samples_are_deterministic_and_consistent() -> None:

@@ -32,7 +32,7 @@ def test_defaults() -> None:
         "127.0.0.1",
         8000,
         "/m",
-        "quantile",
+        "conformal",
         0.9,
     )
     assert (args.retrain_interval_s, args.min_samples, args.samples_per_bucket) == (5.0, 200, 500)

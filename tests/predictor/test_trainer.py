@@ -10,7 +10,15 @@ from slorouter.clock import ManualClock
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor, PredictorNotReady
 from slorouter.predictor.store import SampleStore
-from slorouter.predictor.trainer import Trainer, TrainerConfig, holdout_flags, holdout_metrics
+from slorouter.predictor.trainer import (
+    Trainer,
+    TrainerConfig,
+    booster_predict_ms,
+    calibration_flags,
+    conformal_offset,
+    holdout_flags,
+    holdout_metrics,
+)
 from tests.predictor.conftest import synthetic
 
 
@@ -75,15 +83,15 @@ def test_training_saves_model_with_metadata(trainer: Trainer) -> None:
     trainer.store.add("ttft", x, y)
     report = trainer.train("ttft")
     assert report is not None and report.accepted
-    assert (
-        report.holdout_count == pytest.approx(200, abs=40)
-        and report.train_count + report.holdout_count == 2000
-    )
-    assert set(report.metrics) >= {"mape", "mae", "coverage", "pinball_loss", "rmse"}
+    assert report.holdout_count == pytest.approx(200, abs=40)
+    assert report.calibration_count == pytest.approx(200, abs=40)
+    assert report.train_count + report.holdout_count + report.calibration_count == 2000
+    assert set(report.metrics) >= {"mape", "mae", "coverage", "pinball_loss", "rmse", "offset"}
     raw, meta = trainer.model_store.load("ttft")  # type: ignore[misc]
     assert meta.version == report.version == trainer.current_version("ttft")
-    assert meta.sample_count == report.train_count and meta.objective == "quantile" and meta.quantile == 0.9
+    assert meta.sample_count == report.train_count and meta.objective == "conformal" and meta.quantile == 0.9
     assert meta.schema == trainer.schema.to_dict() and meta.target_transform == "log"
+    assert meta.offset == report.metrics["offset"] > 0
     assert meta.metrics == report.metrics and raw
     status = trainer.status()
     json.dumps(status)
@@ -135,3 +143,32 @@ def test_config_validation() -> None:
         TrainerConfig(objective="median")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantile"):
         TrainerConfig(quantile=1.0)
+
+
+def test_conformal_offset_is_the_finite_sample_quantile() -> None:
+    residuals = np.arange(1, 101, dtype=np.float64)[::-1]  # 100 values, order must not matter
+    assert conformal_offset(residuals, 0.9) == 91.0  # ⌈101 × 0.9⌉ = 91st smallest
+    assert conformal_offset(residuals[:9], 0.9) == 100.0  # ⌈10 × 0.9⌉ = 9th of 9: the largest
+    assert conformal_offset(np.empty(0), 0.9) == 0.0
+
+
+def test_calibration_and_holdout_bands_are_disjoint_and_sized() -> None:
+    seq = np.arange(100_000, dtype=np.int64)
+    hold, calib = holdout_flags(seq, 0.1), calibration_flags(seq, 0.1)
+    assert not np.any(hold & calib)
+    assert hold.mean() == pytest.approx(0.1, abs=0.005) and calib.mean() == pytest.approx(0.1, abs=0.005)
+
+
+def test_conformal_p90_covers_fresh_samples(tmp_path, clock: ManualClock) -> None:  # type: ignore[no-untyped-def]
+    trainer = Trainer(SampleStore(), ModelStore(tmp_path), TrainerConfig(n_estimators=60, nthread=1), clock)
+    x, y, _, _ = synthetic(6000, seed=1)
+    trainer.store.add("ttft", x, y)
+    report = trainer.train("ttft")
+    assert report is not None and report.calibration_count > 0
+    current = trainer._state["ttft"].current
+    assert current is not None
+    fresh_x, fresh_y, _, _ = synthetic(4000, seed=2)
+    p90 = booster_predict_ms(current.booster, fresh_x, "log", current.metadata.offset)
+    assert 0.85 <= float(np.mean(fresh_y <= p90)) <= 0.95
+    point = booster_predict_ms(current.booster, fresh_x, "log")
+    assert 0.35 <= float(np.mean(fresh_y <= point)) <= 0.65

@@ -92,7 +92,10 @@ def _add_training(servers: argparse._SubParsersAction) -> None:
         "--model-dir", required=True, metavar="DIR", help="directory the models are written to"
     )
     parser.add_argument(
-        "--objective", choices=["quantile", "mean"], default="quantile", help="default %(default)s"
+        "--objective",
+        choices=["conformal", "quantile", "mean"],
+        default="conformal",
+        help="default %(default)s",
     )
     parser.add_argument(
         "--quantile", type=_quantile, default=0.9, help="target quantile, 0..1 (default %(default)s)"

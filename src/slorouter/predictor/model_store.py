@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -48,9 +49,10 @@ class ModelMetadata:
     sample_count: int  # samples the model was trained on
     metrics: dict[str, Any]  # hold-out metrics (see trainer.holdout_metrics)
     schema: dict[str, Any]  # FeatureSchema.to_dict()
-    objective: str  # "quantile" | "mean"
+    objective: str  # "conformal" | "quantile" | "mean"
     quantile: float | None
     target_transform: str = "identity"  # "log": the booster predicts log(ms)
+    offset: float = 0.0  # added to the booster's margin (the conformal p-quantile offset, in log space)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,12 +71,15 @@ class ModelMetadata:
                 objective=str(data["objective"]),
                 quantile=None if data.get("quantile") is None else float(data["quantile"]),
                 target_transform=str(data.get("target_transform", "identity")),
+                offset=float(data.get("offset", 0.0)),
                 extra=dict(data.get("extra") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"invalid model metadata: {exc!r}") from None
         if meta.target_transform not in ("identity", "log"):
             raise ModelFileError(f"unknown target_transform {meta.target_transform!r}")
+        if not math.isfinite(meta.offset):
+            raise ModelFileError(f"offset must be finite, got {meta.offset!r}")
         return meta
 
 

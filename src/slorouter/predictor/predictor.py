@@ -53,6 +53,12 @@ class LoadedModel:
     forest: CompiledForest | None
     n_features: int
     log_target: bool
+    offset: float  # added to the margin: the conformal offset of a ``conformal`` model, else 0
+
+    @property
+    def point_factor(self) -> float:
+        """Multiply a prediction by this to get the point (median-like) prediction it was derived from."""
+        return float(np.exp(-self.offset)) if self.log_target else 1.0
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Latency in ms (float64, ≥ 0) for the rows of ``X``."""
@@ -64,6 +70,8 @@ class LoadedModel:
             raw = self.forest.predict(X)
         else:
             raw = self.booster.inplace_predict(X, validate_features=False).astype(np.float64)
+        if self.offset:
+            raw += self.offset
         if self.log_target:
             return np.exp(raw, out=raw)
         return np.maximum(raw, 0.0, out=raw)
@@ -156,7 +164,9 @@ class Predictor:
                 f"expected {n_features}"
             )
         forest = CompiledForest.from_booster(booster, n_features) if self.compile_forest else None
-        model = LoadedModel(kind, metadata, booster, forest, n_features, metadata.target_transform == "log")
+        model = LoadedModel(
+            kind, metadata, booster, forest, n_features, metadata.target_transform == "log", metadata.offset
+        )
         with self._load_lock:
             self._models = {**self._models, kind: model}
             self._refused.pop(kind, None)
@@ -178,6 +188,15 @@ class Predictor:
         tpot_model = models.get("tpot")
         tpot = np.full(len(x_tpot), np.nan) if tpot_model is None else tpot_model.predict(x_tpot)
         return ttft, tpot
+
+    def point_factor(self, kind: ModelKind) -> float:
+        """Factor from the current ``kind`` model's predictions to its point (median-like) predictions.
+
+        exp(-offset) for a conformal model (its p90 is the point × exp(offset)), 1.0 otherwise or when no
+        model is loaded.
+        """
+        model = self._models.get(check_kind(kind))
+        return 1.0 if model is None else model.point_factor
 
     def predict_rows(
         self, rows: Sequence[Mapping[str, object]], *, where: str = "rows"
@@ -202,6 +221,7 @@ class Predictor:
                     "sample_count": m.metadata.sample_count,
                     "objective": m.metadata.objective,
                     "quantile": m.metadata.quantile,
+                    "offset": m.metadata.offset,
                     "metrics": m.metadata.metrics,
                     "evaluator": "compiled" if m.forest is not None else "xgboost",
                 }

