@@ -1,0 +1,1 @@
+"""``slorouter bench``: a discrete-event cluster benchmark of routing policies on realistic workloads."""

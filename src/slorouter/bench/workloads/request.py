@@ -1,0 +1,33 @@
+"""What a workload generator produces: timed requests, and the list that carries the clipping counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request of a benchmark run."""
+
+    arrival: float  # seconds from the start of the run, non-decreasing in the list
+    prompt: str  # prompt text as sent to /v1/completions; the simulated tokenizer is 4 bytes = 1 token
+    max_tokens: int  # output length (the simulator generates exactly this many tokens)
+    session: int = -1  # conversation/session id, -1 for single-shot requests
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    priority: int = 0  # < 0 means sheddable
+
+
+class WorkloadRequests(list[BenchRequest]):
+    """A workload's requests in arrival order, plus what fitting them into ``max_model_len`` cost.
+
+    ``clipped`` requests had the oldest part of their history cut out; ``dropped`` ones could not fit at all
+    and are not in the list. Equal to a plain list with the same requests.
+    """
+
+    def __init__(self, name: str, requests: Iterable[BenchRequest] = (), clipped: int = 0, dropped: int = 0):
+        super().__init__(requests)
+        self.name = name
+        self.clipped = clipped
+        self.dropped = dropped
