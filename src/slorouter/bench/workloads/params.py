@@ -17,7 +17,7 @@ def _none_words(value: object) -> object:
 
 
 # A positive number, or none: "none"/"null"/"" from a command line mean no value.
-OptionalPositive = Annotated[float | None, BeforeValidator(_none_words), Field(gt=0)]
+OptionalPositive = Annotated[Annotated[float, Field(gt=0)] | None, BeforeValidator(_none_words)]
 Share = Annotated[float, Field(ge=0, le=1)]
 RelStd = Annotated[float, Field(ge=0, le=0.5)]
 PositiveInt = Annotated[int, Field(ge=1)]

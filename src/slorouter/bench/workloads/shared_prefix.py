@@ -13,6 +13,7 @@ are ``users / qps`` seconds apart on average.
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated
 
 from pydantic import Field, create_model
@@ -36,10 +37,12 @@ class SharedPrefixParams(WorkloadParams):
 
 
 def scenario(model_name: str, **defaults: int | float) -> type[SharedPrefixParams]:
-    """``SharedPrefixParams`` with other defaults."""
-    fields = {
-        key: (SharedPrefixParams.model_fields[key].annotation, value) for key, value in defaults.items()
-    }
+    """``SharedPrefixParams`` with other defaults (and the same constraints)."""
+    fields = {}
+    for key, value in defaults.items():
+        info = copy.copy(SharedPrefixParams.model_fields[key])
+        info.default = value
+        fields[key] = (info.annotation, info)
     return create_model(model_name, __base__=SharedPrefixParams, **fields)  # type: ignore[call-overload]
 
 
