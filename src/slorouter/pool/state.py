@@ -71,6 +71,8 @@ class PoolState:
         self._position: dict[str, int] = {}
         self._incarnation: dict[str, int] = {}
         self._adds = 0
+        # Cached; reset by every change of health or membership.
+        self._healthy_positions: np.ndarray | None = None
         self.columns: dict[str, np.ndarray] = {
             name: np.zeros(0, dtype=dtype) for name, dtype in ALL_COLUMNS.items()
         }
@@ -102,6 +104,7 @@ class PoolState:
         self._adds += 1
         self._incarnation[endpoint.address] = self._adds
         self.endpoints.append(endpoint)
+        self._healthy_positions = None
         for name, column in self.columns.items():
             initial = True if name == "healthy" else (-math.inf if name == "metrics_time" else 0)
             self.columns[name] = np.append(column, np.array([initial], dtype=column.dtype))
@@ -110,6 +113,7 @@ class PoolState:
         pos = self._position.pop(address)
         del self._incarnation[address]
         endpoint = self.endpoints.pop(pos)
+        self._healthy_positions = None
         for name, column in self.columns.items():
             self.columns[name] = np.delete(column, pos)
         for later in self.endpoints[pos:]:
@@ -129,6 +133,7 @@ class PoolState:
 
     def set_healthy(self, address: str, healthy: bool) -> None:
         self.columns["healthy"][self._position[address]] = healthy
+        self._healthy_positions = None
 
     def add_inflight(self, address: str, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
         """Add (negative values: remove) router-local in-flight load; a missing endpoint is a no-op."""
@@ -142,7 +147,16 @@ class PoolState:
 
     # --- readers -------------------------------------------------------------------------------------
     def healthy_positions(self) -> np.ndarray:
-        return np.flatnonzero(self.columns["healthy"])
+        """Positions of the healthy endpoints (a read-only array, shared until health or membership changes).
+
+        Health is written through ``set_healthy`` (not into ``columns["healthy"]``), which keeps this fresh.
+        """
+        positions = self._healthy_positions
+        if positions is None:
+            positions = self.columns["healthy"].nonzero()[0]
+            positions.flags.writeable = False
+            self._healthy_positions = positions
+        return positions
 
     def is_healthy(self, address: str) -> bool:
         pos = self._position.get(address)

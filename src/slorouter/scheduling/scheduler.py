@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slorouter.scheduling.plugin import Filter, Picker, Plugin, ProfileHandler, Scorer
+from slorouter.scheduling.plugin import Filter, ListPicker, ListScorer, Picker, Plugin, ProfileHandler, Scorer
 from slorouter.scheduling.types import (
     Candidates,
     CycleState,
@@ -27,6 +27,10 @@ from slorouter.scheduling.types import (
 # route name under this cycle-state key while its profile runs; the profile copies it into its result.
 ROUTE_KEY = "route"
 HEURISTIC_ROUTE = "heuristic"
+# Up to this many candidates, a profile whose scorers and picker all have plain-Python twins (ListScorer,
+# ListPicker) runs those: on a few candidates numpy's per-call overhead dominates. Both paths give identical
+# results; beyond this size numpy is the faster one.
+LIST_PATH_MAX_CANDIDATES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +48,7 @@ def _label(plugin: object) -> str:
 class SchedulerProfile:
     """Filters (in order), weighted scorers and one picker."""
 
-    __slots__ = ("filters", "name", "picker", "scorers")
+    __slots__ = ("_list_scorers", "filters", "name", "picker", "scorers")
 
     def __init__(
         self, name: str, filters: list[Filter], scorers: list[WeightedScorer], picker: Picker
@@ -53,6 +57,10 @@ class SchedulerProfile:
         self.filters = filters
         self.scorers = scorers
         self.picker = picker
+        # (list twin, weight) per scorer when the small-set path can run; None when some plugin has no twin.
+        self._list_scorers: list[tuple[ListScorer, float]] | None = None
+        if isinstance(picker, ListPicker) and all(isinstance(w.scorer, ListScorer) for w in scorers):
+            self._list_scorers = [(w.scorer, w.weight) for w in scorers]  # type: ignore[misc]
 
     def __repr__(self) -> str:
         parts = [_label(f) for f in self.filters]
@@ -76,6 +84,8 @@ class SchedulerProfile:
             candidates = filt.filter(cycle, request, candidates)
             if len(candidates) == 0:
                 return f"filter {_label(filt)} removed every candidate"
+        if self._list_scorers is not None and len(candidates) <= LIST_PATH_MAX_CANDIDATES:
+            return self._run_list(cycle, request, candidates)
         total = self.total_scores(cycle, request, candidates)
         chosen = self.picker.pick(cycle, request, candidates, total)
         if len(chosen) == 0:
@@ -86,6 +96,41 @@ class SchedulerProfile:
             scores=total[chosen].tolist(),
             route=cycle.pop(ROUTE_KEY, HEURISTIC_ROUTE),
         )
+
+    def _run_list(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
+    ) -> ProfileRunResult | str:
+        """The small-set path of ``run_or_explain`` after the filters: the same result, in plain Python."""
+        total = self.total_scores_list(cycle, request, candidates)
+        picker: ListPicker = self.picker  # type: ignore[assignment]
+        chosen = picker.pick_list(cycle, request, candidates, total)
+        if not chosen:
+            return f"picker {_label(picker)} chose nothing"
+        return ProfileRunResult(
+            targets=[candidates.endpoint(i) for i in chosen],
+            scores=[total[i] for i in chosen],
+            route=cycle.pop(ROUTE_KEY, HEURISTIC_ROUTE),
+        )
+
+    def total_scores_list(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
+    ) -> list[float]:
+        """``total_scores`` in plain Python, for profiles whose scorers are all ``ListScorer``s."""
+        if self._list_scorers is None:
+            raise TypeError(f"{self!r} has a scorer or picker without a list twin")
+        n = len(candidates)
+        total = [0.0] * n
+        for scorer, weight in self._list_scorers:
+            raw = scorer.score_list(cycle, request, candidates)
+            if len(raw) != n:
+                raise ValueError(f"scorer {_label(scorer)} returned {len(raw)} scores for {n} candidates")
+            for i, value in enumerate(raw):
+                # Exactly fmax(value, 0) then minimum(·, 1) as in total_scores: NaN and negatives count as 0.
+                if value > 0.0:
+                    total[i] += (value if value < 1.0 else 1.0) * weight
+                else:
+                    total[i] += 0.0 * weight
+        return total
 
     def total_scores(
         self, cycle: CycleState, request: InferenceRequest, candidates: Candidates

@@ -93,6 +93,10 @@ class Candidates:
             self._columns[name] = col
         return col
 
+    def values(self, name: str) -> list[Any]:
+        """``column(name)`` as a list of Python numbers (for the plain-Python small-set scoring path)."""
+        return self.column(name).tolist()
+
     def subset(self, selector: np.ndarray | Sequence[int]) -> Candidates:
         """Keep the candidates picked by a boolean mask or an array of indices, in that order."""
         sel = np.asarray(selector)

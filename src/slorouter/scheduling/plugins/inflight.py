@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import Field
 
 from slorouter.scheduling.datakeys import INFLIGHT_REQUESTS, INFLIGHT_TOKENS
-from slorouter.scheduling.plugin import DataProducer, Plugin, PluginParams, Scorer
+from slorouter.scheduling.plugin import DataProducer, ListScorer, Plugin, PluginParams
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
 
@@ -35,7 +35,7 @@ class TokenLoadParams(PluginParams):
 
 
 @register_plugin
-class TokenLoadScorer(Plugin, Scorer):
+class TokenLoadScorer(Plugin, ListScorer):
     """1 − min(t, T)/T for t in-flight tokens (t ≤ 0 → 1); T = queueThresholdTokens."""
 
     type_name = "token-load-scorer"
@@ -49,3 +49,11 @@ class TokenLoadScorer(Plugin, Scorer):
             return np.ones(len(candidates))
         threshold = float(self.params.queue_threshold_tokens)
         return 1.0 - np.clip(tokens, 0, threshold) / threshold
+
+    def score_list(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> list[float]:
+        tokens = candidates.attrs.get(INFLIGHT_TOKENS)
+        if tokens is None:
+            return [1.0] * len(candidates)
+        threshold = float(self.params.queue_threshold_tokens)
+        # np.clip is maximum then minimum, both keeping NaN (as Python's max/min do with NaN first).
+        return [1.0 - min(max(float(t), 0.0), threshold) / threshold for t in tokens.tolist()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, field_validator
 
-from slorouter.scheduling.plugin import Picker, Plugin, PluginParams
+from slorouter.scheduling.plugin import ListPicker, Picker, Plugin, PluginParams
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
 
@@ -29,7 +29,7 @@ class _CountedPicker(Plugin):
 
 
 @register_plugin
-class MaxScorePicker(_CountedPicker, Picker):
+class MaxScorePicker(_CountedPicker, ListPicker):
     """The highest total scores win; ties are broken uniformly at random (shuffle, then stable sort)."""
 
     type_name = "max-score-picker"
@@ -44,6 +44,19 @@ class MaxScorePicker(_CountedPicker, Picker):
         shuffled = rng.permutation(len(scores))
         order = shuffled[np.argsort(-scores[shuffled], kind="stable")]
         return order[: self.max_endpoints]
+
+    def pick_list(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, scores: list[float]
+    ) -> list[int]:
+        """``pick`` for scores without NaN (a profile's totals never hold NaN), drawing the same numbers."""
+        rng = self.ctx.rng
+        if self.max_endpoints == 1:
+            top = max(scores)
+            best = [i for i, s in enumerate(scores) if s == top]
+            return [best[int(rng.integers(len(best), size=1)[0])]] if len(best) > 1 else best
+        shuffled = rng.permutation(len(scores)).tolist()
+        shuffled.sort(key=lambda i: -scores[i])  # stable, as argsort(kind="stable")
+        return shuffled[: self.max_endpoints]
 
 
 @register_plugin

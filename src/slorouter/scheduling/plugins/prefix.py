@@ -27,7 +27,14 @@ from pydantic import Field, model_validator
 
 from slorouter.pool.state import PoolState
 from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.plugin import DataProducer, Plugin, PluginContext, PluginParams, PreRequest, Scorer
+from slorouter.scheduling.plugin import (
+    DataProducer,
+    ListScorer,
+    Plugin,
+    PluginContext,
+    PluginParams,
+    PreRequest,
+)
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest, SchedulingResult
 
@@ -240,17 +247,21 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
         match_blocks = np.zeros(n, dtype=np.int64)
         if matched:
             pool = candidates.pool
-            candidate_of_position = np.full(len(pool), -1, dtype=np.int64)
-            candidate_of_position[candidates.positions] = np.arange(n)
+            candidate_of_position = {p: i for i, p in enumerate(candidates.positions.tolist())}
             for server, blocks in matched.items():
                 if server in pool:
-                    i = candidate_of_position[pool.position(server)]
-                    if i >= 0:
+                    i = candidate_of_position.get(pool.position(server))
+                    if i is not None:
                         match_blocks[i] = blocks
+        # np.empty + fill: np.full costs twice as much on arrays this small.
+        total_blocks = np.empty(n, dtype=np.int64)
+        total_blocks.fill(len(state.hashes))
+        block_size = np.empty(n, dtype=np.int64)
+        block_size.fill(block_tokens)
         attrs = candidates.attrs
         attrs[PREFIX_MATCH_BLOCKS] = match_blocks
-        attrs[PREFIX_TOTAL_BLOCKS] = np.full(n, len(state.hashes), dtype=np.int64)
-        attrs[PREFIX_BLOCK_SIZE_TOKENS] = np.full(n, block_tokens, dtype=np.int64)
+        attrs[PREFIX_TOTAL_BLOCKS] = total_blocks
+        attrs[PREFIX_BLOCK_SIZE_TOKENS] = block_size
 
     # --- PreRequest -----------------------------------------------------------------------------------
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
@@ -325,7 +336,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
 
 
 @register_plugin
-class PrefixCacheScorer(Plugin, Scorer):
+class PrefixCacheScorer(Plugin, ListScorer):
     """Fraction of the request's prompt blocks the candidate already holds: matched / total (0 if unknown)."""
 
     type_name = "prefix-cache-scorer"
@@ -333,6 +344,9 @@ class PrefixCacheScorer(Plugin, Scorer):
 
     def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
         return prefix_match_ratio(candidates)
+
+    def score_list(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> list[float]:
+        return prefix_match_ratio_list(candidates)
 
 
 def prefix_match_ratio(candidates: Candidates) -> np.ndarray:
@@ -342,3 +356,16 @@ def prefix_match_ratio(candidates: Candidates) -> np.ndarray:
     if matched is None or total is None:
         return np.zeros(len(candidates))
     return matched / np.maximum(total, 1)  # matched ≤ total, so total 0 gives 0
+
+
+def prefix_match_ratio_list(candidates: Candidates) -> list[float]:
+    """``prefix_match_ratio`` in plain Python (the same float64 division, so the same results)."""
+    matched = candidates.attrs.get(PREFIX_MATCH_BLOCKS)
+    total = candidates.attrs.get(PREFIX_TOTAL_BLOCKS)
+    if matched is None or total is None:
+        return [0.0] * len(candidates)
+    # np.maximum(t, 1) keeps NaN; numpy divides the operands as float64.
+    return [
+        float(m) / float(t if t >= 1 or t != t else 1)
+        for m, t in zip(matched.tolist(), total.tolist(), strict=True)
+    ]
