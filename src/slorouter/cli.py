@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "slorouter.gateway.command",  # serve
     "slorouter.sim.command",  # sim
     "slorouter.predictor.command",  # predictor training-server | prediction-server
+    "slorouter.bench.command",  # bench
 )
 
 

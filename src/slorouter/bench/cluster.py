@@ -1,0 +1,411 @@
+"""A discrete-event simulation of a router in front of a pool of simulated vLLM pods, in virtual time.
+
+Nothing here re-implements routing: each request goes through the real ``Director`` with the configured
+plugins (and, for predicted-latency policies, the real ``EmbeddedPredictor``, trained online in virtual
+time), and each pod is the real step-level ``Engine`` the HTTP simulator runs. What the event loop adds is
+what the network and the clock would do:
+
+- **Arrivals** at their workload times. The router schedules at once (its own CPU time is not modelled),
+  dispatches, and the request reaches the pod ``network_s`` later (then the engine's API overhead).
+- **Pods** run their engine step by step: a step planned at t ends at t + its duration; an idle pod wakes
+  when its next request clears the API overhead.
+- **Responses**: the first token and the end of each request reach the router ``network_s`` after the
+  engine produced them; the lifecycle hooks (in-flight accounting, training samples, corrections) run then,
+  as in the gateway with streaming responses. Intermediate tokens are not delivered one by one: no plugin
+  needs them, and a pod's decode batch would cost an event per token.
+- **Metrics scraping** of every pod every ``scrape_interval_s`` (one phase for all pods), so the scraped
+  signals are as stale as in production; router-local in-flight counts are always fresh.
+- **Training**: every ``train_poll_s`` the embedded predictor trains what is due on its own cadence
+  (``retrain_interval_s``), synchronously, so a run is deterministic; the model is used from the next
+  request on (a real training takes ~0.1–3 s of wall time, small next to the 5 s cadence).
+
+Deterministic for a given seed: engines, router and workload draw from seeded generators, events at equal
+times run in insertion order, and XGBoost trains with one thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slorouter.bench.workloads import BenchRequest
+from slorouter.clock import ManualClock
+from slorouter.director import Director, RequestLifecycle
+from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
+from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.trainer import TrainerConfig
+from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.datakeys import TARGET_PREDICTION_STATE
+from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.sim.engine import Engine, Finished, FirstToken, RequestRejected, Step
+from slorouter.sim.profiles import Profile
+from slorouter.tokenizer import BYTES_PER_TOKEN
+
+# Request outcomes (``RunRecords.status``): HTTP-like codes, plus UNFINISHED for requests still running
+# when the simulation stopped.
+OK = 200
+REJECTED = 400
+SHED = 429
+NO_ENDPOINT = 503
+UNFINISHED = -1
+
+# Event kinds; at equal times events run in the order they were pushed.
+_ARRIVAL, _WAKE, _STEP_END, _FIRST_TOKEN, _DONE, _SCRAPE, _TRAIN = range(7)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    scrape_interval_s: float = 0.05
+    network_s: float = 0.0005  # one way, router ↔ pod
+    train_poll_s: float = 1.0
+    retrain_interval_s: float = 5.0
+    min_samples: int = 200
+    drain_s: float = 120.0  # after the last arrival, how long in-flight requests may take to finish
+    jitter_sigma: float | None = None  # engine step-time jitter; None: the engine's default
+    model: str = "sim-model"
+
+    def __post_init__(self) -> None:
+        if self.scrape_interval_s <= 0 or self.train_poll_s <= 0:
+            raise ValueError("scrape_interval_s and train_poll_s must be > 0")
+        if self.network_s < 0 or self.drain_s < 0 or self.retrain_interval_s < 0:
+            raise ValueError("network_s, drain_s and retrain_interval_s must be >= 0")
+
+
+@dataclass(slots=True)
+class RunRecords:
+    """Per-request outcomes of one run (arrays aligned with the workload's request list), and run facts."""
+
+    arrival: np.ndarray
+    status: np.ndarray  # OK, REJECTED, SHED, NO_ENDPOINT or UNFINISHED
+    pod: np.ndarray  # index of the pod that served it, -1 if none
+    ttft_s: np.ndarray  # first token at the router − arrival; NaN if none
+    e2e_s: np.ndarray  # end at the router − arrival; NaN if unfinished
+    prompt_tokens: np.ndarray
+    cached_tokens: np.ndarray
+    output_tokens: np.ndarray
+    slo_ttft_ms: np.ndarray  # NaN: no target
+    slo_tpot_ms: np.ndarray
+    sheddable: np.ndarray
+    predicted: np.ndarray  # routed with predictions (bool)
+    predicted_ttft_ms: np.ndarray  # served (p90, corrected) TTFT prediction for the chosen pod; NaN if none
+    point_ttft_ms: np.ndarray  # the point (median-like) prediction behind it
+    predicted_tpot_ms: np.ndarray
+    point_tpot_ms: np.ndarray
+    pod_profiles: list[str]
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+    steps: int = 0
+    events: int = 0
+    trainings: int = 0
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tpot_ms(self) -> np.ndarray:
+        """(E2E − TTFT) / (output tokens − 1), NaN for single-token or unfinished requests."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = (self.e2e_s - self.ttft_s) * 1000.0 / (self.output_tokens - 1)
+        return np.where(self.output_tokens > 1, tpot, np.nan)
+
+
+def _empty(n: int, value: float = math.nan) -> np.ndarray:
+    return np.full(n, value, dtype=np.float64)
+
+
+class ClusterSimulator:
+    """One router (Director + plugins [+ embedded predictor]) and one engine per pod, in virtual time."""
+
+    def __init__(
+        self,
+        profiles: Sequence[Profile],
+        scheduler_config: Mapping[str, Any] | None,
+        *,
+        use_predictor: bool,
+        settings: ClusterSettings | None = None,
+        seed: int = 0,
+        trainer_config: TrainerConfig | None = None,
+    ) -> None:
+        if not profiles:
+            raise ValueError("the pool needs at least one pod")
+        self.settings = settings or ClusterSettings()
+        self.profiles = list(profiles)
+        self.clock = ManualClock(0.0)
+        self.engines = [
+            Engine(profile, seed=seed * 7919 + i, jitter_sigma=self.settings.jitter_sigma)
+            for i, profile in enumerate(self.profiles)
+        ]
+        endpoints = [
+            Endpoint(f"pod-{i}.sim:8000", name=f"pod-{i}", labels={"gpu": profile.name})
+            for i, profile in enumerate(self.profiles)
+        ]
+        self.addresses = [e.address for e in endpoints]
+        self._pod_of = {address: i for i, address in enumerate(self.addresses)}
+        self.pool = PoolState(endpoints)
+        self._model_dir: tempfile.TemporaryDirectory[str] | None = None
+        self.predictor: EmbeddedPredictor | None = None
+        if use_predictor:
+            self._model_dir = tempfile.TemporaryDirectory(prefix="slorouter-bench-models-")
+            config = trainer_config or TrainerConfig(
+                retrain_interval_s=self.settings.retrain_interval_s,
+                min_samples=self.settings.min_samples,
+                nthread=1,
+                seed=seed,
+            )
+            self.predictor = EmbeddedPredictor(
+                self._model_dir.name, trainer_config=config, clock=self.clock, background=False
+            )
+        ctx = PluginContext(
+            clock=self.clock, rng=np.random.default_rng(seed), pool=self.pool, predictor=self.predictor
+        )
+        setup = build_scheduler_setup(dict(scheduler_config) if scheduler_config else None, ctx)
+        self.tracker = InFlightTracker(self.pool)
+        self.director = Director(self.pool, setup, self.tracker, self.clock)
+        self._scrape_all(0.0)
+
+    def close(self) -> None:
+        if self._model_dir is not None:
+            self._model_dir.cleanup()
+            self._model_dir = None
+
+    def __enter__(self) -> ClusterSimulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- run
+
+    def run(
+        self,
+        requests: Sequence[BenchRequest],
+        *,
+        progress: Callable[[float], None] | None = None,
+    ) -> RunRecords:
+        """Simulate the requests (sorted by arrival) to completion or until ``drain_s`` after the last."""
+        started = time.perf_counter()
+        settings = self.settings
+        n = len(requests)
+        rec = RunRecords(
+            arrival=np.array([r.arrival for r in requests], dtype=np.float64),
+            status=np.full(n, UNFINISHED, dtype=np.int32),
+            pod=np.full(n, -1, dtype=np.int32),
+            ttft_s=_empty(n),
+            e2e_s=_empty(n),
+            prompt_tokens=np.zeros(n, dtype=np.int64),
+            cached_tokens=np.zeros(n, dtype=np.int64),
+            output_tokens=np.zeros(n, dtype=np.int64),
+            slo_ttft_ms=np.array([_or_nan(r.slo_ttft_ms) for r in requests], dtype=np.float64),
+            slo_tpot_ms=np.array([_or_nan(r.slo_tpot_ms) for r in requests], dtype=np.float64),
+            sheddable=np.array([r.priority < 0 for r in requests], dtype=bool),
+            predicted=np.zeros(n, dtype=bool),
+            predicted_ttft_ms=_empty(n),
+            point_ttft_ms=_empty(n),
+            predicted_tpot_ms=_empty(n),
+            point_tpot_ms=_empty(n),
+            pod_profiles=[p.name for p in self.profiles],
+        )
+        if n and np.any(np.diff(rec.arrival) < 0):
+            raise ValueError("requests must be sorted by arrival time")
+        last_arrival = float(rec.arrival[-1]) if n else 0.0
+        end = last_arrival + settings.drain_s
+
+        heap: list[tuple[float, int, int, Any]] = []
+        seq = itertools.count()
+        push = heapq.heappush
+        engines = self.engines
+        num_pods = len(engines)
+        busy: list[Step | None] = [None] * num_pods
+        wake_at = [math.inf] * num_pods
+        lifecycles: dict[int, RequestLifecycle] = {}
+        net = settings.network_s
+        clock = self.clock
+        model = settings.model
+        arrivals_left = n
+        steps = events = trainings = 0
+
+        def kick(pod: int, now: float) -> None:
+            if busy[pod] is not None:
+                return
+            engine = engines[pod]
+            step = engine.plan_step(now)
+            if step is not None:
+                busy[pod] = step
+                push(heap, (step.end, next(seq), _STEP_END, pod))
+                return
+            ready = engine.next_ready_time()
+            if ready is not None and ready < wake_at[pod]:
+                wake_at[pod] = ready
+                push(heap, (ready, next(seq), _WAKE, pod))
+
+        for i in range(n):
+            push(heap, (float(rec.arrival[i]), next(seq), _ARRIVAL, i))
+        push(heap, (settings.scrape_interval_s, next(seq), _SCRAPE, None))
+        if self.predictor is not None:
+            push(heap, (settings.train_poll_s, next(seq), _TRAIN, None))
+        next_progress = 0.0
+
+        while heap:
+            now, _, kind, arg = heapq.heappop(heap)
+            if now > end:
+                break
+            events += 1
+            clock.set(now)
+            if kind == _STEP_END:
+                pod = arg
+                step = busy[pod]
+                assert step is not None
+                busy[pod] = None
+                out = engines[pod].commit_step(step, now)
+                steps += 1
+                for first in out.first_tokens:
+                    push(heap, (first.time + net, next(seq), _FIRST_TOKEN, first))
+                for done in out.finished:
+                    push(heap, (done.done_time + net, next(seq), _DONE, done))
+                kick(pod, now)
+            elif kind == _FIRST_TOKEN:
+                first_token: FirstToken = arg
+                i = first_token.request_id  # type: ignore[assignment]
+                lifecycle = lifecycles.get(i)
+                if lifecycle is not None:
+                    lifecycle.on_headers(200, True)
+                    lifecycle.on_tokens(1)
+                    rec.ttft_s[i] = now - rec.arrival[i]
+            elif kind == _DONE:
+                finished: Finished = arg
+                i = finished.request_id  # type: ignore[assignment]
+                lifecycle = lifecycles.pop(i, None)
+                if lifecycle is not None:
+                    lifecycle.on_complete(
+                        {
+                            "prompt_tokens": finished.prompt_tokens,
+                            "completion_tokens": finished.output_tokens,
+                        }
+                    )
+                    rec.status[i] = OK
+                    rec.e2e_s[i] = now - rec.arrival[i]
+                    rec.output_tokens[i] = finished.output_tokens
+                    rec.cached_tokens[i] = finished.cached_tokens
+            elif kind == _ARRIVAL:
+                i = arg
+                arrivals_left -= 1
+                self._arrive(i, requests[i], now, model, rec, lifecycles, kick)
+                if progress is not None and now >= next_progress:
+                    progress(now)
+                    next_progress = now + 1.0
+            elif kind == _WAKE:
+                pod = arg
+                if wake_at[pod] == now:
+                    wake_at[pod] = math.inf
+                    kick(pod, now)
+            elif kind == _SCRAPE:
+                self._scrape_all(now)
+                if arrivals_left or lifecycles:
+                    push(heap, (now + settings.scrape_interval_s, next(seq), _SCRAPE, None))
+            elif kind == _TRAIN:
+                assert self.predictor is not None
+                trainings += len(self.predictor.maybe_train())
+                if arrivals_left or lifecycles:
+                    push(heap, (now + settings.train_poll_s, next(seq), _TRAIN, None))
+
+        for lifecycle in lifecycles.values():  # still running at the end: release their in-flight load
+            lifecycle.on_complete(error="the simulation ended before the request finished")
+        if progress is not None:
+            progress(clock.now())
+        rec.virtual_s = clock.now()
+        rec.wall_s = time.perf_counter() - started
+        rec.steps, rec.events, rec.trainings = steps, events, trainings
+        rec.facts = self._facts()
+        return rec
+
+    def _arrive(
+        self,
+        i: int,
+        request: BenchRequest,
+        now: float,
+        model: str,
+        rec: RunRecords,
+        lifecycles: dict[int, RequestLifecycle],
+        kick: Callable[[int, float], None],
+    ) -> None:
+        prompt = request.prompt.encode()
+        if len(prompt) % BYTES_PER_TOKEN:
+            prompt += b" " * (-len(prompt) % BYTES_PER_TOKEN)
+        prompt_tokens = len(prompt) // BYTES_PER_TOKEN
+        rec.prompt_tokens[i] = prompt_tokens
+        inference = InferenceRequest(
+            request_id=str(i),
+            model=model,
+            prompt_text=request.prompt,
+            prompt_tokens=prompt_tokens,
+            max_tokens=request.max_tokens,
+            stream=True,
+            priority=request.priority,
+            slo_ttft_ms=request.slo_ttft_ms,
+            slo_tpot_ms=request.slo_tpot_ms,
+            received_at=now,
+        )
+        try:
+            result = self.director.schedule(inference)
+        except SchedulingError as exc:
+            rec.status[i] = exc.status
+            return
+        lifecycle = self.director.dispatch(inference, result)
+        pod = self._pod_of[result.target.address]
+        rec.pod[i] = pod
+        prediction = inference.state.get(TARGET_PREDICTION_STATE)
+        if prediction is not None and self.predictor is not None:
+            ttft, tpot = prediction
+            rec.predicted[i] = True
+            rec.predicted_ttft_ms[i] = ttft
+            rec.point_ttft_ms[i] = ttft * self.predictor.predictor.point_factor("ttft")
+            if tpot is not None:
+                rec.predicted_tpot_ms[i] = tpot
+                rec.point_tpot_ms[i] = tpot * self.predictor.predictor.point_factor("tpot")
+        try:
+            self.engines[pod].add_request(i, prompt, request.max_tokens, now + self.settings.network_s)
+        except RequestRejected as exc:
+            lifecycle.on_complete(error=str(exc))
+            rec.status[i] = REJECTED
+            return
+        lifecycles[i] = lifecycle
+        kick(pod, now)
+
+    def _scrape_all(self, now: float) -> None:
+        set_metrics = self.pool.set_metrics
+        for address, engine in zip(self.addresses, self.engines, strict=True):
+            snapshot = MetricsSnapshot(
+                waiting=engine.num_waiting,
+                running=engine.num_running,
+                kv_usage=engine.kv_usage,
+                block_size=engine.block_size,
+                num_gpu_blocks=engine.num_gpu_blocks,
+            )
+            set_metrics(address, snapshot, now)
+
+    def _facts(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "preemptions": sum(e.num_preemptions_total for e in self.engines),
+            "leaked_inflight": self.tracker.leaked(),
+        }
+        if self.predictor is not None:
+            facts["model_versions"] = self.predictor.versions
+            facts["trainer"] = {
+                kind: {
+                    k: v for k, v in status.items() if k in ("samples", "trainings", "accepted", "metrics")
+                }
+                for kind, status in self.predictor.trainer.status()["models"].items()
+            }
+        return facts
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)

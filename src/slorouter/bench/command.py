@@ -1,0 +1,201 @@
+"""``slorouter bench``: compare routing policies on simulated pools in virtual time (see docs/bench.md)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from slorouter.bench.cluster import ClusterSettings
+from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
+from slorouter.bench.pool import PoolSpecError, parse_pool
+from slorouter.bench.runner import BenchPlan, RunOutput, run_plan
+from slorouter.scheduling.config import SchedulerConfigError
+
+# --quick: maas-mix at one load point with every built-in policy, short enough for about a minute.
+QUICK = {
+    "workloads": ["maas-mix"],
+    "pool": "8",
+    "qps": [12.0],
+    "duration_s": 120.0,
+    "warmup_s": 40.0,
+}
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _qps_list(text: str) -> list[float]:
+    return [_positive_float(part) for part in text.split(",") if part.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="compare routing policies on a simulated pool (discrete-event, virtual time)",
+        description=(
+            "Run workloads against a simulated vLLM pool in virtual time, once per policy with the same "
+            "arrivals, and write results.json, results.md and plots."
+        ),
+    )
+    parser.add_argument("--workload", type=_names, default=None, help="workload name(s), comma-separated")
+    parser.add_argument(
+        "--workload-param",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a workload parameter (repeatable; see docs/workloads.md)",
+    )
+    parser.add_argument("--pool", default=None, help="e.g. '16' or '8x llama3-8b-h100 + 8x llama3-8b-a100'")
+    parser.add_argument("--qps", type=_qps_list, default=None, help="offered loads, comma-separated")
+    parser.add_argument("--duration", type=_positive_float, default=None, help="seconds of arrivals")
+    parser.add_argument(
+        "--warmup", type=_non_negative_float, default=None, help="first seconds not measured (default 20%%)"
+    )
+    parser.add_argument(
+        "--policies",
+        type=_names,
+        default=list(POLICY_NAMES),
+        help=f"built-in names ({', '.join(POLICY_NAMES)}) or NAME=CONFIG.yaml; default all built-ins",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    parser.add_argument("--quick", action="store_true", help="a representative subset in about a minute")
+    parser.add_argument("--scrape-interval-ms", type=_positive_float, default=50.0)
+    parser.add_argument("--network-ms", type=_non_negative_float, default=0.5, help="one way, router ↔ pod")
+    parser.add_argument(
+        "--drain", type=_non_negative_float, default=120.0, help="seconds after the last arrival"
+    )
+    parser.add_argument("--cdf-qps", type=_positive_float, default=None, help="load of the TTFT CDF plot")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def build_plan(args: argparse.Namespace) -> BenchPlan:
+    """The plan from parsed arguments; ValueError (naming the flag) on bad input."""
+    quick: dict[str, Any] = QUICK if args.quick else {}
+    workloads = args.workload or quick.get("workloads") or ["maas-mix"]
+    qps = args.qps or quick.get("qps")
+    if not qps:
+        raise ValueError("--qps is required (e.g. --qps 5,10,15), or use --quick")
+    duration = args.duration or quick.get("duration_s") or 300.0
+    warmup = args.warmup if args.warmup is not None else quick.get("warmup_s", 0.2 * duration)
+    if warmup >= duration:
+        raise ValueError(f"--warmup ({warmup:g} s) must be shorter than --duration ({duration:g} s)")
+    try:
+        profiles = parse_pool(args.pool or quick.get("pool") or "16")
+    except PoolSpecError as exc:
+        raise ValueError(f"--pool: {exc}") from None
+    try:
+        policies = resolve_policies(args.policies)
+    except (PolicyError, SchedulerConfigError) as exc:
+        raise ValueError(f"--policies: {exc}") from None
+    settings = ClusterSettings(
+        scrape_interval_s=args.scrape_interval_ms / 1000,
+        network_s=args.network_ms / 1000,
+        drain_s=args.drain,
+    )
+    from slorouter.bench.workloads import workload_defaults, workload_names
+
+    known = workload_names()
+    for name in workloads:
+        if name not in known:
+            raise ValueError(f"--workload: unknown workload {name!r} (known: {', '.join(known)})")
+    params = dict(args.workload_param)
+    for key in params:
+        if not any(key in workload_defaults(name) for name in workloads):
+            raise ValueError(
+                f"--workload-param: no workload of {', '.join(workloads)} has a parameter {key!r}"
+            )
+    return BenchPlan(
+        workloads=workloads,
+        qps=qps,
+        policies=policies,
+        profiles=profiles,
+        duration_s=duration,
+        warmup_s=warmup,
+        seed=args.seed,
+        workload_params=params,
+        settings=settings,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = build_plan(args)
+    except ValueError as exc:
+        print(f"slorouter bench: error: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    try:
+        outputs = _run_with_progress(plan, show=not args.no_progress and sys.stderr.isatty())
+    except ValueError as exc:  # e.g. a workload parameter with a bad value
+        print(f"slorouter bench: error: {exc}", file=sys.stderr)
+        return 2
+    from slorouter.bench.report import markdown_tables, write_results
+
+    meta = {
+        "command": shlex.join(["slorouter", *sys.argv[1:]]) if sys.argv[0].endswith("slorouter") else "",
+        "wall_s": round(time.perf_counter() - started, 1),
+        "cdf_qps": args.cdf_qps,
+    }
+    written = write_results(outputs, args.out, meta)
+    print(markdown_tables([o.summary for o in outputs]))
+    print(f"wrote {', '.join(str(p) for p in written)} in {meta['wall_s']} s")
+    return 0
+
+
+def _run_with_progress(plan: BenchPlan, *, show: bool) -> list[RunOutput]:
+    if not show:
+        return run_plan(plan)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} virtual s"),
+        TimeElapsedColumn(),
+        transient=False,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(label: str, now: float, total: float) -> None:
+            task = tasks.get(label)
+            if task is None:
+                task = tasks[label] = bar.add_task(label, total=total)
+            bar.update(task, completed=min(now, total))
+
+        return run_plan(plan, progress)

@@ -1,0 +1,123 @@
+"""The routing policies the benchmark compares, each an ``EndpointPickerConfig`` run by the same framework.
+
+Built in (``POLICY_NAMES``): ``random``, ``round-robin``, ``least-request``, ``heuristic`` (queue 2, KV 2,
+prefix 3 — the original's default), ``heuristic-tuned`` (3, 2, 2 — its best hand-tuned blend),
+``token-aware`` (prefix-affinity filter 0.8, token-load scorer, max-score picker — llm-d's newer default)
+and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
+A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after the file); it uses the
+embedded predictor when it declares a ``predicted-latency-producer``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slorouter.scheduling.config import (
+    DEFAULT_SCHEDULER_CONFIG,
+    PREDICTED_LATENCY_SCHEDULER_CONFIG,
+    load_scheduler_config_file,
+)
+
+PREDICTOR_PLUGIN = "predicted-latency-producer"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    config: dict[str, Any]  # EndpointPickerConfig shape
+    source: str  # "built-in" or the file it came from
+
+    @property
+    def uses_predictor(self) -> bool:
+        return any(p.get("type") == PREDICTOR_PLUGIN for p in self.config.get("plugins", []))
+
+
+def _single_profile(plugins: list[dict[str, Any]], refs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"plugins": plugins, "schedulingProfiles": [{"name": "default", "plugins": refs}]}
+
+
+def _weighted_heuristic(queue: float, kv: float, prefix: float) -> dict[str, Any]:
+    return _single_profile(
+        [
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        [
+            {"pluginRef": "queue-scorer", "weight": queue},
+            {"pluginRef": "kv-cache-utilization-scorer", "weight": kv},
+            {"pluginRef": "prefix-cache-scorer", "weight": prefix},
+            {"pluginRef": "max-score-picker"},
+        ],
+    )
+
+
+def _predicted_latency() -> dict[str, Any]:
+    config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
+    for plugin in config["plugins"]:
+        if plugin["type"] == PREDICTOR_PLUGIN:
+            plugin["parameters"] = {**plugin.get("parameters", {}), "streamingMode": True}
+    return config
+
+
+BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
+    "random": _single_profile([{"type": "random-picker"}], [{"pluginRef": "random-picker"}]),
+    "round-robin": _single_profile([{"type": "round-robin-picker"}], [{"pluginRef": "round-robin-picker"}]),
+    "least-request": _single_profile(
+        [{"type": "least-request-scorer"}, {"type": "max-score-picker"}],
+        [{"pluginRef": "least-request-scorer"}, {"pluginRef": "max-score-picker"}],
+    ),
+    "heuristic": copy.deepcopy(DEFAULT_SCHEDULER_CONFIG),
+    "heuristic-tuned": _weighted_heuristic(3, 2, 2),
+    "token-aware": _single_profile(
+        [
+            {"type": "prefix-cache-affinity-filter", "parameters": {"affinityThreshold": 0.8}},
+            {"type": "token-load-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        [
+            {"pluginRef": "prefix-cache-affinity-filter"},
+            {"pluginRef": "token-load-scorer"},
+            {"pluginRef": "max-score-picker"},
+        ],
+    ),
+    "predicted-latency": _predicted_latency(),
+}
+POLICY_NAMES: tuple[str, ...] = tuple(BUILTIN_POLICIES)
+
+
+class PolicyError(ValueError):
+    pass
+
+
+def resolve_policy(spec: str) -> Policy:
+    """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``)."""
+    spec = spec.strip()
+    if spec in BUILTIN_POLICIES:
+        return Policy(spec, copy.deepcopy(BUILTIN_POLICIES[spec]), "built-in")
+    name, sep, path = spec.partition("=")
+    if not sep:
+        name, path = Path(spec).stem, spec
+    if not path.endswith((".yaml", ".yml")) and not Path(path).exists():
+        raise PolicyError(
+            f"unknown policy {spec!r}: use one of {', '.join(POLICY_NAMES)}, or NAME=PATH / PATH of a "
+            "scheduler config file"
+        )
+    parsed = load_scheduler_config_file(path)  # raises SchedulerConfigError naming the file and field
+    config = parsed.model_dump(by_alias=True, exclude_none=True)
+    return Policy(name or Path(path).stem, config, path)
+
+
+def resolve_policies(specs: list[str]) -> list[Policy]:
+    policies = [resolve_policy(spec) for spec in specs]
+    names = [p.name for p in policies]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise PolicyError(f"policy names must be unique; repeated: {', '.join(duplicates)}")
+    if not policies:
+        raise PolicyError("no policy given")
+    return policies

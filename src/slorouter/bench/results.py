@@ -1,0 +1,118 @@
+"""The figures of one benchmark run (one workload, policy and load), from its per-request records.
+
+Only requests that arrived in the measured window ``[warmup_s, duration_s)`` count. Latency percentiles
+are over the requests the router admitted (shed ones have no latency); a request still unfinished when
+the simulation stopped counts as infinitely slow, so an overloaded policy cannot look good by leaving its
+worst requests out. TPOT is (E2E − TTFT) / (output tokens − 1) per request, as clients measure it.
+
+SLO attainment: among measured requests carrying an SLO, the share that finished within every target they
+carry (TTFT and/or TPOT); ``slo_attainment`` counts shed requests as misses, ``slo_attainment_admitted``
+leaves them out (the admitter's promise is about the requests it lets in). Goodput: requests per second
+that met their SLO (or, without SLOs, that finished). Prediction quality is over the admitted requests
+routed with predictions: MAPE of the point prediction and coverage (actual ≤ predicted) of the served p90.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from slorouter.bench.cluster import OK, REJECTED, SHED, RunRecords
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(values, q))
+
+
+def _ms(values: np.ndarray, q: float) -> float | None:
+    value = _percentile(values, q) * 1000.0
+    return None if math.isnan(value) else (math.inf if math.isinf(value) else round(value, 3))
+
+
+def _finite_or_none(value: float, digits: int = 4) -> float | None:
+    return None if math.isnan(value) else round(value, digits)
+
+
+def summarize_run(
+    rec: RunRecords, *, warmup_s: float, duration_s: float, labels: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    measured = (rec.arrival >= warmup_s) & (rec.arrival < duration_s)
+    window = max(duration_s - warmup_s, 1e-9)
+    status = rec.status
+    shed = measured & (status == SHED)
+    rejected = measured & (status == REJECTED)
+    admitted = measured & ~shed & ~rejected & (rec.pod >= 0)
+    finished = admitted & (status == OK)
+    unfinished = admitted & (status != OK)
+
+    ttft = np.where(np.isnan(rec.ttft_s), math.inf, rec.ttft_s)[admitted]
+    e2e = np.where(finished, rec.e2e_s, math.inf)[admitted]
+    tpot_all = rec.tpot_ms
+    tpot = tpot_all[finished & ~np.isnan(tpot_all)]
+
+    has_slo = measured & (~np.isnan(rec.slo_ttft_ms) | ~np.isnan(rec.slo_tpot_ms))
+    with np.errstate(invalid="ignore"):
+        ttft_ok = np.isnan(rec.slo_ttft_ms) | (rec.ttft_s * 1000.0 <= rec.slo_ttft_ms)
+        tpot_ok = np.isnan(rec.slo_tpot_ms) | np.isnan(tpot_all) | (tpot_all <= rec.slo_tpot_ms)
+    met = finished & ttft_ok & tpot_ok
+    slo_requests = int(has_slo.sum())
+    slo_admitted = int((has_slo & admitted).sum())
+
+    out_tokens = int(rec.output_tokens[finished].sum())
+    prompt_tokens = int(rec.prompt_tokens[finished].sum())
+    cached_tokens = int(rec.cached_tokens[finished].sum())
+
+    summary: dict[str, Any] = dict(labels or {})
+    summary.update(
+        requests=int(measured.sum()),
+        admitted=int(admitted.sum()),
+        finished=int(finished.sum()),
+        unfinished=int(unfinished.sum()),
+        shed=int(shed.sum()),
+        rejected=int(rejected.sum()),
+        ttft_p50_ms=_ms(ttft, 50),
+        ttft_p90_ms=_ms(ttft, 90),
+        ttft_p99_ms=_ms(ttft, 99),
+        tpot_p50_ms=_finite_or_none(_percentile(tpot, 50), 3),
+        tpot_p90_ms=_finite_or_none(_percentile(tpot, 90), 3),
+        tpot_p99_ms=_finite_or_none(_percentile(tpot, 99), 3),
+        e2e_p50_ms=_ms(e2e, 50),
+        e2e_p95_ms=_ms(e2e, 95),
+        output_tok_s=round(out_tokens / window, 1),
+        slo_requests=slo_requests,
+        slo_attainment=_finite_or_none(
+            float((met & has_slo).sum()) / slo_requests if slo_requests else math.nan
+        ),
+        slo_attainment_admitted=_finite_or_none(
+            float((met & has_slo).sum()) / slo_admitted if slo_admitted else math.nan
+        ),
+        goodput_rps=round(float((met & has_slo).sum() if slo_requests else finished.sum()) / window, 3),
+        prefix_cache_hit_rate=_finite_or_none(cached_tokens / prompt_tokens if prompt_tokens else math.nan),
+    )
+    routed = finished & rec.predicted
+    summary["predicted_share"] = _finite_or_none(
+        float(rec.predicted[admitted].mean()) if admitted.any() else math.nan
+    )
+    for kind, actual_ms in (("ttft", rec.ttft_s * 1000.0), ("tpot", tpot_all)):
+        served = rec.predicted_ttft_ms if kind == "ttft" else rec.predicted_tpot_ms
+        point = rec.point_ttft_ms if kind == "ttft" else rec.point_tpot_ms
+        ok = routed & ~np.isnan(served) & ~np.isnan(actual_ms) & (actual_ms > 0)
+        if ok.any():
+            actual = actual_ms[ok]
+            summary[f"{kind}_mape"] = round(float(np.mean(np.abs(actual - point[ok]) / actual)), 4)
+            summary[f"{kind}_p90_coverage"] = round(float(np.mean(actual <= served[ok])), 4)
+        else:
+            summary[f"{kind}_mape"] = summary[f"{kind}_p90_coverage"] = None
+    summary.update(
+        sim_virtual_s=round(rec.virtual_s, 3),
+        sim_wall_s=round(rec.wall_s, 3),
+        sim_steps=rec.steps,
+        sim_events=rec.events,
+        trainings=rec.trainings,
+        preemptions=int(rec.facts.get("preemptions", 0)),
+    )
+    return summary

@@ -1,0 +1,109 @@
+"""Running a benchmark plan: every workload × load × policy on the same pool, seed and arrivals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slorouter.bench.cluster import ClusterSettings, ClusterSimulator, RunRecords
+from slorouter.bench.policies import Policy
+from slorouter.bench.pool import describe_pool
+from slorouter.bench.results import summarize_run
+from slorouter.bench.workloads import generate
+from slorouter.sim.profiles import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPlan:
+    workloads: list[str]
+    qps: list[float]
+    policies: list[Policy]
+    profiles: list[Profile]
+    duration_s: float = 300.0
+    warmup_s: float = 60.0
+    seed: int = 0
+    workload_params: Mapping[str, str] = field(default_factory=dict)
+    settings: ClusterSettings = field(default_factory=ClusterSettings)
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or not 0 <= self.warmup_s < self.duration_s:
+            raise ValueError(
+                f"need duration > 0 and 0 <= warmup < duration (got duration {self.duration_s}, "
+                f"warmup {self.warmup_s})"
+            )
+        if not self.qps or any(not q > 0 for q in self.qps):
+            raise ValueError(f"every QPS must be > 0 (got {self.qps})")
+
+    @property
+    def runs(self) -> list[tuple[str, float, Policy]]:
+        return [(w, q, p) for w in self.workloads for q in self.qps for p in self.policies]
+
+    @property
+    def max_model_len(self) -> int:
+        return min(p.max_model_len for p in self.profiles)
+
+
+@dataclass(slots=True)
+class RunOutput:
+    summary: dict[str, Any]
+    ttft_ms: np.ndarray  # admitted measured requests' TTFT (inf when unfinished), for CDF plots
+
+
+ProgressHook = Callable[[str, float, float], None]  # (run label, virtual seconds done, virtual seconds total)
+
+
+def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunOutput]:
+    outputs: list[RunOutput] = []
+    pool = describe_pool(plan.profiles)
+    for workload in plan.workloads:
+        for qps in plan.qps:
+            requests = generate(
+                workload,
+                qps=qps,
+                duration_s=plan.duration_s,
+                seed=plan.seed,
+                params=plan.workload_params,
+                max_model_len=plan.max_model_len,
+            )
+            for policy in plan.policies:
+                label = f"{workload} @ {qps:g} QPS · {policy.name}"
+                hook = None
+                if progress is not None:
+                    total = plan.duration_s + plan.settings.drain_s
+
+                    def hook(now: float, label: str = label, total: float = total) -> None:
+                        progress(label, now, total)
+
+                with ClusterSimulator(
+                    plan.profiles,
+                    policy.config,
+                    use_predictor=policy.uses_predictor,
+                    settings=plan.settings,
+                    seed=plan.seed,
+                ) as sim:
+                    rec = sim.run(requests, progress=hook)
+                labels = {
+                    "workload": workload,
+                    "policy": policy.name,
+                    "qps": qps,
+                    "pool": pool,
+                    "seed": plan.seed,
+                    "duration_s": plan.duration_s,
+                    "warmup_s": plan.warmup_s,
+                    "clipped_requests": getattr(requests, "clipped", 0),
+                    "dropped_requests": getattr(requests, "dropped", 0),
+                }
+                summary = summarize_run(
+                    rec, warmup_s=plan.warmup_s, duration_s=plan.duration_s, labels=labels
+                )
+                outputs.append(RunOutput(summary, _measured_ttft_ms(rec, plan)))
+    return outputs
+
+
+def _measured_ttft_ms(rec: RunRecords, plan: BenchPlan) -> np.ndarray:
+    measured = (rec.arrival >= plan.warmup_s) & (rec.arrival < plan.duration_s) & (rec.pod >= 0)
+    ttft = rec.ttft_s[measured] * 1000.0
+    return np.where(np.isnan(ttft), np.inf, ttft)
