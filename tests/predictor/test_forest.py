@@ -1,0 +1,130 @@
+"""The compiled forest against XGBoost's own predictions: edge values, shapes, reuse and threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import xgboost as xgb
+
+from slorouter.predictor.forest import CompiledForest
+from tests.predictor.conftest import synthetic
+
+
+def _booster(X: np.ndarray, y: np.ndarray, rounds: int = 40, **params: object) -> xgb.Booster:
+    base = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.1, "nthread": 1, "seed": 0}
+    return xgb.train({**base, **params}, xgb.DMatrix(X, label=y), rounds)
+
+
+@pytest.fixture(scope="module")
+def model() -> tuple[xgb.Booster, CompiledForest]:
+    x, y, _, _ = synthetic(4000, seed=11)
+    booster = _booster(x, np.log(y))
+    forest = CompiledForest.from_booster(booster, x.shape[1])
+    assert forest is not None
+    return booster, forest
+
+
+def _expected(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:
+    return booster.inplace_predict(X, validate_features=False).astype(np.float64)
+
+
+def _close(got: np.ndarray, expected: np.ndarray) -> None:
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_matches_xgboost_on_exact_thresholds_and_their_neighbours(
+    model: tuple[xgb.Booster, CompiledForest],
+) -> None:
+    booster, forest = model
+    cuts = [t for t in forest._thresholds if len(t)]
+    rng = np.random.default_rng(0)
+    base, _, _, _ = synthetic(300, seed=12)
+    rows = []
+    for _ in range(300):
+        row = base[rng.integers(0, len(base))].copy()
+        for f, values in enumerate(forest._thresholds):
+            if len(values) and rng.random() < 0.7:
+                value = values[rng.integers(0, len(values))]
+                row[f] = rng.choice(
+                    [value, np.nextafter(value, np.float32(-1)), np.nextafter(value, np.float32(2e9))]
+                )
+        rows.append(row)
+    X = np.abs(np.array(rows, dtype=np.float32))
+    assert cuts
+    _close(forest.predict(X), _expected(booster, X))
+
+
+def test_negative_values_zero_signs_and_extremes(model: tuple[xgb.Booster, CompiledForest]) -> None:
+    booster, forest = model
+    big = np.finfo(np.float32).max
+    values = np.array([-big, -1e9, -1.5, -0.0, 0.0, 1e-30, 0.5, 1.0, 1e9, big], dtype=np.float32)
+    rng = np.random.default_rng(1)
+    X = values[rng.integers(0, len(values), (500, forest.n_features))]
+    _close(forest.predict(X), _expected(booster, X))
+
+
+@pytest.mark.parametrize("n", [1, 2, 100, 101, 1000])
+def test_any_row_count_and_buffer_reuse(model: tuple[xgb.Booster, CompiledForest], n: int) -> None:
+    booster, forest = model
+    x, _, _, _ = synthetic(n, seed=n)
+    first = forest.predict(x)
+    _close(first, _expected(booster, x))
+    second = forest.predict(x)
+    assert second is not first and np.array_equal(first, second)  # results never alias the work arrays
+    assert forest.predict(x[:0]).shape == (0,)
+
+
+def test_non_contiguous_and_float64_input(model: tuple[xgb.Booster, CompiledForest]) -> None:
+    booster, forest = model
+    x, _, _, _ = synthetic(200, seed=5)
+    wide = np.repeat(x, 2, axis=1)[:, ::2]  # a strided view of the same values
+    _close(forest.predict(wide), _expected(booster, x))
+    _close(forest.predict(x.astype(np.float64)), _expected(booster, x))
+
+
+def test_threads_predicting_at_once_get_their_own_answers(model: tuple[xgb.Booster, CompiledForest]) -> None:
+    booster, forest = model
+    inputs = [synthetic(50 + 17 * i, seed=20 + i)[0] for i in range(4)]
+    expected = [_expected(booster, X) for X in inputs]
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        for _ in range(50):
+            got = forest.predict(inputs[i])
+            if not np.allclose(got, expected[i], rtol=1e-5, atol=1e-5):
+                errors.append(f"thread {i}")
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+
+
+def test_unused_features_and_stumps() -> None:
+    x, y, _, _ = synthetic(2000, seed=7)
+    x[:, 2] = 3.0  # a constant column: no tree splits on it
+    booster = _booster(x, np.log(y))
+    forest = CompiledForest.from_booster(booster, x.shape[1])
+    assert forest is not None and len(forest._thresholds[2]) == 0
+    probe, _, _, _ = synthetic(300, seed=8)
+    _close(forest.predict(probe), _expected(booster, probe))
+    # Trees that are a single leaf (constant target): nothing to split on at all.
+    stumps = _booster(x, np.full(len(x), 2.5), rounds=3)
+    forest = CompiledForest.from_booster(stumps, x.shape[1])
+    assert forest is not None
+    _close(forest.predict(probe), _expected(stumps, probe))
+
+
+def test_quantile_objective_and_models_it_does_not_cover() -> None:
+    x, y, _, _ = synthetic(3000, seed=9)
+    booster = _booster(x, np.log(y), objective="reg:quantileerror", quantile_alpha=0.9)
+    forest = CompiledForest.from_booster(booster, x.shape[1])
+    assert forest is not None
+    probe, _, _, _ = synthetic(400, seed=10)
+    _close(forest.predict(probe), _expected(booster, probe))
+    assert CompiledForest.from_booster(_booster(x, y, rounds=3, max_depth=8), x.shape[1]) is None
