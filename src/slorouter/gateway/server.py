@@ -162,8 +162,9 @@ class StreamWriter:
     def start(self, status: int, raw_headers: bytes) -> None:
         connection = b"" if self._keep_alive else b"Connection: close\r\n"
         framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
+        extra = self._proto.server.extra_headers
         self._proto.send(
-            b"%s%s%s%s%s\r\n" % (_status_line(status), _date.get(), raw_headers, framing, connection)
+            b"%s%s%s%s%s%s\r\n" % (_status_line(status), _date.get(), raw_headers, extra, framing, connection)
         )
 
     async def write(self, data: bytes) -> None:
@@ -369,6 +370,8 @@ class _HttpProtocol(asyncio.Protocol):
             parts.append(format_headers(response.headers.items()))
         if response.raw_headers:
             parts.append(response.raw_headers)
+        if self.server.extra_headers:
+            parts.append(self.server.extra_headers)
         if not request.keep_alive:
             parts.append(b"Connection: close\r\n")
         body = response.body
@@ -422,6 +425,7 @@ class HttpServer:
     def __init__(self, *, max_body_bytes: int, keepalive_timeout: float = 75.0) -> None:
         self.max_body_bytes = max_body_bytes
         self.keepalive_timeout = keepalive_timeout
+        self.extra_headers = b""  # preformatted ``Name: value\r\n`` lines added to every handler's response
         self.routes: dict[str, dict[str, Handler]] = {}
         self.connections: set[_HttpProtocol] = set()
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]

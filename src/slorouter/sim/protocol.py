@@ -210,6 +210,36 @@ def response_body(
     }
 
 
+def response_json(
+    request: GenerationRequest, request_id: str, created: int, completion_tokens: int, cached_tokens: int
+) -> bytes:
+    """``json.dumps(response_body(...)).encode()``, byte for byte, from a template.
+
+    Every simulated request ends here; serialising the nested dict costs several times more than filling
+    in a template whose only free-form strings (model, text) are escaped by ``json.dumps`` itself.
+    """
+    text = json.dumps(output_text(0, completion_tokens))
+    prompt_tokens = request.prompt_tokens
+    if request.chat:
+        choice = (
+            f'{{"index": 0, "message": {{"role": "assistant", "content": {text}, "tool_calls": []}}, '
+            '"logprobs": null, "finish_reason": "length", "stop_reason": null}'
+        )
+        kind = "chat.completion"
+    else:
+        choice = (
+            f'{{"index": 0, "text": {text}, '
+            '"logprobs": null, "finish_reason": "length", "stop_reason": null}'
+        )
+        kind = "text_completion"
+    return (
+        f'{{"id": {json.dumps(request_id)}, "object": "{kind}", "created": {created}, '
+        f'"model": {json.dumps(request.model)}, "choices": [{choice}], "usage": {{"prompt_tokens": '
+        f'{prompt_tokens}, "total_tokens": {prompt_tokens + completion_tokens}, "completion_tokens": '
+        f'{completion_tokens}, "prompt_tokens_details": {{"cached_tokens": {cached_tokens}}}}}}}'
+    ).encode()
+
+
 class SseWriter:
     """Builds the SSE byte chunks of one streamed response: one chunk per token, then usage and [DONE]."""
 

@@ -1,9 +1,13 @@
-"""Simulated vLLM pods over HTTP: an aiohttp app per pod, its engine stepped in real time.
+"""Simulated vLLM pods over HTTP: one lean HTTP/1.1 server per pod, its engine stepped in real time.
 
 Each pod runs one ``Engine`` and a driver task: plan a step, sleep its duration, commit it, hand the tokens
 to the waiting responses. While the engine stays busy, steps are chained on the ideal time line (a step
 starts when the previous one ended, not when the event loop got round to it), so timer overshoot does not
 accumulate into the simulated latencies. Many pods share one process and one event loop.
+
+The HTTP front-end is the gateway's own server (``slorouter.gateway.server``: asyncio.Protocol + httptools),
+which costs a fraction of aiohttp's CPU per request; the simulated pods share the router's cores in every
+benchmark, so their overhead is the benchmark's noise.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``. Every response carries ``x-sim-pod: <pod name>``.
@@ -14,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import math
 from dataclasses import dataclass, field
-
-from aiohttp import web
+from typing import Any
 
 from slorouter.clock import Clock, MonotonicClock
+from slorouter.gateway.server import HttpRequest, HttpServer, Response
 from slorouter.sim.engine import Engine, Finished, RequestRejected, StepOutput
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
@@ -32,7 +37,7 @@ from slorouter.sim.protocol import (
     new_request_id,
     parse_generation,
     parse_json,
-    response_body,
+    response_json,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,9 +45,20 @@ logger = logging.getLogger(__name__)
 POD_HEADER = "x-sim-pod"
 # A step that starts within this long after the previous one ended is chained to it (see module docstring).
 _CHAIN_TOLERANCE_S = 0.005
-_SHUTDOWN_TIMEOUT_S = 1.0  # grace for responses being written when a pod closes
 _MAX_BODY_BYTES = 32 * 1024 * 1024  # a prompt at the context limit must get its 400, not a 413
-_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_SSE_HEADERS = b"Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
+_JSON = b"application/json; charset=utf-8"
+
+
+def _zero_cost(profile: Profile) -> bool:
+    """True for a profile whose steps and API overheads all take no time (the ``instant`` profile)."""
+    p = profile
+    costs = (p.w_ms, p.c_lin_ms, p.c_attn_ms, p.c_kv_ms, p.c_req_ms, p.c_step_ms)
+    return not any(costs) and not any((p.api_pre_ms, p.api_post_ms, p.api_per_token_ms))
+
+
+def _json_response(body: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(body).encode(), content_type=_JSON)
 
 
 @dataclass(eq=False, slots=True)
@@ -73,7 +89,6 @@ class SimPod:
     """One simulated model server: HTTP front-end, engine, and the loop that steps it in real time."""
 
     def __init__(self, name: str, engine: Engine, model: str, clock: Clock | None = None) -> None:
-        self.name = name
         self.engine = engine
         self.model = model
         self.metrics = PodMetrics(engine, model)
@@ -81,33 +96,32 @@ class SimPod:
         self._active: dict[int, _Active] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        self._zero_cost = _zero_cost(engine.profile)
+        self._stepping = False  # the driver planned a step and has not committed it yet
         self._driver: asyncio.Task[None] | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self.address = ""
-        self.app = web.Application(client_max_size=_MAX_BODY_BYTES)
-        self.app.on_response_prepare.append(self._tag_response)
-        self.app.add_routes(
-            [
-                web.post("/v1/completions", self._completions),
-                web.post("/v1/chat/completions", self._chat_completions),
-                web.get("/v1/models", self._models),
-                web.get("/health", self._health),
-                web.get("/metrics", self._metrics),
-            ]
-        )
+        self.http = HttpServer(max_body_bytes=_MAX_BODY_BYTES)
+        self.http.add_route("POST", "/v1/completions", self._completions)
+        self.http.add_route("POST", "/v1/chat/completions", self._chat_completions)
+        self.http.add_route("GET", "/v1/models", self._models)
+        self.http.add_route("GET", "/health", self._health)
+        self.http.add_route("GET", "/metrics", self._metrics)
+        self.name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self._name = name
+        self.http.extra_headers = f"{POD_HEADER}: {name}\r\n".encode("latin-1")
 
     async def start(self, host: str, port: int) -> str:
         """Serve on ``host:port`` (0: any free port); returns ``host:port`` as bound."""
-        self._runner = web.AppRunner(
-            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
-        )
-        await self._runner.setup()
-        try:
-            await web.TCPSite(self._runner, host, port).start()
-        except BaseException:
-            await self._runner.cleanup()
-            raise
-        bound_host, bound_port = self._runner.addresses[0][:2]
+        bound_host, bound_port = await self.http.start(host, port)
+        self._server = self.http
         self.address = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
         self._driver = asyncio.create_task(self._drive(), name=f"sim-driver-{self.name}")
         return self.address
@@ -117,9 +131,9 @@ class SimPod:
         for entry in list(self._active.values()):
             if entry.handler is not None:
                 entry.handler.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
         if self._driver is not None:
             self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -153,10 +167,26 @@ class SimPod:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), max(ready - clock.now(), 0.0))
                 continue
+            self._stepping = True
             await asyncio.sleep(max(step.end - clock.now(), 0.0))
             # Zero-length steps (the instant profile) would pin the time line while real time moves on.
             last_end = step.end if step.duration > 0 else -math.inf
+            self._stepping = False
             self._deliver(engine.commit_step(step))
+
+    def _step_now(self) -> None:
+        """Zero-cost profile: run the engine's next step in the request's handler, not in the driver.
+
+        A step of a zero-cost engine takes no time, so running it at once is what the driver would do too,
+        minus the task switches (which are most of such a pod's CPU). The driver takes over whatever work
+        remains (longer outputs, streams).
+        """
+        engine = self.engine
+        step = engine.plan_step(self._clock.now())
+        if step is not None:
+            self._deliver(engine.commit_step(step))
+        if engine.has_work():
+            self._wake.set()
 
     def _deliver(self, output: StepOutput) -> None:
         active = self._active
@@ -179,19 +209,22 @@ class SimPod:
 
     # ---------------------------------------------------------------------------------------- handlers
 
-    async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
-        response.headers[POD_HEADER] = self.name
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: HttpRequest) -> Response | None:
         return await self._generate(request, chat=False)
 
-    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def _chat_completions(self, request: HttpRequest) -> Response | None:
         return await self._generate(request, chat=True)
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: HttpRequest, chat: bool) -> Response | None:
         try:
+            if request.too_large:
+                raise ApiError(
+                    f"The request body is larger than {_MAX_BODY_BYTES} bytes.",
+                    status=413,
+                    type="BadRequestError",
+                )
             parsed = parse_generation(
-                parse_json(await request.read()),
+                parse_json(request.body),
                 chat=chat,
                 served_model=self.model,
                 max_model_len=self.engine.max_model_len,
@@ -202,32 +235,33 @@ class SimPod:
             except RequestRejected as exc:
                 raise ApiError(str(exc)) from None
         except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            return _json_response(exc.body(), status=exc.status)
         entry = _Active(stream=parsed.stream, handler=asyncio.current_task())
         self._active[engine_id] = entry
-        self._wake.set()
+        if self._zero_cost and not self._stepping:
+            self._step_now()
+        else:
+            self._wake.set()
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, entry)
+                await self._stream(request, parsed, entry)
+                return None
             while entry.finished is None:
                 await entry.wait()
             await self._sleep_until(entry.finished.done_time)
-            body = response_body(
+            body = response_json(
                 parsed, new_request_id(chat), created_now(), entry.finished.output_tokens, entry.cached_tokens
             )
-            return web.json_response(body)
+            return Response(200, body, content_type=_JSON)
         finally:
             del self._active[engine_id]
             if entry.finished is None:  # the client went away (or the pod is closing)
                 self.engine.abort(engine_id)
 
-    async def _stream(
-        self, request: web.Request, parsed: GenerationRequest, entry: _Active
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(headers=_SSE_HEADERS)
-        await response.prepare(request)
-        writer = SseWriter(parsed, new_request_id(parsed.chat), created_now())
+    async def _stream(self, request: HttpRequest, parsed: GenerationRequest, entry: _Active) -> None:
         try:
+            response = await request.start_stream(200, _SSE_HEADERS)
+            writer = SseWriter(parsed, new_request_id(parsed.chat), created_now())
             while True:
                 if entry.pending:
                     count, entry.pending = entry.pending, 0
@@ -243,14 +277,13 @@ class SimPod:
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away: _generate aborts the request
-        return response
 
     async def _sleep_until(self, deadline: float) -> None:
         delay = deadline - self._clock.now()
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: HttpRequest) -> Response:
         card = {
             "id": self.model,
             "object": "model",
@@ -260,13 +293,13 @@ class SimPod:
             "parent": None,
             "max_model_len": self.engine.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [card]})
+        return _json_response({"object": "list", "data": [card]})
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response()
+    async def _health(self, request: HttpRequest) -> Response:
+        return Response()
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+    async def _metrics(self, request: HttpRequest) -> Response:
+        return Response(body=self.metrics.render().encode(), content_type=CONTENT_TYPE.encode())
 
 
 class SimCluster:
