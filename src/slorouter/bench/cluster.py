@@ -70,7 +70,7 @@ class ClusterSettings:
     train_poll_s: float = 1.0
     retrain_interval_s: float = 5.0
     min_samples: int = 200
-    drain_s: float = 120.0  # after the last arrival, how long in-flight requests may take to finish
+    drain_s: float = 300.0  # after the last arrival, how long in-flight requests may take to finish
     jitter_sigma: float | None = None  # engine step-time jitter; None: the engine's default
     model: str = "sim-model"
 

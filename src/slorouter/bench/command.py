@@ -97,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--scrape-interval-ms", type=_positive_float, default=50.0)
     parser.add_argument("--network-ms", type=_non_negative_float, default=0.5, help="one way, router ↔ pod")
     parser.add_argument(
-        "--drain", type=_non_negative_float, default=120.0, help="seconds after the last arrival"
+        "--drain", type=_non_negative_float, default=300.0, help="seconds after the last arrival"
     )
     parser.add_argument("--cdf-qps", type=_positive_float, default=None, help="load of the TTFT CDF plot")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
