@@ -15,6 +15,9 @@ PREDICTION_HEADER = "x-prediction-based-scheduling"
 PREDICTION_OFF_HEADER = "x-prediction-based-scheduling-off"
 # An SLO beyond an hour is not a latency target but a typo (seconds sent as ms, an epoch, ...).
 MAX_SLO_MS = 3_600_000.0
+_ROUTING_HEADERS = frozenset(
+    {*SLO_TTFT_HEADERS, *SLO_TPOT_HEADERS, *OBJECTIVE_HEADERS, PREDICTION_HEADER, PREDICTION_OFF_HEADER}
+)
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 
@@ -63,6 +66,8 @@ def parse_routing_headers(
     headers: Mapping[str, str], objectives: Mapping[str, int], *, prediction_by_default: bool
 ) -> RoutingHints:
     """Read the routing headers (lower-case names). Raises ``RequestError`` (400) naming a bad header."""
+    if _ROUTING_HEADERS.isdisjoint(headers):  # most requests carry none: share one immutable default
+        return _PREDICTED if prediction_by_default else _NOT_PREDICTED
     priority = 0
     objective = None
     found = _first(headers, OBJECTIVE_HEADERS)
@@ -94,3 +99,7 @@ def parse_routing_headers(
         use_prediction=use_prediction,
         objective=objective,
     )
+
+
+_PREDICTED = RoutingHints(use_prediction=True)
+_NOT_PREDICTED = RoutingHints(use_prediction=False)
