@@ -7,6 +7,7 @@ import pytest
 
 from slorouter.predictor.features import FeatureError
 from slorouter.predictor.store import SampleStore, StoreConfig
+from tests.predictor.conftest import synthetic
 
 
 def ttft_rows(
@@ -122,3 +123,19 @@ def test_concurrent_adds_and_snapshots() -> None:
     assert not errors
     assert store.total_added("ttft") == 4 * 200 * 50
     assert store.count("ttft") == sum(store.bucket_counts("ttft").values()) <= 20 * 100
+
+
+def test_single_row_adds_match_one_batch_add() -> None:
+    x, y, _, _ = synthetic(3000, seed=7)
+    x[:, 2] = np.random.default_rng(1).integers(0, 40, len(x))  # spread over the queue buckets too
+    one_by_one = SampleStore(StoreConfig(per_bucket=20))
+    for i in range(len(x)):
+        one_by_one.add("ttft", x[i : i + 1], y[i : i + 1])
+    batch = SampleStore(StoreConfig(per_bucket=20))
+    batch.add("ttft", x, y)
+    a, b = one_by_one.snapshot("ttft"), batch.snapshot("ttft")
+    order_a, order_b = np.argsort(a.seq), np.argsort(b.seq)
+    np.testing.assert_array_equal(a.seq[order_a], b.seq[order_b])
+    np.testing.assert_array_equal(a.X[order_a], b.X[order_b])
+    np.testing.assert_array_equal(a.y[order_a], b.y[order_b])
+    assert one_by_one.bucket_counts("ttft") == batch.bucket_counts("ttft")

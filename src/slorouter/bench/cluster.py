@@ -308,12 +308,12 @@ class ClusterSimulator:
                     kick(pod, now)
             elif kind == _SCRAPE:
                 self._scrape_all(now)
-                if arrivals_left or lifecycles:
+                if arrivals_left:  # after the last arrival no routing decision reads them
                     push(heap, (now + settings.scrape_interval_s, next(seq), _SCRAPE, None))
             elif kind == _TRAIN:
                 assert self.predictor is not None
                 trainings += len(self.predictor.maybe_train())
-                if arrivals_left or lifecycles:
+                if arrivals_left:
                     push(heap, (now + settings.train_poll_s, next(seq), _TRAIN, None))
 
         for lifecycle in lifecycles.values():  # still running at the end: release their in-flight load

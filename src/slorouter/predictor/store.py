@@ -20,6 +20,7 @@ not touched cost nothing). All methods are thread-safe: the trainer snapshots wh
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -111,6 +112,22 @@ class SampleStore:
             prefix_bucket = np.zeros(len(X), dtype=np.int64)
         return (queue * cfg.kv_buckets + kv_bucket) * cfg.prefix_buckets + prefix_bucket
 
+    def _bucket_of_row(self, kind: ModelKind, row: np.ndarray) -> int:
+        """``bucket_of`` for one row, in plain Python (same arithmetic)."""
+        cfg = self.config
+        cols = self._columns[kind]
+        values = row.tolist()
+        queue = min(
+            math.floor(math.log2(float(values[cols[NUM_REQUEST_WAITING]]) + 1.0)), cfg.queue_buckets - 1
+        )
+        kv = min(max(float(values[cols[KV_CACHE_PERCENTAGE]]), 0.0), 1.0)
+        kv_bucket = min(int(kv * cfg.kv_buckets), cfg.kv_buckets - 1)
+        prefix_bucket = 0
+        if PREFIX_CACHE_SCORE in cols:
+            prefix = min(max(float(values[cols[PREFIX_CACHE_SCORE]]), 0.0), 1.0)
+            prefix_bucket = min(int(prefix * cfg.prefix_buckets), cfg.prefix_buckets - 1)
+        return (queue * cfg.kv_buckets + kv_bucket) * cfg.prefix_buckets + prefix_bucket
+
     def bucket_name(self, bucket: int) -> str:
         cfg = self.config
         rest, prefix = divmod(int(bucket), cfg.prefix_buckets)
@@ -144,6 +161,19 @@ class SampleStore:
         if m == 0:
             return 0
         per = self.config.per_bucket
+        if m == 1:  # the router's case, once per response: no per-bucket array arithmetic
+            bucket = self._bucket_of_row(kind, X[0])
+            with self._lock:
+                head = int(ring.head[bucket])
+                dest = bucket * per + head
+                ring.X[dest] = X[0]
+                ring.y[dest] = y[0]
+                ring.seq[dest] = ring.added
+                ring.head[bucket] = (head + 1) % per
+                if ring.count[bucket] < per:
+                    ring.count[bucket] += 1
+                ring.added += 1
+            return 1
         buckets = self.bucket_of(kind, X)
         order = np.argsort(buckets, kind="stable")
         sorted_buckets = buckets[order]
