@@ -128,3 +128,17 @@ def test_quantile_objective_and_models_it_does_not_cover() -> None:
     probe, _, _, _ = synthetic(400, seed=10)
     _close(forest.predict(probe), _expected(booster, probe))
     assert CompiledForest.from_booster(_booster(x, y, rounds=3, max_depth=8), x.shape[1]) is None
+
+
+def test_small_trees_share_words_and_full_trees_fill_one() -> None:
+    x, y, _, _ = synthetic(4000, seed=13)
+    probe, _, _, _ = synthetic(500, seed=14)
+    shallow = _booster(x, np.log(y), rounds=60, max_depth=3)  # ≤ 8 leaves: up to 8 trees per word
+    forest = CompiledForest.from_booster(shallow, x.shape[1])
+    assert forest is not None and forest.n_trees == 60 and forest.n_words <= 60 // 4
+    _close(forest.predict(probe), _expected(shallow, probe))
+    noise = np.random.default_rng(0).random(len(x))  # unlearnable: trees grow every branch
+    dense = _booster(x, noise, rounds=20, max_depth=6, min_child_weight=0, eta=0.3)
+    forest = CompiledForest.from_booster(dense, x.shape[1])
+    assert forest is not None and forest.n_words >= 10
+    _close(forest.predict(probe), _expected(dense, probe))

@@ -6,15 +6,17 @@ does the same arithmetic in about twenty numpy calls on preallocated arrays, ≈
 200 depth-6 trees.
 
 How (Lucchese et al., "QuickScorer", SIGIR 2015): the leaves of each tree (at most 64, depth ≤ 6) are
-numbered left to right and a row's state in a tree is a 64-bit mask of the leaves it can still reach,
+numbered left to right and a row's state in a tree is a bit mask of the leaves it can still reach,
 initially all. A split node whose test ``x[f] < threshold`` is false removes the leaves of its left subtree.
 For a feature the false nodes are exactly those with ``threshold ≤ x[f]``, a prefix of the feature's
-thresholds sorted ascending, so the AND of their masks is precomputed per (feature, prefix length, tree):
+thresholds sorted ascending, so the AND of their masks is precomputed per (feature, prefix length, word):
 one ``searchsorted`` (over all features at once, on integer keys that order like the floats) then a table
-gather gives each (row, tree) mask, the AND over features leaves the exit leaf as the lowest set bit, and
-its index (a popcount) selects the leaf value.
-Thresholds come from XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small
-(~3 MB for 200 trees over 8 features).
+gather gives each (row, word) mask, the AND over features leaves each tree's exit leaf as its lowest set
+bit, and that bit's index (a popcount) selects the leaf value. Trees are packed into 64-bit words by leaf
+count (two or three trees of ≤ 32 leaves share a word), which halves the tables and the gather/AND work;
+a tree's bits are read with the bits of the trees below it in its word cleared. Thresholds come from
+XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small (~1 MB for 200 trees over 8
+features).
 
 ``CompiledForest.from_booster`` returns None for models it does not cover (deeper trees, categorical
 splits, several outputs) and checks its own predictions against XGBoost's on probe rows before anyone uses
@@ -48,16 +50,29 @@ class _Buffers:
     """Work arrays for ``n`` rows, reused across calls (allocation and page faults are a large share of the
     cost at 100 rows)."""
 
-    __slots__ = ("keys", "leaves", "masks", "n", "scratch", "transposed", "values")
+    __slots__ = (
+        "columns",
+        "keys",
+        "masks",
+        "n",
+        "scratch",
+        "transposed",
+        "values",
+        "work_trees",
+        "work_words",
+    )
 
-    def __init__(self, n: int, n_features: int, width: int) -> None:
+    def __init__(self, n: int, n_features: int, n_words: int, n_trees: int) -> None:
         self.n = n
         self.transposed = np.empty((n_features, n), dtype=np.float32)
         self.scratch = np.empty((n_features, n), dtype=np.int32)
         self.keys = np.empty((n_features, n), dtype=np.int64)
-        self.masks = np.empty((n, width), dtype=np.uint64)
-        self.leaves = np.empty((n, width), dtype=np.uint64)
-        self.values = np.empty((n, width), dtype=np.float64)
+        self.masks = np.empty((n, n_words), dtype=np.uint64)
+        self.columns = np.empty((n, n_trees), dtype=np.uint64)
+        work = np.empty(n * max(n_words, n_trees), dtype=np.uint64)
+        self.work_words = work[: n * n_words].reshape(n, n_words)
+        self.work_trees = work[: n * n_trees].reshape(n, n_trees)
+        self.values = np.empty((n, n_trees), dtype=np.float64)
 
 
 class CompiledForest:
@@ -68,6 +83,7 @@ class CompiledForest:
         "_base",
         "_buffers",
         "_keys",
+        "_layers",
         "_leaf_offsets",
         "_leaf_values",
         "_lock",
@@ -76,6 +92,7 @@ class CompiledForest:
         "_thresholds",
         "n_features",
         "n_trees",
+        "n_words",
     )
 
     def __init__(
@@ -83,13 +100,16 @@ class CompiledForest:
         thresholds: list[np.ndarray],
         tables: list[np.ndarray],
         leaf_values: np.ndarray,
+        layers: list[np.ndarray],
         base: float,
-        n_trees: int,
     ) -> None:
         """``thresholds[f]``: feature f's split thresholds (float32, ascending, unique); ``tables[f]``: the
-        ``(len(thresholds[f]) + 1, n_trees)`` AND-table of its masks; ``leaf_values``: ``(n_trees, 64)``."""
+        ``(len(thresholds[f]) + 1, n_words)`` AND-table of its masks; ``leaf_values``: ``(n_words, 64)``
+        by leaf bit; ``layers[j]``: for the words holding more than j trees (a prefix of the words), the
+        mask that keeps the bits of their (j+1)-th tree and above."""
         self.n_features = len(thresholds)
-        self.n_trees = n_trees
+        self.n_words = leaf_values.shape[0]
+        self.n_trees = sum(len(layer) for layer in layers)
         self._thresholds = thresholds
         # All features' thresholds in one sorted array of int64 keys, so that one ``searchsorted`` places
         # every value: feature f's block starts with a sentinel below any of its values, then
@@ -103,12 +123,15 @@ class CompiledForest:
         self._keys = np.concatenate(blocks)
         self._prefix = (np.arange(self.n_features, dtype=np.int64) << 32)[:, None]
         # searchsorted lands one past the block's sentinel: a leading all-ones row aligns the tables with it.
-        self._tables = np.concatenate([np.full((1, n_trees), _FULL, dtype=np.uint64), *tables])
+        self._tables = np.concatenate([np.full((1, self.n_words), _FULL, dtype=np.uint64), *tables])
         # Features no tree splits on leave every mask whole: skip them.
         self._active = tuple(f for f, values in enumerate(thresholds) if len(values))
         self._leaf_values = np.ascontiguousarray(leaf_values, dtype=np.float64).ravel()
-        # Index of the lowest set bit = popcount(mask ^ (mask - 1)) - 1; the -1 is folded in here.
-        self._leaf_offsets = np.arange(n_trees, dtype=np.uint64) * np.uint64(_MAX_LEAVES) - _ONE
+        self._layers = [np.ascontiguousarray(layer, dtype=np.uint64) for layer in layers]
+        # Leaf index of a tree column = 64 × its word + popcount(bits ^ (bits - 1)) - 1; the rest is folded
+        # in here.
+        words = np.concatenate([np.arange(len(layer), dtype=np.uint64) for layer in layers])
+        self._leaf_offsets = words * np.uint64(_MAX_LEAVES) - _ONE
         self._base = base
         self._lock = threading.Lock()
         self._buffers: _Buffers | None = None
@@ -138,33 +161,52 @@ class CompiledForest:
         if len(base_values) != 1:
             return None
         trees = booster["model"]["trees"]
-        n_trees = len(trees)
-        if n_trees == 0:
+        if not trees:
             return None
-        leaf_values = np.zeros((n_trees, _MAX_LEAVES), dtype=np.float64)
-        nodes: list[list[tuple[float, int, int]]] = [[] for _ in range(n_features)]
-        for t, tree in enumerate(trees):
+        tree_leaves: list[list[float]] = []
+        tree_nodes: list[list[tuple[int, float, int]]] = []
+        for tree in trees:
             if any(int(v) != 0 for v in tree.get("split_type", [])) or tree.get("categories_nodes"):
                 return None
-            if not _collect(tree, t, leaf_values, nodes, n_features):
+            collected = _collect(tree, n_features)
+            if collected is None:
                 return None
+            tree_leaves.append(collected[0])
+            tree_nodes.append(collected[1])
+        words = _pack([len(leaves) for leaves in tree_leaves])
+        n_words = len(words)
+        leaf_values = np.zeros((n_words, _MAX_LEAVES), dtype=np.float64)
+        nodes: list[list[tuple[float, int, int]]] = [[] for _ in range(n_features)]
+        layers: list[list[int]] = []
+        for w, word in enumerate(words):
+            start = 0
+            for j, t in enumerate(word):
+                leaves = tree_leaves[t]
+                leaf_values[w, start : start + len(leaves)] = leaves
+                for feature, threshold, left in tree_nodes[t]:
+                    nodes[feature].append((threshold, w, _FULL ^ (left << start)))
+                if j == len(layers):
+                    layers.append([])
+                layers[j].append(_FULL ^ ((1 << start) - 1))
+                start += len(leaves)
         thresholds: list[np.ndarray] = []
         tables: list[np.ndarray] = []
         for feature_nodes in nodes:
             feature_nodes.sort(key=lambda node: node[0])
             values = np.unique(np.array([node[0] for node in feature_nodes], dtype=np.float32))
-            table = np.full((len(values) + 1, n_trees), _FULL, dtype=np.uint64)
-            current = [_FULL] * n_trees
-            j = 0
+            table = np.full((len(values) + 1, n_words), _FULL, dtype=np.uint64)
+            current = [_FULL] * n_words
+            i = 0
             for k, value in enumerate(values.tolist()):
-                while j < len(feature_nodes) and np.float32(feature_nodes[j][0]) == value:
-                    _, tree_index, mask = feature_nodes[j]
-                    current[tree_index] &= mask
-                    j += 1
+                while i < len(feature_nodes) and np.float32(feature_nodes[i][0]) == value:
+                    _, word_index, mask = feature_nodes[i]
+                    current[word_index] &= mask
+                    i += 1
                 table[k + 1] = current
             thresholds.append(values)
             tables.append(table)
-        return cls(thresholds, tables, leaf_values, float(base_values[0]), n_trees)
+        layer_arrays = [np.array(layer, dtype=np.uint64) for layer in layers]
+        return cls(thresholds, tables, leaf_values, layer_arrays, float(base_values[0]))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Margins (float64, a new array) for the float32 rows of ``X`` (``(n, n_features)``, finite)."""
@@ -173,11 +215,11 @@ class CompiledForest:
             return np.zeros(0, dtype=np.float64)
         lock = self._lock
         if not lock.acquire(blocking=False):  # another thread is predicting: use arrays of our own
-            return self._predict(X, _Buffers(n, self.n_features, self.n_trees))
+            return self._predict(X, _Buffers(n, self.n_features, self.n_words, self.n_trees))
         try:
             buffers = self._buffers
             if buffers is None or buffers.n != n:
-                buffers = self._buffers = _Buffers(n, self.n_features, self.n_trees)
+                buffers = self._buffers = _Buffers(n, self.n_features, self.n_words, self.n_trees)
             return self._predict(X, buffers)
         finally:
             lock.release()
@@ -193,18 +235,27 @@ class CompiledForest:
         np.add(bits, self._prefix, out=b.keys)
         # Row of each (feature, row) in the stacked tables.
         positions = np.searchsorted(self._keys, b.keys.ravel(), side="right").reshape(b.keys.shape)
-        masks, leaves, tables = b.masks, b.leaves, self._tables
+        masks, work, tables = b.masks, b.work_words, self._tables
         active = self._active
         if active:
             # Gather one feature's masks at a time and AND them in: the working set stays in cache.
             tables.take(positions[active[0]], axis=0, out=masks, mode="clip")
             for f in active[1:]:
-                tables.take(positions[f], axis=0, out=leaves, mode="clip")
-                masks &= leaves
+                tables.take(positions[f], axis=0, out=work, mode="clip")
+                masks &= work
         else:
             masks.fill(_FULL)
-        np.subtract(masks, _ONE, out=leaves)
-        leaves ^= masks
+        # One column per tree: its word with the bits of the trees below it in the word cleared, so that its
+        # exit leaf is the lowest set bit.
+        columns = b.columns
+        start = 0
+        for layer in self._layers:
+            width = len(layer)
+            np.bitwise_and(masks[:, :width], layer, out=columns[:, start : start + width])
+            start += width
+        leaves = b.work_trees
+        np.subtract(columns, _ONE, out=leaves)
+        leaves ^= columns
         np.bitwise_count(leaves, out=leaves)
         leaves += self._leaf_offsets
         values = self._leaf_values.take(leaves.view(np.intp), out=b.values, mode="clip")
@@ -236,34 +287,49 @@ class CompiledForest:
 
 
 def _collect(
-    tree: dict[str, Any],
-    t: int,
-    leaf_values: np.ndarray,
-    nodes: list[list[tuple[float, int, int]]],
-    n_features: int,
-) -> bool:
-    """Number the leaves of tree ``t`` left to right and record each split's (threshold, tree, mask)."""
+    tree: dict[str, Any], n_features: int
+) -> tuple[list[float], list[tuple[int, float, int]]] | None:
+    """The leaf values of ``tree`` left to right, and each split's (feature, threshold, left-subtree leaves
+    as a bit mask); None if the tree is outside what this evaluator covers."""
     left, right = tree["left_children"], tree["right_children"]
     split_index, split_cond = tree["split_indices"], tree["split_conditions"]
-    next_leaf = 0
+    leaves: list[float] = []
+    splits: list[tuple[int, float, int]] = []
     # Iterative in-order walk; each frame: (node, phase, first leaf of the node's subtree).
     stack: list[tuple[int, int, int]] = [(0, 0, 0)]
     while stack:
         node, phase, lo = stack.pop()
         if left[node] == -1:
-            if next_leaf >= _MAX_LEAVES:
-                return False
-            leaf_values[t, next_leaf] = split_cond[node]
-            next_leaf += 1
+            if len(leaves) >= _MAX_LEAVES:
+                return None
+            leaves.append(float(split_cond[node]))
             continue
         if phase == 0:
-            stack.append((node, 1, next_leaf))
-            stack.append((left[node], 0, next_leaf))
+            stack.append((node, 1, len(leaves)))
+            stack.append((left[node], 0, len(leaves)))
         else:
             feature = int(split_index[node])
             if not 0 <= feature < n_features:
-                return False
-            left_mask = ((1 << next_leaf) - 1) ^ ((1 << lo) - 1)  # leaves [lo, next_leaf): the left subtree
-            nodes[feature].append((float(np.float32(split_cond[node])), t, _FULL ^ left_mask))
-            stack.append((right[node], 0, next_leaf))
-    return True
+                return None
+            left_mask = ((1 << len(leaves)) - 1) ^ ((1 << lo) - 1)  # leaves [lo, here): the left subtree
+            splits.append((feature, float(np.float32(split_cond[node])), left_mask))
+            stack.append((right[node], 0, len(leaves)))
+    return leaves, splits
+
+
+def _pack(leaf_counts: list[int]) -> list[list[int]]:
+    """Trees into 64-bit words (first fit, largest first), each word's trees in bit order; words holding
+    more trees first, so that the words holding a (j+1)-th tree are a prefix of the list."""
+    words: list[list[int]] = []
+    free: list[int] = []
+    for t in sorted(range(len(leaf_counts)), key=lambda t: -leaf_counts[t]):
+        count = leaf_counts[t]
+        for w, room in enumerate(free):
+            if room >= count:
+                words[w].append(t)
+                free[w] -= count
+                break
+        else:
+            words.append([t])
+            free.append(_MAX_LEAVES - count)
+    return sorted(words, key=len, reverse=True)
