@@ -35,6 +35,7 @@ from _harness import free_port, markdown_table, process, run_wrk
 from slorouter.clock import ManualClock
 from slorouter.predictor.client import PredictionClient, PredictionUnavailable, WireFormat
 from slorouter.predictor.features import columns_to_matrix
+from slorouter.predictor.http_common import parse_json
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.prediction_server import PredictionServer, make_source
 from slorouter.predictor.samples_sim import SimSamples, generate_samples
@@ -131,7 +132,7 @@ def handler_floor(model_dir: str, body: bytes, iterations: int = 2000) -> dict[s
     perf = time.perf_counter
     for i in range(iterations + 200):
         t0 = perf()
-        rows = server._rows(json.loads(body))
+        rows = server._rows(parse_json(body))
         t1 = perf()
         matrices = server._row_matrices(rows)
         assert matrices is not None
