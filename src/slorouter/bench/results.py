@@ -22,10 +22,14 @@ import numpy as np
 from slorouter.bench.cluster import OK, REJECTED, SHED, RunRecords
 
 
+_HUGE = 1e300  # stands in for ∞ so that interpolating next to an unfinished request gives "∞", not NaN
+
+
 def _percentile(values: np.ndarray, q: float) -> float:
     if len(values) == 0:
         return math.nan
-    return float(np.percentile(values, q))
+    value = float(np.percentile(np.minimum(values, _HUGE), q))
+    return math.inf if value >= _HUGE * 1e-10 else value
 
 
 def _ms(values: np.ndarray, q: float) -> float | None:

@@ -1,0 +1,210 @@
+"""Run summaries, policies, pool specs and the ``slorouter bench`` command."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slorouter.bench.cluster import OK, SHED, UNFINISHED, RunRecords
+from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies, resolve_policy
+from slorouter.bench.pool import PoolSpecError, describe_pool, parse_pool
+from slorouter.bench.report import markdown_tables
+from slorouter.bench.results import summarize_run
+from slorouter.cli import main
+from slorouter.scheduling.config import SchedulerConfigError, build_scheduler_setup
+from slorouter.scheduling.plugin import PluginContext
+
+
+def records(**columns: list[float]) -> RunRecords:
+    n = len(columns["arrival"])
+    nan = [math.nan] * n
+    defaults = {
+        "status": [OK] * n,
+        "pod": [0] * n,
+        "prompt_tokens": [100] * n,
+        "cached_tokens": [0] * n,
+        "output_tokens": [11] * n,
+        "slo_ttft_ms": nan,
+        "slo_tpot_ms": nan,
+        "sheddable": [False] * n,
+        "predicted": [False] * n,
+        "predicted_ttft_ms": nan,
+        "point_ttft_ms": nan,
+        "predicted_tpot_ms": nan,
+        "point_tpot_ms": nan,
+    }
+    data = {**defaults, **columns}
+    return RunRecords(**{k: np.array(v) for k, v in data.items()}, pod_profiles=["p"])
+
+
+def test_summary_percentiles_window_unfinished_and_throughput() -> None:
+    rec = records(
+        arrival=[0.5, 1.0, 2.0, 3.0, 4.0, 9.5],
+        ttft_s=[9.0, 0.1, 0.2, 0.3, math.nan, 0.1],
+        e2e_s=[10.0, 1.1, 1.2, 1.3, math.nan, 1.1],
+        status=[OK, OK, OK, OK, UNFINISHED, OK],
+        output_tokens=[11, 11, 11, 11, 0, 11],
+    )
+    s = summarize_run(rec, warmup_s=1.0, duration_s=9.0)  # the first and last requests are outside
+    assert (s["requests"], s["admitted"], s["finished"], s["unfinished"]) == (4, 4, 3, 1)
+    assert s["ttft_p50_ms"] == pytest.approx(250.0)  # 100, 200, 300, ∞ → midpoint of 200 and 300
+    assert s["ttft_p99_ms"] == math.inf  # the unfinished request counts as infinitely slow
+    assert s["tpot_p50_ms"] == pytest.approx(100.0)  # (1.2 − 0.2) s / 10 tokens
+    assert s["output_tok_s"] == pytest.approx(33 / 8, abs=0.05)
+    assert s["goodput_rps"] == pytest.approx(3 / 8, abs=1e-3)
+    assert s["slo_attainment"] is None and s["ttft_mape"] is None
+
+
+def test_summary_slo_attainment_shedding_and_prediction_quality() -> None:
+    rec = records(
+        arrival=[1.0, 2.0, 3.0, 4.0],
+        ttft_s=[0.1, 0.3, 0.1, math.nan],
+        e2e_s=[1.1, 1.3, 3.1, math.nan],
+        status=[OK, OK, OK, SHED],
+        pod=[0, 1, 0, -1],
+        slo_ttft_ms=[200.0, 200.0, 200.0, 200.0],
+        slo_tpot_ms=[150.0, 150.0, 150.0, 150.0],
+        predicted=[True, True, False, False],
+        predicted_ttft_ms=[150.0, 250.0, math.nan, math.nan],
+        point_ttft_ms=[80.0, 240.0, math.nan, math.nan],
+    )
+    s = summarize_run(rec, warmup_s=0.0, duration_s=10.0)
+    # request 0 meets both; 1 misses TTFT; 2 misses TPOT (300 ms/token); 3 was shed
+    assert s["shed"] == 1 and s["slo_requests"] == 4
+    assert s["slo_attainment"] == pytest.approx(0.25)
+    assert s["slo_attainment_admitted"] == pytest.approx(1 / 3, abs=1e-4)
+    assert s["goodput_rps"] == pytest.approx(0.1)
+    assert s["ttft_mape"] == pytest.approx((0.2 + 0.2) / 2, abs=1e-4)  # |100−80|/100, |300−240|/300
+    assert s["ttft_p90_coverage"] == pytest.approx(0.5)  # 100 ≤ 150, 300 > 250
+    assert s["predicted_share"] == pytest.approx(2 / 3, abs=1e-4)
+
+
+def test_builtin_policies_all_build_and_user_files_load(tmp_path: Path) -> None:
+    for name in POLICY_NAMES:
+        policy = resolve_policy(name)
+        build_scheduler_setup(policy.config, PluginContext())
+        assert policy.uses_predictor == (name == "predicted-latency")
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n"
+        "  - pluginRef: queue-scorer\n"
+    )
+    assert resolve_policy(str(path)).name == "mine"
+    assert resolve_policy(f"q={path}").config["plugins"] == [{"type": "queue-scorer", "name": ""}]
+    with pytest.raises(PolicyError, match="unknown policy 'fastest'"):
+        resolve_policy("fastest")
+    with pytest.raises(SchedulerConfigError, match="cannot read"):
+        resolve_policy("missing.yaml")
+    with pytest.raises(PolicyError, match="repeated: random"):
+        resolve_policies(["random", "random"])
+
+
+def test_pool_specs() -> None:
+    pool = parse_pool("2x llama3-8b-h100 + 1 × llama3-8b-a100")
+    assert [p.name for p in pool] == ["llama3-8b-h100"] * 2 + ["llama3-8b-a100"]
+    assert describe_pool(pool) == "2x llama3-8b-h100 + 1x llama3-8b-a100"
+    assert describe_pool(parse_pool("3")) == "3x llama3-8b-h100"
+    for bad, message in (("0", "at least 1"), ("2x h200", "unknown profile 'h200'"), ("many", "cannot read")):
+        with pytest.raises(PoolSpecError, match=message):
+            parse_pool(bad)
+
+
+def test_markdown_ratios_to_the_tuned_heuristic() -> None:
+    base = {
+        "workload": "w",
+        "qps": 1.0,
+        "pool": "p",
+        "duration_s": 10,
+        "warmup_s": 2,
+        "seed": 0,
+        "requests": 5,
+    }
+    runs = [
+        {
+            **base,
+            "policy": "heuristic-tuned",
+            "ttft_p50_ms": 200.0,
+            "ttft_p90_ms": 400.0,
+            "e2e_p50_ms": 1000.0,
+        },
+        {
+            **base,
+            "policy": "predicted-latency",
+            "ttft_p50_ms": 100.0,
+            "ttft_p90_ms": 600.0,
+            "e2e_p50_ms": 700.0,
+        },
+    ]
+    text = markdown_tables(runs)
+    assert "### w at 1 QPS" in text and "| predicted-latency | 0.50× | 1.50× | 0.70× | – |" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--qps", "0"], "must be a finite number > 0"),
+        (["--qps", "5", "--workload", "nope"], "unknown workload 'nope'"),
+        (["--qps", "5", "--pool", "3x tpu"], "--pool: pool spec"),
+        (["--qps", "5", "--policies", "best"], "--policies: unknown policy 'best'"),
+        (["--qps", "5", "--duration", "10", "--warmup", "10"], "--warmup (10 s) must be shorter"),
+        (["--qps", "5", "--workload-param", "colour=red"], "has a parameter 'colour'"),
+        (["--qps", "5", "--workload-param", "rate_ratio=-3"], "rate_ratio"),
+        ([], "--qps is required"),
+    ],
+)
+def test_bad_arguments_name_the_problem(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) if "finite" in message else _no_exit():
+        code = main(["bench", "--out", str(tmp_path), "--no-progress", *argv])
+        assert code == 2
+    assert message in capsys.readouterr().err
+
+
+class _no_exit:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+def test_bench_command_writes_json_markdown_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "results"
+    code = main(
+        [
+            "bench",
+            "--workload", "shared-prefix-a",
+            "--pool", "2",
+            "--qps", "4,8",
+            "--duration", "20",
+            "--warmup", "5",
+            "--policies", "round-robin,heuristic-tuned",
+            "--out", str(out),
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads((out / "results.json").read_text())
+    runs = data["runs"]
+    assert [(r["qps"], r["policy"]) for r in runs] == [
+        (4.0, "round-robin"),
+        (4.0, "heuristic-tuned"),
+        (8.0, "round-robin"),
+        (8.0, "heuristic-tuned"),
+    ]
+    for run in runs:
+        assert run["workload"] == "shared-prefix-a" and run["requests"] > 0
+        assert run["ttft_p50_ms"] <= run["ttft_p90_ms"] <= run["ttft_p99_ms"]
+        for key in ("tpot_p90_ms", "e2e_p50_ms", "output_tok_s", "slo_attainment", "prefix_cache_hit_rate"):
+            assert key in run
+    assert (out / "results.md").read_text().count("### shared-prefix-a") == 2
+    assert (out / "shared-prefix-a-ttft-p90-vs-qps.png").stat().st_size > 1000
+    assert any(p.name.startswith("shared-prefix-a-ttft-cdf") for p in out.iterdir())
+    assert "Ratios to `heuristic-tuned`" in capsys.readouterr().out
