@@ -35,7 +35,7 @@ def test_only_the_instant_profile_is_zero_cost():
 
 
 async def test_instant_pod_answers_many_concurrent_requests_inline():
-    """Zero-cost pods step the engine in the handler; concurrent and streamed requests still all finish."""
+    """Zero-cost pods step the engine from a loop callback; concurrent and streamed requests all finish."""
     async with await start_pods(1, 0, "instant", model="tiny") as cluster:
         pod = cluster.pods[0]
         url = f"http://{cluster.addresses[0]}/v1/completions"

@@ -98,6 +98,7 @@ class SimPod:
         self._wake = asyncio.Event()
         self._zero_cost = _zero_cost(engine.profile)
         self._stepping = False  # the driver planned a step and has not committed it yet
+        self._step_soon = False  # a zero-cost step is scheduled for the end of this loop iteration
         self._driver: asyncio.Task[None] | None = None
         self._server: HttpServer | None = None
         self.address = ""
@@ -175,13 +176,18 @@ class SimPod:
             self._deliver(engine.commit_step(step))
 
     def _step_now(self) -> None:
-        """Zero-cost profile: run the engine's next step in the request's handler, not in the driver.
+        """Zero-cost profile: run the engine's next step from a loop callback, not from the driver task.
 
         A step of a zero-cost engine takes no time, so running it at once is what the driver would do too,
-        minus the task switches (which are most of such a pod's CPU). The driver takes over whatever work
-        remains (longer outputs, streams).
+        minus the task switches (which are most of such a pod's CPU). Requests that arrive in the same loop
+        iteration share the step (one callback). The driver takes over whatever work remains (longer
+        outputs, streams).
         """
+        self._step_soon = False
         engine = self.engine
+        if self._stepping:  # the driver has a step in progress; it plans the next one itself
+            self._wake.set()
+            return
         step = engine.plan_step(self._clock.now())
         if step is not None:
             self._deliver(engine.commit_step(step))
@@ -238,10 +244,11 @@ class SimPod:
             return _json_response(exc.body(), status=exc.status)
         entry = _Active(stream=parsed.stream, handler=asyncio.current_task())
         self._active[engine_id] = entry
-        if self._zero_cost and not self._stepping:
-            self._step_now()
-        else:
+        if not self._zero_cost:
             self._wake.set()
+        elif not self._step_soon:
+            self._step_soon = True
+            asyncio.get_running_loop().call_soon(self._step_now)
         try:
             if parsed.stream:
                 await self._stream(request, parsed, entry)
