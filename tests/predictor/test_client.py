@@ -113,6 +113,23 @@ async def test_concurrent_calls_are_coalesced_into_few_bulk_requests(
         np.testing.assert_allclose(tpot, want_tpot, atol=1e-3)
 
 
+async def test_binary_and_json_wire_formats_agree(
+    servers: list[PredictionServer], trained_dir: Path, client_factory: Callable[..., PredictionClient]
+) -> None:
+    x_ttft, x_tpot = matrices(200, seed=31)
+    want_ttft, want_tpot = local_predictor(trained_dir).predict(x_ttft, x_tpot)
+    binary = client_factory([servers[0].url], timeout_s=5.0)
+    plain = client_factory([servers[0].url], timeout_s=5.0, binary=False)
+    assert binary.binary and not plain.binary
+    ttft, tpot = await binary.predict(x_ttft, x_tpot)
+    np.testing.assert_array_equal(ttft, want_ttft)  # float64 on the wire: not even rounded
+    np.testing.assert_array_equal(tpot, want_tpot)
+    ttft[:] = 0.0  # results are the caller's own, writable arrays
+    ttft, tpot = await plain.predict(x_ttft, x_tpot)
+    np.testing.assert_allclose(ttft, want_ttft, atol=1e-3)  # JSON: rounded to 1 µs
+    np.testing.assert_allclose(tpot, want_tpot, atol=1e-3)
+
+
 async def test_window_zero_sends_each_call(
     servers: list[PredictionServer], client_factory: Callable[..., PredictionClient]
 ) -> None:

@@ -11,9 +11,18 @@ import aiohttp
 import numpy as np
 import pytest
 
+from slorouter.predictor.client import WireFormat, decode_binary_predictions
 from slorouter.predictor.features import FeatureError, FeatureSchema, rows_to_matrices
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.prediction_server import PredictionServer, RowMatrices, make_source
+from slorouter.predictor.prediction_server import (
+    BINARY_PREDICTIONS_TYPE,
+    BINARY_ROWS_TYPE,
+    FEATURE_NAMES_HEADER,
+    MODEL_VERSIONS_HEADER,
+    PredictionServer,
+    RowMatrices,
+    make_source,
+)
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.training_server import TrainingServer
 from tests.predictor import test_servers_common as common
@@ -355,3 +364,117 @@ def test_fast_row_path_agrees_with_the_library(pod_class: bool) -> None:
         np.testing.assert_array_equal(got[0], expected_matrices[0])
         np.testing.assert_array_equal(got[1], expected_matrices[1])
     assert fast(base) is not None
+
+
+# -- the binary bulk format ----------------------------------------------------------------------------------
+
+BINARY_HEADERS = {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ",".join(WireFormat().names)}
+
+
+async def post_binary(
+    http: aiohttp.ClientSession, url: str, matrix: np.ndarray, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    body = np.ascontiguousarray(matrix, dtype="<f4").tobytes()
+    async with http.post(url, data=body, headers=headers or BINARY_HEADERS) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+def union(x_ttft: np.ndarray, x_tpot: np.ndarray) -> np.ndarray:
+    return np.hstack([x_ttft, x_tpot[:, -1:]])
+
+
+async def test_binary_bulk_gives_the_predictors_exact_values(
+    server: PredictionServer, model_dir: Path, http: aiohttp.ClientSession
+) -> None:
+    x_ttft, _, x_tpot, _ = synthetic(300, seed=21)
+    status, headers, body = await post_binary(http, server.url + "/v1/predict/bulk", union(x_ttft, x_tpot))
+    assert status == 200 and headers["Content-Type"] == BINARY_PREDICTIONS_TYPE
+    ttft, tpot = decode_binary_predictions(body, 300)
+    want_ttft, want_tpot = expected(model_dir, feature_rows(x_ttft, x_tpot))
+    np.testing.assert_array_equal(ttft, want_ttft)  # not rounded: the float64 values themselves
+    np.testing.assert_array_equal(tpot, want_tpot)
+    store = ModelStore(model_dir)
+    assert json.loads(headers[MODEL_VERSIONS_HEADER]) == {
+        k: store.latest_version(k) for k in ("ttft", "tpot")
+    }
+
+    # Columns in another order, an extra column, effective_input_tokens left out (derived): same answers.
+    names = [*[n for n in WireFormat().names if n != "effective_input_tokens"][::-1], "extra"]
+    rows = feature_rows(x_ttft, x_tpot)
+    matrix = np.array([[row.get(n, 7.0) for n in names] for row in rows], dtype=np.float32)
+    headers_other = {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ", ".join(names)}
+    status, _, body = await post_binary(http, server.url + "/v1/predict/bulk", matrix, headers_other)
+    assert status == 200
+    np.testing.assert_allclose(decode_binary_predictions(body, 300)[0], want_ttft, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        (0, 1.5, "rows[3].kv_cache_percentage: must be between 0 and 1, got 1.5"),
+        (2, -1.0, "rows[3].num_request_waiting: must be >= 0"),
+        (5, float("nan"), "rows[3].decode_tokens_in_flight: must be finite"),
+        (8, float("inf"), "rows[3].num_tokens_generated: must be finite"),
+    ],
+)
+async def test_binary_bulk_names_the_bad_row_and_field_like_json(
+    server: PredictionServer, http: aiohttp.ClientSession, column: int, value: float, message: str
+) -> None:
+    x_ttft, _, x_tpot, _ = synthetic(6, seed=22)
+    matrix = union(x_ttft, x_tpot)
+    matrix[3, column] = value
+    matrix[5, 0] = 2.0  # a later bad row is not the one named
+    status, _, body = await post_binary(http, server.url + "/v1/predict/bulk", matrix)
+    assert status == 400
+    assert json.loads(body)["error"]["message"].startswith(message)
+
+
+async def test_binary_bulk_refuses_malformed_bodies(
+    server: PredictionServer, http: aiohttp.ClientSession
+) -> None:
+    url = server.url + "/v1/predict/bulk"
+    x_ttft, _, x_tpot, _ = synthetic(4, seed=23)
+    matrix = union(x_ttft, x_tpot)
+    cases: list[tuple[bytes, dict[str, str], int, str]] = [
+        (matrix.tobytes(), {"Content-Type": BINARY_ROWS_TYPE}, 400, FEATURE_NAMES_HEADER),
+        (matrix.tobytes()[:-4], BINARY_HEADERS, 400, "whole rows of 9 float32 values"),
+        (
+            matrix[:, :8].tobytes(),
+            {**BINARY_HEADERS, FEATURE_NAMES_HEADER: ",".join(WireFormat().names[:8])},
+            400,
+            "lacks required feature(s): num_tokens_generated",
+        ),
+        (
+            matrix.tobytes(),
+            {
+                **BINARY_HEADERS,
+                FEATURE_NAMES_HEADER: ",".join([*WireFormat().names[:8], "kv_cache_percentage"]),
+            },
+            400,
+            "names a column twice",
+        ),
+        (np.zeros((10_001, 9), dtype="<f4").tobytes(), BINARY_HEADERS, 413, "10001 rows; at most 10000"),
+    ]
+    for body, headers, status, message in cases:
+        async with http.post(url, data=body, headers=headers) as response:
+            assert response.status == status, message
+            assert message in (await response.json())["error"]["message"]
+
+
+async def test_binary_bulk_with_only_a_ttft_model_gives_nan_tpot(
+    trained_dir: Path, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    directory = copy_models(trained_dir, tmp_path / "ttft-only", kinds=("ttft",))
+    server = PredictionServer(make_source(model_dir=str(directory)), poll_interval_s=0.02)
+    await server.start()
+    try:
+        await eventually(lambda: server.ready)
+        x_ttft, _, x_tpot, _ = synthetic(3, seed=24)
+        status, headers, body = await post_binary(
+            http, server.url + "/v1/predict/bulk", union(x_ttft, x_tpot)
+        )
+        assert status == 200 and json.loads(headers[MODEL_VERSIONS_HEADER]).keys() == {"ttft"}
+        ttft, tpot = decode_binary_predictions(body, 3)
+        assert np.all(ttft > 0) and np.all(np.isnan(tpot))
+    finally:
+        await server.stop()

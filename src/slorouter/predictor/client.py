@@ -36,7 +36,9 @@ log = logging.getLogger("slorouter.predictor.client")
 
 SERVER_MAX_ROWS = 10_000
 _JSON_HEADERS = {"Content-Type": "application/json"}
-_LEAN_HEADERS = b"Content-Type: application/json\r\n"
+# The prediction server's optional binary bulk format (docs/predictor-api.md).
+BINARY_ROWS_TYPE = "application/vnd.slorouter.rows+f32"
+FEATURE_NAMES_HEADER = "X-Feature-Names"
 
 
 class PredictionUnavailable(Exception):
@@ -107,12 +109,35 @@ class WireFormat:
             template = self._templates[key] = "{" + ",".join(fields) + "}"
         return template
 
+    def _union(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> np.ndarray:
+        return np.hstack([x_ttft, x_tpot[:, self._tpot_only]]) if self._tpot_only else x_ttft
+
     def encode(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> bytes:
         """``{"rows": [...]}``: one JSON object per row keyed by feature name (shared columns from x_ttft)."""
-        wire = np.hstack([x_ttft, x_tpot[:, self._tpot_only]]) if self._tpot_only else x_ttft
+        wire = self._union(x_ttft, x_tpot)
         integral = ((wire == np.rint(wire)) & (np.abs(wire) < 2.0**53)).all(axis=0)
         template = self._template(integral)
         return ('{"rows":[' + ",".join([template % tuple(row) for row in wire.tolist()]) + "]}").encode()
+
+    def encode_binary(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> bytes:
+        """The binary bulk body: the rows as little-endian float32, columns in ``names`` order (sent in the
+        ``X-Feature-Names`` header, see ``headers``)."""
+        return np.ascontiguousarray(self._union(x_ttft, x_tpot), dtype="<f4").tobytes()
+
+    def headers(self, binary: bool) -> dict[str, str]:
+        """The bulk request's headers for the JSON or the binary body."""
+        if not binary:
+            return dict(_JSON_HEADERS)
+        return {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ",".join(self.names)}
+
+
+def decode_binary_predictions(body: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """TTFT and TPOT arrays of a binary bulk response: n float64 TTFT values then n TPOT values (NaN when
+    there is no TPOT model yet)."""
+    if len(body) != 16 * n:
+        raise ValueError(f"the server returned {len(body)} bytes for {n} rows; expected {16 * n}")
+    values = np.frombuffer(body, dtype="<f8").astype(np.float64)  # a writable copy in native order
+    return values[:n], values[n:]
 
 
 def decode_predictions(body: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +155,9 @@ class TransportError(Exception):
 
 
 class _Transport(Protocol):
-    async def request(self, method: str, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, url: str, body: bytes, timeout_s: float, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         """Status and body; ``TransportError`` or ``TimeoutError`` otherwise."""
         ...
 
@@ -143,14 +170,25 @@ class _LeanTransport:
 
     def __init__(self) -> None:
         self._client = UpstreamClient(connect_timeout=1.0, total_timeout=60.0)
+        self._raw_headers: dict[tuple[tuple[str, str], ...], bytes] = {}
 
-    async def request(self, method: str, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    def _raw(self, headers: dict[str, str] | None) -> bytes:
+        key = tuple((headers or _JSON_HEADERS).items())
+        raw = self._raw_headers.get(key)
+        if raw is None:
+            raw = self._raw_headers[key] = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in key)
+        return raw
+
+    async def request(
+        self, method: str, url: str, body: bytes, timeout_s: float, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         parts = urlsplit(url)
         path = parts.path or "/"
+        raw_headers = self._raw(headers)
         response = None
         try:
             async with asyncio.timeout(timeout_s):
-                response = await self._client.request(parts.netloc, method, path, _LEAN_HEADERS, body)
+                response = await self._client.request(parts.netloc, method, path, raw_headers, body)
                 payload = await response.read()
         except UpstreamTimeoutError:
             raise TimeoutError from None
@@ -172,13 +210,15 @@ class _AiohttpTransport:
         self._session = session or aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._own = session is None
 
-    async def request(self, method: str, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, url: str, body: bytes, timeout_s: float, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         try:
             async with self._session.request(
                 method,
                 url,
                 data=body if method == "POST" else None,
-                headers=_JSON_HEADERS if method == "POST" else None,
+                headers=(headers or _JSON_HEADERS) if method == "POST" else None,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as response:
                 return response.status, await response.read()
@@ -250,6 +290,7 @@ class PredictionClient:
         session: aiohttp.ClientSession | None = None,
         registry: CollectorRegistry | None = None,
         schema: FeatureSchema = DEFAULT_SCHEMA,
+        binary: bool = True,
     ) -> None:
         if not urls:
             raise ValueError("at least one prediction-server URL is required")
@@ -263,6 +304,11 @@ class PredictionClient:
             raise ValueError(f"health_check_interval_s must be positive, got {health_check_interval_s}")
         self.servers = [ServerState(url.rstrip("/")) for url in urls]
         self.wire = WireFormat(schema)
+        # The binary bulk format costs a fraction of JSON on both sides; JSON for servers without it.
+        self.binary = binary
+        self._bulk_headers = self.wire.headers(binary)
+        self._encode = self.wire.encode_binary if binary else self.wire.encode
+        self._decode = decode_binary_predictions if binary else decode_predictions
         self.coalesce_window_s = coalesce_window_s
         self.timeout_s = timeout_s
         self.max_rows_per_bulk = max_rows_per_bulk
@@ -374,7 +420,7 @@ class PredictionClient:
             total = x_ttft.shape[0]
             step = self.max_rows_per_bulk
             bodies = [
-                (self.wire.encode(x_ttft[i : i + step], x_tpot[i : i + step]), min(step, total - i))
+                (self._encode(x_ttft[i : i + step], x_tpot[i : i + step]), min(step, total - i))
                 for i in range(0, total, step)
             ]
             if len(bodies) == 1:
@@ -432,7 +478,7 @@ class PredictionClient:
             self.stats.bulk_requests += 1
             try:
                 status, payload = await self._transport.request(
-                    "POST", server.url + "/v1/predict/bulk", body, remaining
+                    "POST", server.url + "/v1/predict/bulk", body, remaining, self._bulk_headers
                 )
             except TimeoutError:
                 # A slow server is not marked down: its outstanding count already steers traffic away from it.
@@ -446,7 +492,7 @@ class PredictionClient:
                 server.outstanding -= 1
             if status == 200:
                 try:
-                    result = decode_predictions(payload, n)
+                    result = self._decode(payload, n)
                 except (ValueError, KeyError, TypeError) as exc:
                     last_error = f"{server.url}: malformed response: {exc}"
                     self._mark_down(server, last_error, "error")
