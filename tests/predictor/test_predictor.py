@@ -50,7 +50,8 @@ def test_ttft_only_model_makes_predictor_ready_with_nan_tpot(trained: Trainer) -
     assert ttft.shape == (50,) and np.all(ttft > 0) and np.all(np.isnan(tpot))
     current = trained._state["ttft"].current
     assert current is not None and current.metadata.offset > 0  # a conformal p90 sits above the point
-    expected = booster_predict_ms(current.booster, x, "log", current.metadata.offset)
+    assert current.baseline is not None  # a linear load baseline under the trees, by default
+    expected = booster_predict_ms(current.booster, x, "log", current.metadata.offset, current.baseline)
     np.testing.assert_allclose(ttft, expected, rtol=1e-4)
     empty_ttft, empty_tpot = predictor.predict(x[:0], xt[:0])
     assert empty_ttft.shape == empty_tpot.shape == (0,)

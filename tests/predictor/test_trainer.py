@@ -116,8 +116,8 @@ def test_not_clearly_worse_rule(tmp_path, clock: ManualClock) -> None:  # type: 
     assert again is not None and again.accepted and again.current_version == first.version
     assert again.current_metrics is not None
     assert again.metrics["pinball_loss"] <= 1.05 * again.current_metrics["pinball_loss"]
-    # A crippled trainer (2 trees) on the same store: clearly worse on the same hold-out, rejected.
-    weak = Trainer(store, trainer.model_store, replace(config, n_estimators=2), clock)
+    # A crippled trainer (2 trees, no linear baseline) on the same store: clearly worse, rejected.
+    weak = Trainer(store, trainer.model_store, replace(config, n_estimators=2, baseline=False), clock)
     assert weak.current_version("ttft") == again.version  # picked up from the model store
     store.add("ttft", x[:1], y[:1])
     rejected = weak.train("ttft")
@@ -168,7 +168,7 @@ def test_conformal_p90_covers_fresh_samples(tmp_path, clock: ManualClock) -> Non
     current = trainer._state["ttft"].current
     assert current is not None
     fresh_x, fresh_y, _, _ = synthetic(4000, seed=2)
-    p90 = booster_predict_ms(current.booster, fresh_x, "log", current.metadata.offset)
+    p90 = booster_predict_ms(current.booster, fresh_x, "log", current.metadata.offset, current.baseline)
     assert 0.85 <= float(np.mean(fresh_y <= p90)) <= 0.95
-    point = booster_predict_ms(current.booster, fresh_x, "log")
+    point = booster_predict_ms(current.booster, fresh_x, "log", baseline=current.baseline)
     assert 0.35 <= float(np.mean(fresh_y <= point)) <= 0.65

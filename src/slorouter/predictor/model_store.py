@@ -53,6 +53,7 @@ class ModelMetadata:
     quantile: float | None
     target_transform: str = "identity"  # "log": the booster predicts log(ms)
     offset: float = 0.0  # added to the booster's margin (the conformal p-quantile offset, in log space)
+    baseline: dict[str, Any] | None = None  # the linear load baseline under the trees (see baseline.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,6 +73,7 @@ class ModelMetadata:
                 quantile=None if data.get("quantile") is None else float(data["quantile"]),
                 target_transform=str(data.get("target_transform", "identity")),
                 offset=float(data.get("offset", 0.0)),
+                baseline=None if data.get("baseline") is None else dict(data["baseline"]),
                 extra=dict(data.get("extra") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:

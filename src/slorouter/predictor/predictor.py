@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
+from slorouter.predictor.baseline import LinearBaseline
 from slorouter.predictor.features import (
     DEFAULT_SCHEMA,
     MODEL_KINDS,
@@ -54,6 +55,7 @@ class LoadedModel:
     n_features: int
     log_target: bool
     offset: float  # added to the margin: the conformal offset of a ``conformal`` model, else 0
+    baseline: LinearBaseline | None = None  # the linear load baseline under the trees, if trained with one
 
     @property
     def point_factor(self) -> float:
@@ -70,6 +72,8 @@ class LoadedModel:
             raw = self.forest.predict(X)
         else:
             raw = self.booster.inplace_predict(X, validate_features=False).astype(np.float64)
+        if self.baseline is not None:
+            raw += self.baseline.margin_shift(X)
         if self.offset:
             raw += self.offset
         if self.log_target:
@@ -163,9 +167,22 @@ class Predictor:
                 f"{kind} model {metadata.version} has {booster.num_features()} features, "
                 f"expected {n_features}"
             )
+        baseline = None
+        if metadata.baseline is not None:
+            try:
+                baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
+            except ValueError as exc:
+                raise ModelFileError(f"{kind} model {metadata.version}: {exc}") from None
         forest = CompiledForest.from_booster(booster, n_features) if self.compile_forest else None
         model = LoadedModel(
-            kind, metadata, booster, forest, n_features, metadata.target_transform == "log", metadata.offset
+            kind,
+            metadata,
+            booster,
+            forest,
+            n_features,
+            metadata.target_transform == "log",
+            metadata.offset,
+            baseline,
         )
         with self._load_lock:
             self._models = {**self._models, kind: model}

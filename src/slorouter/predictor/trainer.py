@@ -38,6 +38,7 @@ model is reported and dropped; the current one stays.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import threading
@@ -49,6 +50,7 @@ import numpy as np
 import xgboost as xgb
 
 from slorouter.clock import Clock, MonotonicClock
+from slorouter.predictor.baseline import LinearBaseline
 from slorouter.predictor.features import (
     MODEL_KINDS,
     FeatureSchema,
@@ -86,6 +88,7 @@ class TrainerConfig:
     seed: int = 0
     replace_tolerance: float = 0.05
     max_bin: int = 256
+    baseline: bool = True  # a linear load baseline under the trees (log-latency objectives; see baseline.py)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -200,22 +203,35 @@ def holdout_metrics(
     }
 
 
-def booster_margin(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:
-    return booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32)).astype(np.float64)
+def booster_margin(booster: xgb.Booster, X: np.ndarray, baseline: LinearBaseline | None = None) -> np.ndarray:
+    """The model's margin: the trees', plus the linear baseline's shift when the model has one."""
+    margin = booster.inplace_predict(np.ascontiguousarray(X, dtype=np.float32)).astype(np.float64)
+    return margin if baseline is None else margin + baseline.margin_shift(X)
 
 
 def booster_predict_ms(
-    booster: xgb.Booster, X: np.ndarray, target_transform: str, offset: float = 0.0
+    booster: xgb.Booster,
+    X: np.ndarray,
+    target_transform: str,
+    offset: float = 0.0,
+    baseline: LinearBaseline | None = None,
 ) -> np.ndarray:
     """Latency predictions (ms, ≥ 0) of a booster for float32 rows (``offset`` is added to the margin)."""
-    raw = booster_margin(booster, X) + offset
+    raw = booster_margin(booster, X, baseline) + offset
     return np.exp(raw) if target_transform == "log" else np.maximum(raw, 0.0)
+
+
+def booster_base_score(booster: xgb.Booster) -> float:
+    """The intercept XGBoost adds to every margin (stored as e.g. "[2.03E0]" by XGBoost 3)."""
+    text = json.loads(booster.save_config())["learner"]["learner_model_param"]["base_score"]
+    return float(str(text).strip("[]").split(",")[0])
 
 
 @dataclass(slots=True)
 class _Current:
     booster: xgb.Booster
     metadata: ModelMetadata
+    baseline: LinearBaseline | None = None
 
 
 @dataclass(slots=True)
@@ -266,7 +282,14 @@ class Trainer:
             return None
         booster = xgb.Booster()
         booster.load_model(bytearray(raw))
-        return _Current(booster, metadata)
+        baseline = None
+        if metadata.baseline is not None:
+            try:
+                baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
+            except ValueError as exc:
+                log.warning("ignoring the stored %s model: %s", kind, exc)
+                return None
+        return _Current(booster, metadata, baseline)
 
     # --------------------------------------------------------------------------------------- cadence
 
@@ -327,16 +350,28 @@ class Trainer:
         X_hold, y_hold = snap.X[hold], snap.y[hold].astype(np.float64)
 
         target = np.log(y_train) if cfg.target_transform == "log" else y_train
-        dtrain = xgb.QuantileDMatrix(X_train, label=target, max_bin=cfg.max_bin, nthread=cfg.nthread)
+        baseline = None
+        base_margin = None
+        if cfg.baseline and cfg.target_transform == "log" and len(y_train):
+            baseline = LinearBaseline.fit(X_train, y_train, self.schema.features(kind), seed=cfg.seed)
+            base_margin = baseline.log_ms(X_train)
+        dtrain = xgb.QuantileDMatrix(
+            X_train, label=target, base_margin=base_margin, max_bin=cfg.max_bin, nthread=cfg.nthread
+        )
         booster = xgb.train(cfg.xgb_params(), dtrain, num_boost_round=cfg.n_estimators)
         booster.set_param({"nthread": 1})
+        if baseline is not None:
+            baseline = baseline.with_base_score(booster_base_score(booster))
         offset = 0.0
         if cfg.objective == "conformal":
             y_calib = snap.y[calib].astype(np.float64)
-            offset = conformal_offset(np.log(y_calib) - booster_margin(booster, snap.X[calib]), cfg.quantile)
+            X_calib = snap.X[calib]
+            offset = conformal_offset(
+                np.log(y_calib) - booster_margin(booster, X_calib, baseline), cfg.quantile
+            )
 
         metric_q = cfg.quantile if cfg.predicts_quantile else 0.5
-        metrics = self._holdout_metrics(booster, offset, X_hold, y_hold, metric_q)
+        metrics = self._holdout_metrics(booster, offset, baseline, X_hold, y_hold, metric_q)
         if cfg.objective == "conformal":
             metrics["calibration_count"] = float(len(calib))
             metrics["offset"] = offset
@@ -345,7 +380,7 @@ class Trainer:
         current_metrics = None
         if current is not None and comparable and len(hold):
             current_metrics = self._holdout_metrics(
-                current.booster, current.metadata.offset, X_hold, y_hold, metric_q
+                current.booster, current.metadata.offset, current.baseline, X_hold, y_hold, metric_q
             )
         accepted, reason = self._decide(metrics, current_metrics, current is not None, comparable)
 
@@ -365,6 +400,7 @@ class Trainer:
                 quantile=cfg.quantile if cfg.predicts_quantile else None,
                 target_transform=cfg.target_transform,
                 offset=offset,
+                baseline=None if baseline is None else baseline.to_dict(),
                 extra={
                     "holdout_count": len(hold),
                     "xgboost": xgb.__version__,
@@ -372,7 +408,7 @@ class Trainer:
                 },
             )
             self.model_store.save(kind, raw, metadata)
-            state.current = _Current(booster, metadata)
+            state.current = _Current(booster, metadata, baseline)
         report = TrainingReport(
             kind=kind,
             accepted=accepted,
@@ -399,12 +435,18 @@ class Trainer:
         return report
 
     def _holdout_metrics(
-        self, booster: xgb.Booster, offset: float, X: np.ndarray, y: np.ndarray, quantile: float
+        self,
+        booster: xgb.Booster,
+        offset: float,
+        baseline: LinearBaseline | None,
+        X: np.ndarray,
+        y: np.ndarray,
+        quantile: float,
     ) -> dict[str, float]:
         if not len(y):
             return {}
         transform = self.config.target_transform
-        margin = booster_margin(booster, X)
+        margin = booster_margin(booster, X, baseline)
         pred = np.exp(margin + offset) if transform == "log" else np.maximum(margin, 0.0)
         point = np.exp(margin) if self.config.objective == "conformal" else None
         return holdout_metrics(y, pred, quantile, point)
