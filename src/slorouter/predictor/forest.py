@@ -27,6 +27,7 @@ guarantees it), so XGBoost's missing-value branches never apply.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from typing import Any
 
@@ -38,6 +39,8 @@ _MAX_LEAVES = 64
 _ONE = np.uint64(1)
 _SIGN_FREE = np.int32(0x7FFFFFFF)
 _ZERO32 = np.float32(0.0)
+_LOW_BYTE = 0 if sys.byteorder == "little" else 7
+_LEAF_STRIDE = 256  # leaf-table entries per word: bases keep their lowest byte free for the leaf's bit count
 
 
 def _float_keys(values: np.ndarray) -> np.ndarray:
@@ -53,6 +56,8 @@ class _Buffers:
     __slots__ = (
         "columns",
         "keys",
+        "leaf_index",
+        "leaf_low_bytes",
         "masks",
         "n",
         "scratch",
@@ -62,7 +67,7 @@ class _Buffers:
         "work_words",
     )
 
-    def __init__(self, n: int, n_features: int, n_words: int, n_trees: int) -> None:
+    def __init__(self, n: int, n_features: int, n_words: int, n_trees: int, leaf_bases: np.ndarray) -> None:
         self.n = n
         self.transposed = np.empty((n_features, n), dtype=np.float32)
         self.scratch = np.empty((n_features, n), dtype=np.int32)
@@ -73,6 +78,11 @@ class _Buffers:
         self.work_words = work[: n * n_words].reshape(n, n_words)
         self.work_trees = work[: n * n_trees].reshape(n, n_trees)
         self.values = np.empty((n, n_trees), dtype=np.float64)
+        # Each tree column's index into the leaf table: its word's base (a multiple of 256) in the upper
+        # bytes, written once, and the leaf's bit count in the lowest byte, written by each prediction.
+        self.leaf_index = np.empty((n, n_trees), dtype=np.int64)
+        self.leaf_index[:] = leaf_bases
+        self.leaf_low_bytes = self.leaf_index.view(np.uint8)[:, _LOW_BYTE::8]
 
 
 class CompiledForest:
@@ -84,7 +94,7 @@ class CompiledForest:
         "_buffers",
         "_keys",
         "_layers",
-        "_leaf_offsets",
+        "_leaf_bases",
         "_leaf_values",
         "_lock",
         "_prefix",
@@ -126,12 +136,13 @@ class CompiledForest:
         self._tables = np.concatenate([np.full((1, self.n_words), _FULL, dtype=np.uint64), *tables])
         # Features no tree splits on leave every mask whole: skip them.
         self._active = tuple(f for f, values in enumerate(thresholds) if len(values))
-        self._leaf_values = np.ascontiguousarray(leaf_values, dtype=np.float64).ravel()
+        # Leaf value of bit k of word w at w × 256 + popcount(the bits up to k) = w × 256 + k + 1.
+        table = np.zeros((self.n_words, _LEAF_STRIDE), dtype=np.float64)
+        table[:, 1 : _MAX_LEAVES + 1] = leaf_values
+        self._leaf_values = table.ravel()
         self._layers = [np.ascontiguousarray(layer, dtype=np.uint64) for layer in layers]
-        # Leaf index of a tree column = 64 × its word + popcount(bits ^ (bits - 1)) - 1; the rest is folded
-        # in here.
-        words = np.concatenate([np.arange(len(layer), dtype=np.uint64) for layer in layers])
-        self._leaf_offsets = words * np.uint64(_MAX_LEAVES) - _ONE
+        words = np.concatenate([np.arange(len(layer), dtype=np.int64) for layer in layers])
+        self._leaf_bases = words * _LEAF_STRIDE
         self._base = base
         self._lock = threading.Lock()
         self._buffers: _Buffers | None = None
@@ -215,14 +226,17 @@ class CompiledForest:
             return np.zeros(0, dtype=np.float64)
         lock = self._lock
         if not lock.acquire(blocking=False):  # another thread is predicting: use arrays of our own
-            return self._predict(X, _Buffers(n, self.n_features, self.n_words, self.n_trees))
+            return self._predict(X, self._new_buffers(n))
         try:
             buffers = self._buffers
             if buffers is None or buffers.n != n:
-                buffers = self._buffers = _Buffers(n, self.n_features, self.n_words, self.n_trees)
+                buffers = self._buffers = self._new_buffers(n)
             return self._predict(X, buffers)
         finally:
             lock.release()
+
+    def _new_buffers(self, n: int) -> _Buffers:
+        return _Buffers(n, self.n_features, self.n_words, self.n_trees, self._leaf_bases)
 
     def _predict(self, X: np.ndarray, b: _Buffers) -> np.ndarray:
         # Keys of the values, feature-major: (f << 32) + int32 key of the float.
@@ -253,12 +267,12 @@ class CompiledForest:
             width = len(layer)
             np.bitwise_and(masks[:, :width], layer, out=columns[:, start : start + width])
             start += width
-        leaves = b.work_trees
-        np.subtract(columns, _ONE, out=leaves)
-        leaves ^= columns
-        np.bitwise_count(leaves, out=leaves)
-        leaves += self._leaf_offsets
-        values = self._leaf_values.take(leaves.view(np.intp), out=b.values, mode="clip")
+        # Bits up to and including the lowest set one, counted into the low byte of each leaf index.
+        bits = b.work_trees
+        np.subtract(columns, _ONE, out=bits)
+        bits ^= columns
+        np.bitwise_count(bits, out=b.leaf_low_bytes)
+        values = self._leaf_values.take(b.leaf_index, out=b.values, mode="clip")
         out = values.sum(axis=1)
         out += self._base
         return out
