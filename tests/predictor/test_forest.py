@@ -133,9 +133,9 @@ def test_quantile_objective_and_models_it_does_not_cover() -> None:
 def test_small_trees_share_words_and_full_trees_fill_one() -> None:
     x, y, _, _ = synthetic(4000, seed=13)
     probe, _, _, _ = synthetic(500, seed=14)
-    shallow = _booster(x, np.log(y), rounds=60, max_depth=3)  # ≤ 8 leaves: up to 8 trees per word
+    shallow = _booster(x, np.log(y), rounds=61, max_depth=3)  # ≤ 8 leaves: two trees per word
     forest = CompiledForest.from_booster(shallow, x.shape[1])
-    assert forest is not None and forest.n_trees == 60 and forest.n_words <= 60 // 4
+    assert forest is not None and forest.n_trees == 61 and forest.n_words == 31 and forest.n_layers == 2
     _close(forest.predict(probe), _expected(shallow, probe))
     noise = np.random.default_rng(0).random(len(x))  # unlearnable: trees grow every branch
     dense = _booster(x, noise, rounds=20, max_depth=6, min_child_weight=0, eta=0.3)

@@ -12,11 +12,12 @@ For a feature the false nodes are exactly those with ``threshold ≤ x[f]``, a p
 thresholds sorted ascending, so the AND of their masks is precomputed per (feature, prefix length, word):
 one ``searchsorted`` (over all features at once, on integer keys that order like the floats) then a table
 gather gives each (row, word) mask, the AND over features leaves each tree's exit leaf as its lowest set
-bit, and that bit's index (a popcount) selects the leaf value. Trees are packed into 64-bit words by leaf
-count (two or three trees of ≤ 32 leaves share a word), which halves the tables and the gather/AND work;
-a tree's bits are read with the bits of the trees below it in its word cleared. Thresholds come from
-XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small (~1 MB for 200 trees over 8
-features).
+bit, and that bit's index (a popcount) selects the leaf value. Two trees whose leaves fit in 64 bits
+share a word, which halves the tables and the gather/AND work: the word itself gives its first tree's exit
+leaf, the word with the first tree's bits cleared its second's; both layers are processed as one
+contiguous ``(2, n, words)`` array, because numpy's strided 2-d loops cost several times more. Thresholds
+come from XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small (~1 MB for 200 trees
+over 8 features).
 
 ``CompiledForest.from_booster`` returns None for models it does not cover (deeper trees, categorical
 splits, several outputs) and checks its own predictions against XGBoost's on probe rows before anyone uses
@@ -51,38 +52,39 @@ def _float_keys(values: np.ndarray) -> np.ndarray:
 
 class _Buffers:
     """Work arrays for ``n`` rows, reused across calls (allocation and page faults are a large share of the
-    cost at 100 rows)."""
+    cost at 100 rows). Per-tree arrays are ``(layers, n, words)``: layer 0 holds each word's first tree,
+    layer 1 its second; every operation on them is one contiguous pass."""
 
     __slots__ = (
-        "columns",
+        "bits",
         "keys",
         "leaf_index",
         "leaf_low_bytes",
-        "masks",
         "n",
         "scratch",
+        "second",
         "transposed",
         "values",
-        "work_trees",
-        "work_words",
+        "words",
     )
 
-    def __init__(self, n: int, n_features: int, n_words: int, n_trees: int, leaf_bases: np.ndarray) -> None:
+    def __init__(self, n: int, forest: CompiledForest) -> None:
         self.n = n
+        n_features, n_words, layers = forest.n_features, forest.n_words, forest.n_layers
         self.transposed = np.empty((n_features, n), dtype=np.float32)
         self.scratch = np.empty((n_features, n), dtype=np.int32)
         self.keys = np.empty((n_features, n), dtype=np.int64)
-        self.masks = np.empty((n, n_words), dtype=np.uint64)
-        self.columns = np.empty((n, n_trees), dtype=np.uint64)
-        work = np.empty(n * max(n_words, n_trees), dtype=np.uint64)
-        self.work_words = work[: n * n_words].reshape(n, n_words)
-        self.work_trees = work[: n * n_trees].reshape(n, n_trees)
-        self.values = np.empty((n, n_trees), dtype=np.float64)
-        # Each tree column's index into the leaf table: its word's base (a multiple of 256) in the upper
-        # bytes, written once, and the leaf's bit count in the lowest byte, written by each prediction.
-        self.leaf_index = np.empty((n, n_trees), dtype=np.int64)
-        self.leaf_index[:] = leaf_bases
-        self.leaf_low_bytes = self.leaf_index.view(np.uint8)[:, _LOW_BYTE::8]
+        self.words = np.empty((layers, n, n_words), dtype=np.uint64)
+        self.bits = np.empty((layers, n, n_words), dtype=np.uint64)
+        self.values = np.empty((layers, n, n_words), dtype=np.float64)
+        # The mask that keeps a word's second tree, per row (so that the AND is one contiguous pass).
+        self.second = np.empty((n, n_words), dtype=np.uint64)
+        self.second[:] = forest._second
+        # Each (layer, word) index into the leaf table: its base (a multiple of 256) in the upper bytes,
+        # written once, and the leaf's bit count in the lowest byte, written by each prediction.
+        self.leaf_index = np.empty((layers, n, n_words), dtype=np.int64)
+        self.leaf_index[:] = forest._leaf_bases[:, None, :]
+        self.leaf_low_bytes = self.leaf_index.view(np.uint8)[:, :, _LOW_BYTE::8]
 
 
 class CompiledForest:
@@ -93,14 +95,15 @@ class CompiledForest:
         "_base",
         "_buffers",
         "_keys",
-        "_layers",
         "_leaf_bases",
         "_leaf_values",
         "_lock",
         "_prefix",
+        "_second",
         "_tables",
         "_thresholds",
         "n_features",
+        "n_layers",
         "n_trees",
         "n_words",
     )
@@ -110,16 +113,17 @@ class CompiledForest:
         thresholds: list[np.ndarray],
         tables: list[np.ndarray],
         leaf_values: np.ndarray,
-        layers: list[np.ndarray],
+        second: np.ndarray,
         base: float,
+        n_trees: int,
     ) -> None:
         """``thresholds[f]``: feature f's split thresholds (float32, ascending, unique); ``tables[f]``: the
-        ``(len(thresholds[f]) + 1, n_words)`` AND-table of its masks; ``leaf_values``: ``(n_words, 64)``
-        by leaf bit; ``layers[j]``: for the words holding more than j trees (a prefix of the words), the
-        mask that keeps the bits of their (j+1)-th tree and above."""
+        ``(len(thresholds[f]) + 1, n_words)`` AND-table of its masks; ``leaf_values``: ``(layers, n_words,
+        64)``, the value of each leaf bit of each word's first (layer 0) and second (layer 1) tree;
+        ``second``: per word, the mask of its second tree's bits (0 for a word holding one tree)."""
         self.n_features = len(thresholds)
-        self.n_words = leaf_values.shape[0]
-        self.n_trees = sum(len(layer) for layer in layers)
+        self.n_layers, self.n_words = leaf_values.shape[:2]
+        self.n_trees = n_trees
         self._thresholds = thresholds
         # All features' thresholds in one sorted array of int64 keys, so that one ``searchsorted`` places
         # every value: feature f's block starts with a sentinel below any of its values, then
@@ -136,13 +140,15 @@ class CompiledForest:
         self._tables = np.concatenate([np.full((1, self.n_words), _FULL, dtype=np.uint64), *tables])
         # Features no tree splits on leave every mask whole: skip them.
         self._active = tuple(f for f, values in enumerate(thresholds) if len(values))
-        # Leaf value of bit k of word w at w × 256 + popcount(the bits up to k) = w × 256 + k + 1.
-        table = np.zeros((self.n_words, _LEAF_STRIDE), dtype=np.float64)
-        table[:, 1 : _MAX_LEAVES + 1] = leaf_values
+        # Value of bit k of (layer, word) at (layer × n_words + word) × 256 + popcount(bits up to k), i.e.
+        # + k + 1. A word without a second tree reads 0 at + 64 (its layer-1 bits are all clear).
+        table = np.zeros((self.n_layers * self.n_words, _LEAF_STRIDE), dtype=np.float64)
+        table[:, 1 : _MAX_LEAVES + 1] = leaf_values.reshape(-1, _MAX_LEAVES)
         self._leaf_values = table.ravel()
-        self._layers = [np.ascontiguousarray(layer, dtype=np.uint64) for layer in layers]
-        words = np.concatenate([np.arange(len(layer), dtype=np.int64) for layer in layers])
-        self._leaf_bases = words * _LEAF_STRIDE
+        self._leaf_bases = (np.arange(self.n_layers * self.n_words, dtype=np.int64) * _LEAF_STRIDE).reshape(
+            self.n_layers, self.n_words
+        )
+        self._second = np.ascontiguousarray(second, dtype=np.uint64)
         self._base = base
         self._lock = threading.Lock()
         self._buffers: _Buffers | None = None
@@ -184,21 +190,21 @@ class CompiledForest:
                 return None
             tree_leaves.append(collected[0])
             tree_nodes.append(collected[1])
-        words = _pack([len(leaves) for leaves in tree_leaves])
+        words = _pair([len(leaves) for leaves in tree_leaves])
         n_words = len(words)
-        leaf_values = np.zeros((n_words, _MAX_LEAVES), dtype=np.float64)
+        n_layers = max(len(word) for word in words)
+        leaf_values = np.zeros((n_layers, n_words, _MAX_LEAVES), dtype=np.float64)
+        second = np.zeros(n_words, dtype=np.uint64)
         nodes: list[list[tuple[float, int, int]]] = [[] for _ in range(n_features)]
-        layers: list[list[int]] = []
         for w, word in enumerate(words):
             start = 0
-            for j, t in enumerate(word):
+            for layer, t in enumerate(word):
                 leaves = tree_leaves[t]
-                leaf_values[w, start : start + len(leaves)] = leaves
+                leaf_values[layer, w, start : start + len(leaves)] = leaves
                 for feature, threshold, left in tree_nodes[t]:
                     nodes[feature].append((threshold, w, _FULL ^ (left << start)))
-                if j == len(layers):
-                    layers.append([])
-                layers[j].append(_FULL ^ ((1 << start) - 1))
+                if layer == 1:
+                    second[w] = _FULL ^ ((1 << start) - 1)
                 start += len(leaves)
         thresholds: list[np.ndarray] = []
         tables: list[np.ndarray] = []
@@ -216,8 +222,7 @@ class CompiledForest:
                 table[k + 1] = current
             thresholds.append(values)
             tables.append(table)
-        layer_arrays = [np.array(layer, dtype=np.uint64) for layer in layers]
-        return cls(thresholds, tables, leaf_values, layer_arrays, float(base_values[0]))
+        return cls(thresholds, tables, leaf_values, second, float(base_values[0]), len(trees))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Margins (float64, a new array) for the float32 rows of ``X`` (``(n, n_features)``, finite)."""
@@ -226,17 +231,14 @@ class CompiledForest:
             return np.zeros(0, dtype=np.float64)
         lock = self._lock
         if not lock.acquire(blocking=False):  # another thread is predicting: use arrays of our own
-            return self._predict(X, self._new_buffers(n))
+            return self._predict(X, _Buffers(n, self))
         try:
             buffers = self._buffers
             if buffers is None or buffers.n != n:
-                buffers = self._buffers = self._new_buffers(n)
+                buffers = self._buffers = _Buffers(n, self)
             return self._predict(X, buffers)
         finally:
             lock.release()
-
-    def _new_buffers(self, n: int) -> _Buffers:
-        return _Buffers(n, self.n_features, self.n_words, self.n_trees, self._leaf_bases)
 
     def _predict(self, X: np.ndarray, b: _Buffers) -> np.ndarray:
         # Keys of the values, feature-major: (f << 32) + int32 key of the float.
@@ -249,7 +251,7 @@ class CompiledForest:
         np.add(bits, self._prefix, out=b.keys)
         # Row of each (feature, row) in the stacked tables.
         positions = np.searchsorted(self._keys, b.keys.ravel(), side="right").reshape(b.keys.shape)
-        masks, work, tables = b.masks, b.work_words, self._tables
+        masks, work, tables = b.words[0], b.bits[0], self._tables
         active = self._active
         if active:
             # Gather one feature's masks at a time and AND them in: the working set stays in cache.
@@ -259,21 +261,18 @@ class CompiledForest:
                 masks &= work
         else:
             masks.fill(_FULL)
-        # One column per tree: its word with the bits of the trees below it in the word cleared, so that its
-        # exit leaf is the lowest set bit.
-        columns = b.columns
-        start = 0
-        for layer in self._layers:
-            width = len(layer)
-            np.bitwise_and(masks[:, :width], layer, out=columns[:, start : start + width])
-            start += width
+        # Layer 0 is each word as it is (its first tree's exit leaf is the lowest set bit); layer 1 keeps
+        # only the second tree's bits.
+        if self.n_layers == 2:
+            np.bitwise_and(masks, b.second, out=b.words[1])
         # Bits up to and including the lowest set one, counted into the low byte of each leaf index.
-        bits = b.work_trees
-        np.subtract(columns, _ONE, out=bits)
-        bits ^= columns
-        np.bitwise_count(bits, out=b.leaf_low_bytes)
+        np.subtract(b.words, _ONE, out=b.bits)
+        b.bits ^= b.words
+        np.bitwise_count(b.bits, out=b.leaf_low_bytes)
         values = self._leaf_values.take(b.leaf_index, out=b.values, mode="clip")
-        out = values.sum(axis=1)
+        if self.n_layers == 2:
+            np.add(values[0], values[1], out=values[0])
+        out = values[0].sum(axis=1)
         out += self._base
         return out
 
@@ -331,19 +330,18 @@ def _collect(
     return leaves, splits
 
 
-def _pack(leaf_counts: list[int]) -> list[list[int]]:
-    """Trees into 64-bit words (first fit, largest first), each word's trees in bit order; words holding
-    more trees first, so that the words holding a (j+1)-th tree are a prefix of the list."""
+def _pair(leaf_counts: list[int]) -> list[list[int]]:
+    """Trees into 64-bit words, at most two per word (as many pairs as fit: the smallest left tree with the
+    largest that fits beside it), each word's trees in bit order."""
+    order = sorted(range(len(leaf_counts)), key=lambda t: leaf_counts[t])
     words: list[list[int]] = []
-    free: list[int] = []
-    for t in sorted(range(len(leaf_counts)), key=lambda t: -leaf_counts[t]):
-        count = leaf_counts[t]
-        for w, room in enumerate(free):
-            if room >= count:
-                words[w].append(t)
-                free[w] -= count
-                break
+    low, high = 0, len(order) - 1
+    while low <= high:
+        big = order[high]
+        if low < high and leaf_counts[order[low]] + leaf_counts[big] <= _MAX_LEAVES:
+            words.append([big, order[low]])
+            low += 1
         else:
-            words.append([t])
-            free.append(_MAX_LEAVES - count)
-    return sorted(words, key=len, reverse=True)
+            words.append([big])
+        high -= 1
+    return words
