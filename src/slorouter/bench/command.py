@@ -19,10 +19,10 @@ from slorouter.scheduling.config import SchedulerConfigError
 # --quick: maas-mix at one load point with every built-in policy, short enough for about a minute.
 QUICK = {
     "workloads": ["maas-mix"],
-    "pool": "8",
-    "qps": [12.0],
-    "duration_s": 120.0,
-    "warmup_s": 40.0,
+    "pool": "8x qwen3-32b-h100-tp2",
+    "qps": [60.0],
+    "duration_s": 90.0,
+    "warmup_s": 30.0,
 }
 
 
