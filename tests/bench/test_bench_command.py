@@ -71,6 +71,7 @@ def test_summary_slo_attainment_shedding_and_prediction_quality() -> None:
         predicted=[True, True, False, False],
         predicted_ttft_ms=[150.0, 250.0, math.nan, math.nan],
         point_ttft_ms=[80.0, 240.0, math.nan, math.nan],
+        point_tpot_ms=[110.0, 90.0, math.nan, math.nan],
     )
     s = summarize_run(rec, warmup_s=0.0, duration_s=10.0)
     # request 0 meets both; 1 misses TTFT; 2 misses TPOT (300 ms/token); 3 was shed
@@ -81,6 +82,8 @@ def test_summary_slo_attainment_shedding_and_prediction_quality() -> None:
     assert s["ttft_mape"] == pytest.approx((0.2 + 0.2) / 2, abs=1e-4)  # |100−80|/100, |300−240|/300
     assert s["ttft_p90_coverage"] == pytest.approx(0.5)  # 100 ≤ 150, 300 > 250
     assert s["predicted_share"] == pytest.approx(2 / 3, abs=1e-4)
+    # E2E: 80 + 110 × 10 = 1180 vs 1100; 240 + 90 × 10 = 1140 vs 1300
+    assert s["e2e_mape"] == pytest.approx((80 / 1100 + 160 / 1300) / 2, abs=1e-4)
 
 
 def test_builtin_policies_all_build_and_user_files_load(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ TABLE_COLUMNS: list[tuple[str, str]] = [
     ("prefix_cache_hit_rate", "prefix hit"),
     ("ttft_mape", "TTFT MAPE"),
     ("ttft_p90_coverage", "TTFT p90 cov."),
+    ("e2e_mape", "E2E MAPE"),
 ]
 
 

@@ -9,7 +9,8 @@ SLO attainment: among measured requests carrying an SLO, the share that finished
 carry (TTFT and/or TPOT); ``slo_attainment`` counts shed requests as misses, ``slo_attainment_admitted``
 leaves them out (the admitter's promise is about the requests it lets in). Goodput: requests per second
 that met their SLO (or, without SLOs, that finished). Prediction quality is over the admitted requests
-routed with predictions: MAPE of the point prediction and coverage (actual ≤ predicted) of the served p90.
+routed with predictions: MAPE of the point prediction and coverage (actual ≤ predicted) of the served p90;
+``e2e_mape`` compares the E2E a streaming client sees with point TTFT + point TPOT × (output tokens − 1).
 """
 
 from __future__ import annotations
@@ -110,6 +111,15 @@ def summarize_run(
             summary[f"{kind}_p90_coverage"] = round(float(np.mean(actual <= served[ok])), 4)
         else:
             summary[f"{kind}_mape"] = summary[f"{kind}_p90_coverage"] = None
+    # E2E as a streaming client sees it: predicted TTFT + predicted TPOT × (output tokens − 1).
+    point_e2e = rec.point_ttft_ms + rec.point_tpot_ms * np.maximum(rec.output_tokens - 1, 0)
+    actual_e2e = rec.e2e_s * 1000.0
+    ok = routed & ~np.isnan(point_e2e) & (actual_e2e > 0)
+    summary["e2e_mape"] = (
+        round(float(np.mean(np.abs(actual_e2e[ok] - point_e2e[ok]) / actual_e2e[ok])), 4)
+        if ok.any()
+        else None
+    )
     summary.update(
         sim_virtual_s=round(rec.virtual_s, 3),
         sim_wall_s=round(rec.wall_s, 3),
