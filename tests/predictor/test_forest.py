@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
-from slorouter.predictor.forest import CompiledForest
+from slorouter.predictor.forest import _CACHE_BYTES, CompiledForest
 from tests.predictor.conftest import synthetic
 
 
@@ -65,7 +65,7 @@ def test_negative_values_zero_signs_and_extremes(model: tuple[xgb.Booster, Compi
     _close(forest.predict(X), _expected(booster, X))
 
 
-@pytest.mark.parametrize("n", [1, 2, 100, 101, 1000])
+@pytest.mark.parametrize("n", [1, 2, 100, 101, 1000, 2500])
 def test_any_row_count_and_buffer_reuse(model: tuple[xgb.Booster, CompiledForest], n: int) -> None:
     booster, forest = model
     x, _, _, _ = synthetic(n, seed=n)
@@ -74,6 +74,17 @@ def test_any_row_count_and_buffer_reuse(model: tuple[xgb.Booster, CompiledForest
     second = forest.predict(x)
     assert second is not first and np.array_equal(first, second)  # results never alias the work arrays
     assert forest.predict(x[:0]).shape == (0,)
+
+
+def test_work_arrays_of_many_batch_sizes_stay_within_the_budget(
+    model: tuple[xgb.Booster, CompiledForest],
+) -> None:
+    booster, forest = model
+    x, _, _, _ = synthetic(1024, seed=15)
+    for n in [*range(90, 130), 1024, 700, 1024]:
+        _close(forest.predict(x[:n]), _expected(booster, x[:n]))
+    assert sum(b.nbytes for b in forest._buffers.values()) <= _CACHE_BYTES
+    assert 1024 in forest._buffers  # the most recent size is kept
 
 
 def test_non_contiguous_and_float64_input(model: tuple[xgb.Booster, CompiledForest]) -> None:

@@ -41,6 +41,8 @@ _ONE = np.uint64(1)
 _SIGN_FREE = np.int32(0x7FFFFFFF)
 _ZERO32 = np.float32(0.0)
 _LOW_BYTE = 0 if sys.byteorder == "little" else 7
+_CHUNK_ROWS = 1024  # larger batches are evaluated in chunks of this many rows
+_CACHE_BYTES = 16 << 20  # work arrays kept per forest (≈ 0.8 MB for 100 rows, 8 MB for 1,024)
 _LEAF_STRIDE = 256  # leaf-table entries per word: bases keep their lowest byte free for the leaf's bit count
 
 
@@ -61,6 +63,7 @@ class _Buffers:
         "leaf_index",
         "leaf_low_bytes",
         "n",
+        "nbytes",
         "scratch",
         "second",
         "transposed",
@@ -85,6 +88,21 @@ class _Buffers:
         self.leaf_index = np.empty((layers, n, n_words), dtype=np.int64)
         self.leaf_index[:] = forest._leaf_bases[:, None, :]
         self.leaf_low_bytes = self.leaf_index.view(np.uint8)[:, :, _LOW_BYTE::8]
+        self.nbytes = (
+            sum(
+                a.nbytes
+                for a in (
+                    self.transposed,
+                    self.scratch,
+                    self.keys,
+                    self.words,
+                    self.bits,
+                    self.values,
+                    self.second,
+                )
+            )
+            + self.leaf_index.nbytes
+        )
 
 
 class CompiledForest:
@@ -151,7 +169,7 @@ class CompiledForest:
         self._second = np.ascontiguousarray(second, dtype=np.uint64)
         self._base = base
         self._lock = threading.Lock()
-        self._buffers: _Buffers | None = None
+        self._buffers: dict[int, _Buffers] = {}  # by row count, oldest first
 
     @classmethod
     def from_booster(cls, booster: xgb.Booster, n_features: int) -> CompiledForest | None:
@@ -229,13 +247,21 @@ class CompiledForest:
         n = X.shape[0]
         if n == 0:
             return np.zeros(0, dtype=np.float64)
+        if n > _CHUNK_ROWS:  # bounded work arrays (and cache-sized passes) for large batches
+            return np.concatenate([self.predict(X[i : i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)])
         lock = self._lock
         if not lock.acquire(blocking=False):  # another thread is predicting: use arrays of our own
             return self._predict(X, _Buffers(n, self))
         try:
-            buffers = self._buffers
-            if buffers is None or buffers.n != n:
-                buffers = self._buffers = _Buffers(n, self)
+            buffers = self._buffers.get(n)
+            if buffers is None:
+                # Coalesced batches vary in size: keep the arrays of the most recent sizes, within a budget.
+                cached = self._buffers
+                total = sum(b.nbytes for b in cached.values())
+                buffers = _Buffers(n, self)
+                while cached and total + buffers.nbytes > _CACHE_BYTES:
+                    total -= cached.pop(next(iter(cached))).nbytes
+                cached[n] = buffers
             return self._predict(X, buffers)
         finally:
             lock.release()

@@ -243,6 +243,18 @@ class RowMatrices:
 _NUMBER_TYPES = frozenset({int, float})
 
 
+class _Layout:
+    """Where a binary body's columns go: per model, the body column of each of its features."""
+
+    __slots__ = ("columns", "derive", "tpot", "ttft")
+
+    def __init__(self, columns: list[str], ttft: np.ndarray, tpot: np.ndarray, derive: int | None) -> None:
+        self.columns = columns
+        self.ttft = ttft
+        self.tpot = tpot
+        self.derive = derive  # the TTFT column of effective_input_tokens when it must be derived
+
+
 class BinaryRows:
     """Both models' matrices from a binary bulk body: little-endian float32 rows whose columns are named by
     the ``X-Feature-Names`` header (any order; every feature of the schema, ``effective_input_tokens`` may
@@ -252,17 +264,18 @@ class BinaryRows:
     def __init__(self, schema: FeatureSchema) -> None:
         self.schema = schema
         self._names = schema.all_features()
-        self._ttft = schema.features("ttft")
-        self._tpot = schema.features("tpot")
-        self._low = np.zeros(len(self._names))
-        self._high = np.array([1.0 if n in FRACTION_FEATURES else MAX_COUNT for n in self._names])
-        if POD_CLASS in self._names:
-            self._high[self._names.index(POD_CLASS)] = POD_CLASS_CODES - 1
-        self._layouts: dict[bytes, tuple[list[str], np.ndarray, bool]] = {}
+        self._bounds = {kind: self._bounds_of(schema.features(kind)) for kind in MODEL_KINDS}
+        self._layouts: dict[bytes, _Layout] = {}
 
-    def _layout(self, header: bytes | None) -> tuple[list[str], np.ndarray, bool]:
-        """(the body's column names, where each schema feature is among them, whether to derive
-        ``effective_input_tokens``); cached per header value."""
+    @staticmethod
+    def _bounds_of(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int | None]:
+        high = np.array([1.0 if n in FRACTION_FEATURES else MAX_COUNT for n in names])
+        pod_class = names.index(POD_CLASS) if POD_CLASS in names else None
+        if pod_class is not None:
+            high[pod_class] = POD_CLASS_CODES - 1
+        return np.zeros(len(names)), high, pod_class
+
+    def _layout(self, header: bytes | None) -> _Layout:
         if header is None:
             raise RequestError(f"a {BINARY_ROWS_TYPE} body needs the {FEATURE_NAMES_HEADER} header")
         layout = self._layouts.get(header)
@@ -274,16 +287,21 @@ class BinaryRows:
         missing = [n for n in self._names if n not in columns and n not in DERIVED_FEATURES]
         if missing:
             raise RequestError(f"{FEATURE_NAMES_HEADER} lacks required feature(s): {', '.join(missing)}")
-        derive = EFFECTIVE_INPUT_TOKENS in self._names and EFFECTIVE_INPUT_TOKENS not in columns
-        where = np.array([columns.index(n) if n in columns else 0 for n in self._names], dtype=np.intp)
-        layout = (columns, where, derive)
+        ttft_names, tpot_names = self.schema.features("ttft"), self.schema.features("tpot")
+        derive = None if EFFECTIVE_INPUT_TOKENS in columns else ttft_names.index(EFFECTIVE_INPUT_TOKENS)
+        layout = _Layout(
+            columns,
+            np.array([columns.index(n) if n in columns else 0 for n in ttft_names], dtype=np.intp),
+            np.array([columns.index(n) for n in tpot_names], dtype=np.intp),
+            derive,
+        )
         if len(self._layouts) < 16:
             self._layouts[header] = layout
         return layout
 
     def __call__(self, body: bytes, header: bytes | None, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
-        columns, where, derive = self._layout(header)
-        width = len(columns)
+        layout = self._layout(header)
+        width = len(layout.columns)
         if len(body) % (4 * width):
             raise RequestError(
                 f"a {BINARY_ROWS_TYPE} body must hold whole rows of {width} float32 values "
@@ -297,24 +315,25 @@ class BinaryRows:
                 status=413,
             )
         raw = np.frombuffer(body, dtype="<f4").reshape(n, width)
-        matrix = raw.take(where, axis=1).astype(np.float64)  # schema order, the union of both models
-        names = self._names
-        if derive:
-            j = names.index(EFFECTIVE_INPUT_TOKENS)
-            matrix[:, j] = (1.0 - matrix[:, names.index(PREFIX_CACHE_SCORE)]) * matrix[
-                :, names.index(INPUT_TOKEN_LENGTH)
-            ]
-        with np.errstate(invalid="ignore"):
-            bad = ~((matrix >= self._low) & (matrix <= self._high))
-        if POD_CLASS in names:
-            pod = matrix[:, names.index(POD_CLASS)]
-            bad[:, names.index(POD_CLASS)] |= np.floor(pod) != pod
-        if bad.any():
-            self._raise_first_error(raw, columns, int(np.flatnonzero(bad.any(axis=1))[0]))
-        single = matrix.astype(np.float32)
-        ttft = single.take([names.index(n) for n in self._ttft], axis=1)
-        tpot = single.take([names.index(n) for n in self._tpot], axis=1)
-        return ttft, tpot
+        x_ttft = raw.take(layout.ttft, axis=1).astype(np.float32, copy=False)  # native order, C-contiguous
+        x_tpot = raw.take(layout.tpot, axis=1).astype(np.float32, copy=False)
+        if layout.derive is not None:  # as the library derives it: in float64, then float32
+            names = self.schema.features("ttft")
+            prefix = x_ttft[:, names.index(PREFIX_CACHE_SCORE)].astype(np.float64)
+            length = x_ttft[:, names.index(INPUT_TOKEN_LENGTH)].astype(np.float64)
+            x_ttft[:, layout.derive] = (1.0 - prefix) * length
+        bad = None
+        for kind, matrix in (("ttft", x_ttft), ("tpot", x_tpot)):
+            low, high, pod_class = self._bounds[kind]
+            ok = (matrix >= low) & (matrix <= high)  # NaN fails both
+            if pod_class is not None:
+                ok[:, pod_class] &= np.floor(matrix[:, pod_class]) == matrix[:, pod_class]
+            if not ok.all():
+                rows = ~ok.all(axis=1)
+                bad = rows if bad is None else bad | rows
+        if bad is not None:
+            self._raise_first_error(raw, layout.columns, int(np.flatnonzero(bad)[0]))
+        return x_ttft, x_tpot
 
     def _raise_first_error(self, raw: np.ndarray, columns: list[str], index: int) -> None:
         row = dict(zip(columns, raw[index].astype(np.float64).tolist(), strict=True))
