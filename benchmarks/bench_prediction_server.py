@@ -5,15 +5,18 @@ and written to a temporary model directory, from which one ``slorouter predictor
 process serves them (pinned to one CPU with ``taskset`` when there are at least two).
 
 1. Throughput: wrk (C, another process, pinned to the other CPUs) posts ``POST /v1/predict/bulk`` with 100
-   rows, from several connections; requests/s and wrk's latency percentiles. Target: ≥ 1,500 requests/s.
-2. Compute floor: the bulk handler's work without HTTP (parse JSON, build the matrices, predict both models,
-   serialise), timed in this process: the most one process could serve on this CPU.
-3. End to end: in this process, ``PredictionClient`` (1 ms coalescing window, 50 ms timeout) with
-   concurrent router-like callers, each predicting 100 candidates per call at a fixed call rate (Poisson
-   arrivals); p50/p99 of the ``predict`` call as the router sees it (window + HTTP + server + decoding).
+   rows, from several connections, in both request formats: the JSON rows of the contract and the optional
+   binary float32 body; requests/s, wrk's latency percentiles, and the server's CPU time per request (from
+   /proc: what the server itself spent, whatever else ran on its CPU). Target: ≥ 1,500 requests/s.
+2. Compute floor: the bulk handler's work without HTTP (parse, build the matrices, predict both models,
+   serialise), timed in this process for both formats: the most one process could serve on this CPU.
+3. End to end: in this process, ``PredictionClient`` (1 ms coalescing window, 50 ms timeout; binary wire
+   format, its default, and JSON) with concurrent router-like callers, each predicting 100 candidates per
+   call at a fixed call rate (Poisson arrivals); p50/p99 of the ``predict`` call as the router sees it
+   (window + encoding + HTTP + server + decoding).
 
     .venv/bin/python benchmarks/bench_prediction_server.py [--seconds 10] [--connections 8 32] \
-        [--rates 50 100 200] [--rounds 3]
+        [--rates 50 100 200] [--rounds 3] [--formats json binary]
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +36,7 @@ import timeit
 import numpy as np
 import uvloop
 
-from _harness import free_port, markdown_table, process, run_wrk
+from _harness import _to_ms, ensure_wrk, free_port, markdown_table, process
 from slorouter.clock import ManualClock
 from slorouter.predictor.client import PredictionClient, PredictionUnavailable, WireFormat
 from slorouter.predictor.features import columns_to_matrix
@@ -80,9 +85,9 @@ def pin() -> list[str]:
 
 
 async def end_to_end(
-    url: str, sets: list[tuple[np.ndarray, np.ndarray]], rate: float, seconds: float
+    url: str, sets: list[tuple[np.ndarray, np.ndarray]], rate: float, seconds: float, binary: bool
 ) -> dict:
-    client = PredictionClient([url], coalesce_window_s=0.001, timeout_s=0.05)
+    client = PredictionClient([url], coalesce_window_s=0.001, timeout_s=0.05, binary=binary)
     client.start()
     await asyncio.sleep(0.2)  # first health probe
     loop = asyncio.get_running_loop()
@@ -124,27 +129,94 @@ async def end_to_end(
     }
 
 
-def handler_floor(model_dir: str, body: bytes, iterations: int = 2000) -> dict[str, float]:
+def handler_floor(
+    model_dir: str,
+    wire: WireFormat,
+    matrices: tuple[np.ndarray, np.ndarray],
+    binary: bool,
+    iterations: int = 2000,
+) -> dict[str, float]:
     """Median µs of each step of the bulk handler, in-process (no HTTP)."""
     server = PredictionServer(make_source(model_dir=model_dir))
     server.predictor.refresh()
+    names = ",".join(wire.names).encode()
+    body = wire.encode_binary(*matrices) if binary else wire.encode(*matrices)
     steps = np.empty((iterations, 4))
     perf = time.perf_counter
     for i in range(iterations + 200):
         t0 = perf()
-        rows = server._rows(parse_json(body))
-        t1 = perf()
-        matrices = server._row_matrices(rows)
-        assert matrices is not None
-        t2 = perf()
-        ttft, tpot = server.predictor.predict(*matrices)
+        if binary:
+            x_ttft, x_tpot = server._binary_rows(body, names, 10_000)
+            t1 = t2 = perf()
+        else:
+            rows = server._rows(parse_json(body))
+            t1 = perf()
+            result = server._row_matrices(rows)
+            assert result is not None
+            x_ttft, x_tpot = result
+            t2 = perf()
+        ttft, tpot = server.predictor.predict(x_ttft, x_tpot)
         t3 = perf()
-        server._encode_bulk(ttft, tpot)
+        if binary:
+            server._encode_binary(ttft, tpot)
+        else:
+            server._encode_bulk(ttft, tpot)
         t4 = perf()
         if i >= 200:
             steps[i - 200] = (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
     median = np.median(steps, axis=0) * 1e6
-    return dict(zip(("json", "matrices", "predict", "encode"), median.tolist(), strict=True))
+    return dict(zip(("parse", "matrices", "predict", "encode"), median.tolist(), strict=True))
+
+
+def run_wrk(
+    url: str, body: bytes, headers: dict[str, str], *, connections: int, seconds: float, server_pid: int
+) -> dict[str, float]:
+    """POST ``body`` (any bytes: wrk reads it from a file) with wrk; req/s, latency percentiles in ms, and
+    the server process's CPU µs per request."""
+    with tempfile.TemporaryDirectory(prefix="bench-wrk-") as directory:
+        body_path = os.path.join(directory, "body")
+        with open(body_path, "wb") as f:
+            f.write(body)
+        script_path = os.path.join(directory, "post.lua")
+        lines = [
+            'wrk.method = "POST"',
+            f'local f = io.open("{body_path}", "rb")',
+            "wrk.body = f:read('*all')",
+        ]
+        lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items()]
+        with open(script_path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        cpu_before = cpu_ticks(server_pid)
+        out = subprocess.run(
+            [
+                ensure_wrk(),
+                "-t1",
+                f"-c{connections}",
+                f"-d{max(1, round(seconds))}s",
+                "--latency",
+                "-s",
+                script_path,
+                url,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        cpu = (cpu_ticks(server_pid) - cpu_before) / os.sysconf("SC_CLK_TCK")
+    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
+    result["requests"] = float(re.search(r"(\d+) requests in", out).group(1))
+    for pct in ("50", "99"):
+        result[f"p{pct}_ms"] = _to_ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    result["non_2xx"] = float(errors.group(1)) if errors else 0.0
+    result["cpu_us"] = cpu * 1e6 / max(1.0, result["requests"])
+    return result
+
+
+def cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
 
 def calibration_us() -> float:
@@ -160,16 +232,17 @@ def main() -> None:
     parser.add_argument("--connections", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rates", type=float, nargs="+", default=[50.0, 100.0, 200.0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--formats", nargs="+", choices=["json", "binary"], default=["json", "binary"])
     parser.add_argument("--train-samples", type=int, default=4000)
     args = parser.parse_args()
 
     samples = generate_samples(args.train_samples, seed=0)
     server_cpu = pin()
+    wire = WireFormat()
+    bodies = {"json": wire.encode, "binary": wire.encode_binary}
     with tempfile.TemporaryDirectory(prefix="bench-prediction-server-") as model_dir:
         train(model_dir, samples)
         sets = candidate_sets(samples, 64, seed=2)
-        body = WireFormat().encode(*sets[0]).decode()
-        assert "'" not in body and "]]" not in body  # safe inside wrk's Lua long string
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         server = [
@@ -182,42 +255,80 @@ def main() -> None:
             "--log-level",
             "WARNING",
         ]
-        floor = handler_floor(model_dir, body.encode())
-        with process(server, [port]):
+        floors = {fmt: handler_floor(model_dir, wire, sets[0], fmt == "binary") for fmt in args.formats}
+        throughput: dict[tuple[str, int], list[dict[str, float]]] = {
+            (fmt, c): [] for fmt in args.formats for c in args.connections
+        }
+        e2e: dict[tuple[str, float], dict] = {}
+        with process(server, [port]) as proc:
             wait_ready(url)
-            run_wrk(url + "/v1/predict/bulk", body, connections=8, seconds=2)  # warm-up
-            throughput: dict[int, list[dict[str, float]]] = {c: [] for c in args.connections}
+            target = url + "/v1/predict/bulk"
+            for fmt in args.formats:  # warm-up
+                body = bodies[fmt](*sets[0])
+                run_wrk(
+                    target, body, wire.headers(fmt == "binary"), connections=8, seconds=2, server_pid=proc.pid
+                )
             for _ in range(args.rounds):
-                for connections in args.connections:
-                    result = run_wrk(
-                        url + "/v1/predict/bulk", body, connections=connections, seconds=args.seconds
-                    )
-                    throughput[connections].append(result)
-            e2e = {rate: uvloop.run(end_to_end(url, sets, rate, args.seconds)) for rate in args.rates}
+                for fmt in args.formats:
+                    body = bodies[fmt](*sets[0])
+                    for connections in args.connections:
+                        result = run_wrk(
+                            target,
+                            body,
+                            wire.headers(fmt == "binary"),
+                            connections=connections,
+                            seconds=args.seconds,
+                            server_pid=proc.pid,
+                        )
+                        throughput[(fmt, connections)].append(result)
+            for fmt in args.formats:
+                for rate in args.rates:
+                    e2e[(fmt, rate)] = uvloop.run(end_to_end(url, sets, rate, args.seconds, fmt == "binary"))
 
     pinned = f"server pinned to CPU {server_cpu[-1]}" if server_cpu else "server not pinned"
+    calibration = f"sum(range(10000)) = {calibration_us():.0f} µs, load average {os.getloadavg()[0]:.1f}"
     print(
         f"\nPrediction server, bulk of {ROWS} rows, 200-tree depth-6 TTFT+TPOT models, {pinned}; "
-        f"median of {args.rounds} rounds of {args.seconds:g} s\n"
+        f"median of {args.rounds} rounds of {args.seconds:g} s ({calibration})\n"
     )
     rows = [
         [
+            fmt,
             connections,
             f"{statistics.median(r['rps'] for r in runs):,.0f}",
             f"{statistics.median(r['p50_ms'] for r in runs):.2f}",
             f"{statistics.median(r['p99_ms'] for r in runs):.2f}",
+            f"{statistics.median(r['cpu_us'] for r in runs):.0f}",
             int(sum(r["non_2xx"] for r in runs)),
         ]
-        for connections, runs in throughput.items()
+        for (fmt, connections), runs in throughput.items()
     ]
-    print(markdown_table(["wrk connections", "requests/s", "p50 ms", "p99 ms", "non-2xx"], rows))
+    headers = [
+        "format",
+        "wrk connections",
+        "requests/s",
+        "p50 ms",
+        "p99 ms",
+        "server CPU µs/request",
+        "non-2xx",
+    ]
+    print(markdown_table(headers, rows))
 
-    total = sum(floor.values())
-    calibration = f"sum(range(10000)) = {calibration_us():.0f} µs, load average {os.getloadavg()[0]:.1f}"
-    print(f"\nBulk handler without HTTP, in-process, median µs per {ROWS}-row request ({calibration})\n")
-    headers = ["parse JSON", "build matrices", "predict (2 models)", "serialise", "total", "max requests/s"]
-    cells = [*(f"{v:.0f}" for v in floor.values()), f"{total:.0f}", f"{1e6 / total:,.0f}"]
-    print(markdown_table(headers, [cells]))
+    print(f"\nBulk handler without HTTP, in-process, median µs per {ROWS}-row request\n")
+    headers = [
+        "format",
+        "parse",
+        "build matrices",
+        "predict (2 models)",
+        "serialise",
+        "total",
+        "max requests/s",
+    ]
+    cells = []
+    for fmt, floor in floors.items():
+        total = sum(floor.values())
+        cells.append([fmt, *(f"{v:.0f}" for v in floor.values()), f"{total:.0f}", f"{1e6 / total:,.0f}"])
+    print(markdown_table(headers, cells))
 
     print(
         f"\nClient → server: PredictionClient (1 ms window, 50 ms timeout), {ROWS} candidates per call, "
@@ -225,6 +336,7 @@ def main() -> None:
     )
     rows = [
         [
+            fmt,
             f"{rate:g}",
             r["calls"],
             f"{r['rows_per_bulk']:.0f}",
@@ -232,9 +344,10 @@ def main() -> None:
             f"{r['p99']:.2f}",
             r["unavailable"],
         ]
-        for rate, r in e2e.items()
+        for (fmt, rate), r in e2e.items()
     ]
-    print(markdown_table(["calls/s", "calls", "rows per bulk", "p50 ms", "p99 ms", "unavailable"], rows))
+    headers = ["wire format", "calls/s", "calls", "rows per bulk", "p50 ms", "p99 ms", "unavailable"]
+    print(markdown_table(headers, rows))
 
 
 def wait_ready(url: str, timeout: float = 60.0) -> None:

@@ -276,7 +276,7 @@ class CompiledForest:
         bits ^= scratch
         np.add(bits, self._prefix, out=b.keys)
         # Row of each (feature, row) in the stacked tables.
-        positions = np.searchsorted(self._keys, b.keys.ravel(), side="right").reshape(b.keys.shape)
+        positions = self._keys.searchsorted(b.keys.ravel(), side="right").reshape(b.keys.shape)
         masks, work, tables = b.words[0], b.bits[0], self._tables
         active = self._active
         if active:
@@ -298,7 +298,7 @@ class CompiledForest:
         values = self._leaf_values.take(b.leaf_index, out=b.values, mode="clip")
         if self.n_layers == 2:
             np.add(values[0], values[1], out=values[0])
-        out = values[0].sum(axis=1)
+        out = np.add.reduce(values[0], axis=1)
         out += self._base
         return out
 

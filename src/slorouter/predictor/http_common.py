@@ -162,9 +162,7 @@ async def listen_lean(server: HttpServer, host: str, port: int) -> RunningServer
 def lean_body(request: HttpRequest) -> bytes:
     """The whole body of a lean-server request; ``RequestError`` 413 over the server's limit, 400 if empty."""
     if request.too_large:
-        raise RequestError(
-            f"request body too large: the limit is {request.max_body_bytes} bytes", status=413
-        )
+        raise RequestError(f"request body too large: the limit is {request.max_body_bytes} bytes", status=413)
     if not request.body:
         raise RequestError("request body is empty; expected a JSON object")
     return request.body
