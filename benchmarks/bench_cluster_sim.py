@@ -1,0 +1,64 @@
+"""Speed of the discrete-event cluster simulator (issue 5): wall time for a given pool, load and duration.
+
+Cases (each run once per policy, single process, single thread for XGBoost):
+
+1. 16 × qwen3-32b-h100-tp2 pods, 300 virtual seconds of shared-prefix-b at 24 QPS and of maas-mix at
+   200 QPS: twice the loads where heuristic-tuned's TTFT p90 stayed under 1 s on 8 such pods (11 and
+   100 QPS), i.e. near the 16-pod knee;
+2. 100 × llama3-8b-h100 pods, sharegpt at 1,000 QPS for 60 virtual seconds.
+
+    .venv/bin/python benchmarks/bench_cluster_sim.py [--cases 1,2] [--policies P1,P2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from slorouter.bench.cluster import ClusterSimulator
+from slorouter.bench.policies import resolve_policy
+from slorouter.bench.pool import parse_pool
+from slorouter.bench.workloads import generate
+
+CASES = {
+    "1": [
+        ("16x qwen3-32b-h100-tp2", "shared-prefix-b", 24.0, 300.0),
+        ("16x qwen3-32b-h100-tp2", "maas-mix", 200.0, 300.0),
+    ],
+    "2": [("100x llama3-8b-h100", "sharegpt", 1000.0, 60.0)],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="1,2")
+    parser.add_argument("--policies", default="heuristic-tuned,predicted-latency")
+    args = parser.parse_args()
+    print("| pool | workload | QPS | virtual s | requests | policy | wall s | engine steps | trainings |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+    for case in args.cases.split(","):
+        for pool_spec, workload, qps, duration in CASES[case]:
+            pool = parse_pool(pool_spec)
+            requests = generate(
+                workload,
+                qps=qps,
+                duration_s=duration,
+                seed=0,
+                max_model_len=min(p.max_model_len for p in pool),
+            )
+            for name in args.policies.split(","):
+                policy = resolve_policy(name)
+                started = time.perf_counter()
+                with ClusterSimulator(pool, policy.config, use_predictor=policy.uses_predictor) as sim:
+                    rec = sim.run(requests)
+                wall = time.perf_counter() - started
+                drain = rec.virtual_s - duration
+                print(
+                    f"| {pool_spec} | {workload} | {qps:g} | {duration:g} (+{drain:.0f} drain) "
+                    f"| {len(requests):,} | {name} | {wall:.1f} | {rec.steps:,} | {rec.trainings} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
