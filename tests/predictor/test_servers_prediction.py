@@ -19,6 +19,7 @@ from slorouter.predictor.prediction_server import (
     BINARY_ROWS_TYPE,
     FEATURE_NAMES_HEADER,
     MODEL_VERSIONS_HEADER,
+    BinaryRows,
     PredictionServer,
     RowMatrices,
     make_source,
@@ -478,3 +479,28 @@ async def test_binary_bulk_with_only_a_ttft_model_gives_nan_tpot(
         assert np.all(ttft > 0) and np.all(np.isnan(tpot))
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize("pod_class", [False, True])
+def test_binary_rows_agree_with_the_library(pod_class: bool) -> None:
+    schema = FeatureSchema(pod_class=pod_class)
+    binary = BinaryRows(schema)
+    x_ttft, _, x_tpot, _ = synthetic(40, seed=25)
+    rows = feature_rows(x_ttft, x_tpot)
+    if pod_class:
+        rows = [{**row, "pod_class": float(i % 3)} for i, row in enumerate(rows)]
+    names = list(schema.all_features())
+    header = ",".join(names).encode()
+
+    def body(rows: list[dict[str, float]]) -> bytes:
+        return np.array([[row[n] for n in names] for row in rows], dtype="<f4").tobytes()
+
+    got = binary(body(rows), header, 10_000)
+    want = rows_to_matrices(rows, schema=schema)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    if pod_class:
+        bad = [dict(row) for row in rows]
+        bad[7]["pod_class"] = 1.5
+        with pytest.raises(FeatureError, match=r"rows\[7\]\.pod_class: must be an integer code"):
+            binary(body(bad), header, 10_000)
