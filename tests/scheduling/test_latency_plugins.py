@@ -95,6 +95,15 @@ def test_no_slo_makes_every_pod_miss_by_its_prediction():
     assert streaming[TPOT_HEADROOM_MS].tolist() == [-9.0]
 
 
+def test_ttft_buffer_factor_asks_for_a_margin_below_the_slo():
+    out = compute_headroom(
+        np.array([70.0, 90.0]), np.array([0.0, 0.0]), slo_ttft_ms=100, slo_tpot_ms=None,
+        streaming_mode=False, ttft_slo_buffer_factor=0.8,
+    )  # fmt: skip
+    assert out[TTFT_HEADROOM_MS].tolist() == [10.0, -10.0]
+    assert out[TTFT_VALID].tolist() == [True, False]
+
+
 def test_tpot_budget_protects_the_strictest_running_request():
     out = compute_headroom(
         np.array([10.0, 10.0]), np.array([30.0, 30.0]), slo_ttft_ms=None, slo_tpot_ms=50,

@@ -49,6 +49,7 @@ def compute_headroom(
     slo_tpot_ms: float | None,
     streaming_mode: bool,
     slo_buffer_factor: float = 1.0,
+    ttft_slo_buffer_factor: float = 1.0,
     strictest_running_tpot_slo_ms: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Headroom (SLO − prediction, ms) and validity per candidate, as the producer attaches them.
@@ -57,6 +58,8 @@ def compute_headroom(
     which sends the scorer to its lowest-deficit ordering) and, in streaming mode, so is TPOT headroom.
     With an SLO on one dimension only, the other dimension is unconstrained (valid, headroom 0) — the
     original treats the missing header as an SLO of 0 there, which makes every pod invalid.
+    The TTFT budget is ``slo · ttftSloBufferFactor``: below 1 it asks the served (p90) prediction to leave a
+    margin, which makes "predicted to meet" stricter than the prediction's own coverage.
     Outside streaming mode TPOT is not modelled, so it is always valid with headroom 0. In streaming mode the
     TPOT budget is ``slo · sloBufferFactor``, tightened to the strictest TPOT SLO of the requests already
     running on that pod (entries ≤ 0 mean none), so a new request does not push co-located ones over theirs.
@@ -64,8 +67,9 @@ def compute_headroom(
     n = len(predicted_ttft_ms)
     has_slo = slo_ttft_ms is not None or slo_tpot_ms is not None
     if slo_ttft_ms is not None:
-        ttft_headroom = slo_ttft_ms - predicted_ttft_ms
-        ttft_valid = predicted_ttft_ms < slo_ttft_ms
+        ttft_budget = slo_ttft_ms * ttft_slo_buffer_factor
+        ttft_headroom = ttft_budget - predicted_ttft_ms
+        ttft_valid = predicted_ttft_ms < ttft_budget
     elif has_slo:
         ttft_headroom, ttft_valid = np.zeros(n), np.ones(n, dtype=bool)
     else:

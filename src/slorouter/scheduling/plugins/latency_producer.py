@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 class PredictedLatencyParams(PluginParams):
     streaming_mode: bool = Field(False, alias="streamingMode")
     slo_buffer_factor: float = Field(1.0, alias="sloBufferFactor", gt=0.0)
+    ttft_slo_buffer_factor: float = Field(1.0, alias="ttftSloBufferFactor", gt=0.0)
     predict_in_produce: bool = Field(True, alias="predictInProduce")
     pod_class_label: str = Field("", alias="podClassLabel")
     endpoint_correction: bool = Field(True, alias="endpointCorrection")
@@ -196,6 +197,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
                 slo_tpot_ms=request.slo_tpot_ms,
                 streaming_mode=self.params.streaming_mode,
                 slo_buffer_factor=self.params.slo_buffer_factor,
+                ttft_slo_buffer_factor=self.params.ttft_slo_buffer_factor,
                 strictest_running_tpot_slo_ms=strictest,
             )
         )
