@@ -367,7 +367,7 @@ class ClusterSimulator:
             rec.predicted[i] = True
             rec.predicted_ttft_ms[i] = ttft
             rec.point_ttft_ms[i] = ttft * self.predictor.predictor.point_factor("ttft")
-            if tpot is not None:
+            if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
                 rec.predicted_tpot_ms[i] = tpot
                 rec.point_tpot_ms[i] = tpot * self.predictor.predictor.point_factor("tpot")
         try:
