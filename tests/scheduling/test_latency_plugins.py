@@ -8,6 +8,7 @@ import pytest
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
+    PREDICTION_FALLBACK_STATE,
     PREFIX_MATCH_BLOCKS,
     PREFIX_TOTAL_BLOCKS,
     TPOT_HEADROOM_MS,
@@ -319,6 +320,12 @@ def test_prediction_profile_handler_routes_by_the_request_flag():
     off = setup.scheduler.schedule(make_request(use_prediction=False), cands)
     assert on.primary_profile == "predicted-latency"
     assert off.primary_profile == "default"
+    # The producer could not predict (warming up): heuristics decide, and the route says so.
+    warming = make_request(use_prediction=True)
+    warming.state[PREDICTION_FALLBACK_STATE] = "warming-up"
+    fallback = setup.scheduler.schedule(warming, cands)
+    assert fallback.primary_profile == "default" and fallback.primary.route == "fallback"
+    assert off.primary.route == "heuristic"
 
 
 def test_prediction_profile_handler_requires_its_profiles():

@@ -27,6 +27,7 @@ from slorouter.scheduling.types import (
 # route name under this cycle-state key while its profile runs; the profile copies it into its result.
 ROUTE_KEY = "route"
 HEURISTIC_ROUTE = "heuristic"
+FALLBACK_ROUTE = "fallback"  # prediction was wanted but unavailable: heuristics decided
 # Up to this many candidates, a profile whose scorers and picker all have plain-Python twins (ListScorer,
 # ListPicker) runs those: on a few candidates numpy's per-call overhead dominates. Both paths give identical
 # results; beyond this size numpy is the faster one.

@@ -28,13 +28,12 @@ from slorouter.scheduling.datakeys import (
 from slorouter.scheduling.plugin import Admitter, Filter, Plugin, PluginParams, Scorer
 from slorouter.scheduling.plugins.prefix import prefix_match_ratio
 from slorouter.scheduling.registry import register_plugin
-from slorouter.scheduling.scheduler import ROUTE_KEY
+from slorouter.scheduling.scheduler import FALLBACK_ROUTE, ROUTE_KEY
 from slorouter.scheduling.types import AdmissionDeniedError, Candidates, CycleState, InferenceRequest
 
 # Cycle-state key: set when an epsilon-greedy plugin explored instead of exploiting.
 EXPLORED_KEY = "explored"
 PREDICTED_ROUTE = "predicted"
-FALLBACK_ROUTE = "fallback"
 EXPLORE_ROUTE = "explore"
 DROPPED_REASON_HEADER = "x-slorouter-dropped-reason"
 # A pod whose KV cache is this empty is "cold": its predictions are unreliable, and it can take load.

@@ -32,6 +32,7 @@ from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, columns_
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
+    PREDICTION_FALLBACK_STATE,
     PREFIX_MATCH_BLOCKS,
     TARGET_PREDICTION_STATE,
     TPOT_HEADROOM_MS,
@@ -135,7 +136,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if not backend.ready:
             # Before the first model this is the warm-up; after it, the predictor went away (e.g. every
             # prediction server is down), which operators need to tell apart.
-            self._fallback("unavailable" if self._served else "warming-up")
+            self._fallback(request, "unavailable" if self._served else "warming-up")
             return None
         self._served = True
         predict_now = getattr(backend, "predict_now", None)
@@ -145,7 +146,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         try:
             ttft, tpot = predict_now(state.x_ttft, state.x_tpot)
         except PredictionUnavailable as exc:
-            self._fallback("unavailable", exc)
+            self._fallback(request, "unavailable", exc)
             return None
         self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
         return None
@@ -156,7 +157,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         try:
             ttft, tpot = await self.ctx.predictor.predict(state.x_ttft, state.x_tpot)
         except PredictionUnavailable as exc:
-            self._fallback("unavailable", exc)
+            self._fallback(request, "unavailable", exc)
             return
         self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
 
@@ -172,7 +173,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         ttft = np.asarray(ttft, dtype=np.float64)
         tpot = np.asarray(tpot, dtype=np.float64)
         if len(ttft) != len(candidates) or not np.isfinite(ttft).all():
-            self._fallback("invalid-prediction")
+            self._fallback(request, "invalid-prediction")
             return
         # No TPOT model yet (it needs finished requests): TPOT is unknown, not zero, so no TPOT SLO can be
         # judged; treat it as unconstrained until the model exists.
@@ -205,7 +206,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if metrics is not None:
             metrics.prediction_duration.labels(request.model, request.target_model).observe(duration_s)
 
-    def _fallback(self, reason: str, exc: Exception | None = None) -> None:
+    def _fallback(self, request: InferenceRequest, reason: str, exc: Exception | None = None) -> None:
+        request.state[PREDICTION_FALLBACK_STATE] = reason
         if exc is not None:
             log.debug("prediction unavailable (%s): %s", reason, exc)
         if self.ctx.metrics is not None:

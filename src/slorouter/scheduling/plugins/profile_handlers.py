@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.plugin import Plugin, PluginParams, ProfileHandler
 from slorouter.scheduling.registry import register_plugin
+from slorouter.scheduling.scheduler import FALLBACK_ROUTE
 from slorouter.scheduling.types import (
     CycleState,
     InferenceRequest,
@@ -61,8 +63,10 @@ class PredictionProfileParams(PluginParams):
 @register_plugin
 class PredictionProfileHandler(Plugin, ProfileHandler):
     """Runs one of two profiles per request: the prediction profile for requests that use prediction
-    (``x-prediction-based-scheduling: true``, or every request when prediction is the default), the heuristic
-    profile for the others. The result of the profile that ran is primary."""
+    (``x-prediction-based-scheduling: true``, or every request when prediction is the default) and got
+    predictions, the heuristic profile for the others — including requests the predictor could not serve
+    (warming up, unreachable, invalid output), whose result is marked ``route="fallback"``. The result of
+    the profile that ran is primary."""
 
     type_name = "prediction-profile-handler"
     Params = PredictionProfileParams
@@ -87,9 +91,13 @@ class PredictionProfileHandler(Plugin, ProfileHandler):
         if results:
             return []
         p = self.params
-        return [p.prediction_profile if request.use_prediction else p.heuristic_profile]
+        predicted = request.use_prediction and PREDICTION_FALLBACK_STATE not in request.state
+        return [p.prediction_profile if predicted else p.heuristic_profile]
 
     def process_results(
         self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
     ) -> SchedulingResult:
-        return only_result(self.type_name, results)
+        result = only_result(self.type_name, results)
+        if request.use_prediction and PREDICTION_FALLBACK_STATE in request.state:
+            result.primary.route = FALLBACK_ROUTE
+        return result
