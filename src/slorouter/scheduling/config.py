@@ -122,7 +122,7 @@ PREDICTION_PROFILE_NAME = "predicted-latency"
 # not use prediction, or got none, run the heuristic default profile instead (prediction-profile-handler).
 # Differs from the original's Helm default (weighted-random-picker, maxTTFTPenaltyMs 5000): on the benchmark's
 # workloads the max-score picker and a 1 s affinity gate cut TTFT p90 on most load points (b2b-saas at 7.5
-# QPS 178 → 140 ms, sharegpt at 100 QPS 106 → 83 ms) — see docs/benchmarks.md, "which change bought what".
+# QPS 178 → 140 ms, sharegpt at 100 QPS 106 → 83 ms) but not all — see docs/benchmarks.md.
 AFFINITY_TTFT_PENALTY_MS = 1000.0
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
