@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,13 @@ class LinearBaseline:
     coef: tuple[float, ...]
     floor_ms: float  # predictions are at least this (keeps the log finite)
     base_score: float  # the booster's base score, which the baseline replaces
+    _dense: np.ndarray = field(init=False, repr=False, compare=False)  # coefficients over every column
+
+    def __post_init__(self) -> None:
+        width = max(self.columns, default=-1) + 1
+        dense = np.zeros(width, dtype=np.float32)
+        dense[list(self.columns)] = self.coef
+        object.__setattr__(self, "_dense", dense)
 
     @classmethod
     def fit(
@@ -75,9 +82,14 @@ class LinearBaseline:
         return LinearBaseline(self.names, self.columns, self.intercept, self.coef, self.floor_ms, base_score)
 
     def log_ms(self, X: np.ndarray) -> np.ndarray:
-        """log(baseline) per row of ``X`` (the kind's feature matrix)."""
-        linear = X[:, list(self.columns)].astype(np.float64) @ np.asarray(self.coef) + self.intercept
-        return np.log(np.maximum(linear, self.floor_ms))
+        """log(baseline) per row of ``X`` (the kind's feature matrix), float64."""
+        dense = self._dense
+        if X.dtype != np.float32:
+            X = X.astype(np.float32)
+        linear = X[:, : len(dense)] @ dense  # float32 on the hot path: ~2x faster, error ~1e-7 relative
+        linear += np.float32(self.intercept)
+        np.maximum(linear, np.float32(self.floor_ms), out=linear)
+        return np.log(linear).astype(np.float64)
 
     def margin_shift(self, X: np.ndarray) -> np.ndarray:
         """What to add to the trees' margin (base score included) to get the model's margin."""
