@@ -130,13 +130,7 @@ def write_plots(outputs: Sequence[RunOutput], out_dir: Path, cdf_qps: float | No
                     ax.plot(*zip(*finite, strict=True), marker="o", label=policy)
             ax.set(xlabel="offered load (QPS)", ylabel="TTFT p90 (s)", title=f"{workload}: TTFT p90 vs load")
             ax.set_yscale("log")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-            path = out_dir / f"{workload}-ttft-p90-vs-qps.png"
-            fig.tight_layout()
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
-            written.append(path)
+            written.append(_finish(plt, fig, ax, out_dir / f"{workload}-ttft-p90-vs-qps.png"))
         load = cdf_qps if cdf_qps in loads else loads[len(loads) // 2]
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for output in group:
@@ -148,11 +142,15 @@ def write_plots(outputs: Sequence[RunOutput], out_dir: Path, cdf_qps: float | No
             ax.plot(values[finite], shares[finite], label=output.summary["policy"])
         ax.set(xlabel="TTFT (s)", ylabel="share of requests", title=f"{workload}: TTFT CDF at {load:g} QPS")
         ax.set_xscale("log")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out_dir / f"{workload}-ttft-cdf-{load:g}qps.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, out_dir / f"{workload}-ttft-cdf-{load:g}qps.png"))
     return written
+
+
+def _finish(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
+    """Grid, legend, save as PNG and close."""
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
