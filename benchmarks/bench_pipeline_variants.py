@@ -10,8 +10,11 @@ Each variant is the shipped ``predicted-latency`` policy with changes joined by 
 - ``nobaseline``: train without the linear load baseline;
 - a built-in policy name instead runs that policy unchanged.
 
-    .venv/bin/python benchmarks/bench_pipeline_variants.py WORKLOAD QPS POOL DURATION WARMUP VARIANT...
+    .venv/bin/python benchmarks/bench_pipeline_variants.py [WORKLOAD QPS POOL DURATION WARMUP VARIANT...]
         [--seed N] [--param KEY=VALUE ...]
+
+Without arguments: sharegpt at 100 QPS on 8 × qwen3-32b-h100-tp2, 120 s (30 s warm-up), heuristic-tuned vs
+the pipeline as first built vs the shipped one.
 
 e.g. ``... maas-mix 150 "4x llama3-8b-h100 + 4x llama3-8b-a100" 120 30 heuristic-tuned
 "trainer=quantile+nobaseline+picker=weighted-random-picker+gate=5000" predicted-latency``
@@ -81,12 +84,20 @@ def variant_config(name: str) -> tuple[dict[str, Any], TrainerConfig]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload")
-    parser.add_argument("qps", type=float)
-    parser.add_argument("pool")
-    parser.add_argument("duration", type=float)
-    parser.add_argument("warmup", type=float)
-    parser.add_argument("variants", nargs="+")
+    parser.add_argument("workload", nargs="?", default="sharegpt")
+    parser.add_argument("qps", nargs="?", type=float, default=100.0)
+    parser.add_argument("pool", nargs="?", default="8x qwen3-32b-h100-tp2")
+    parser.add_argument("duration", nargs="?", type=float, default=120.0)
+    parser.add_argument("warmup", nargs="?", type=float, default=30.0)
+    parser.add_argument(
+        "variants",
+        nargs="*",
+        default=[
+            "heuristic-tuned",
+            "trainer=quantile+nobaseline+picker=weighted-random-picker",  # as first built
+            "predicted-latency",
+        ],
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--param", action="append", default=[], help="workload parameter KEY=VALUE")
     args = parser.parse_args()
