@@ -211,3 +211,28 @@ def test_bench_command_writes_json_markdown_and_plots(
     assert (out / "shared-prefix-a-ttft-p90-vs-qps.png").stat().st_size > 1000
     assert any(p.name.startswith("shared-prefix-a-ttft-cdf") for p in out.iterdir())
     assert "Ratios to `heuristic-tuned`" in capsys.readouterr().out
+
+
+def test_several_seeds_give_medians_with_the_runs_kept(tmp_path: Path) -> None:
+    out = tmp_path / "seeds"
+    argv = ["bench", "--workload", "shared-prefix-a", "--pool", "2", "--qps", "6", "--duration", "15"]
+    argv += [
+        "--warmup",
+        "3",
+        "--policies",
+        "heuristic",
+        "--seeds",
+        "0,1,2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["seeds"] == [0, 1, 2] and len(run["per_seed"]) == 3
+    per_seed = [r["ttft_p90_ms"] for r in run["per_seed"]]
+    assert len(set(per_seed)) > 1  # the seeds really differ
+    assert run["ttft_p90_ms"] == pytest.approx(sorted(per_seed)[1])
+    assert "median of seeds 0, 1, 2" in (out / "results.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["bench", "--qps", "5", "--seeds", "a,b"])

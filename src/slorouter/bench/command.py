@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import shlex
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 from slorouter.bench.cluster import ClusterSettings
 from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
 from slorouter.bench.pool import PoolSpecError, parse_pool
-from slorouter.bench.runner import BenchPlan, RunOutput, run_plan
+from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
 from slorouter.scheduling.config import SchedulerConfigError
 
 # --quick: maas-mix at one load point with every built-in policy, short enough for about a minute.
@@ -48,6 +49,16 @@ def _non_negative_float(text: str) -> float:
 
 def _qps_list(text: str) -> list[float]:
     return [_positive_float(part) for part in text.split(",") if part.strip()]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one seed")
+    return values
 
 
 def _names(text: str) -> list[str]:
@@ -92,6 +103,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"built-in names ({', '.join(POLICY_NAMES)}) or NAME=CONFIG.yaml; default all built-ins",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds",
+        type=_int_list,
+        default=None,
+        help="several seeds, comma-separated: every figure becomes the median over them (overrides --seed)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
     parser.add_argument("--quick", action="store_true", help="a representative subset in about a minute")
     parser.add_argument("--scrape-interval-ms", type=_positive_float, default=50.0)
@@ -160,11 +177,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"slorouter bench: error: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    show = not args.no_progress and sys.stderr.isatty()
+    seeds = args.seeds or [plan.seed]
+    outputs: list[RunOutput] = []
     try:
-        outputs = _run_with_progress(plan, show=not args.no_progress and sys.stderr.isatty())
+        for seed in seeds:
+            outputs += _run_with_progress(dataclasses.replace(plan, seed=seed), show=show)
     except ValueError as exc:  # e.g. a workload parameter with a bad value
         print(f"slorouter bench: error: {exc}", file=sys.stderr)
         return 2
+    if len(seeds) > 1:
+        outputs = median_over_seeds(outputs)
     from slorouter.bench.report import markdown_tables, write_results
 
     meta = {

@@ -54,10 +54,12 @@ def markdown_tables(runs: Sequence[dict[str, Any]], baseline: str | None = "heur
         groups.setdefault((run["workload"], run["qps"]), []).append(run)
     for (workload, qps), group in groups.items():
         first = group[0]
+        seeds = first.get("seeds")
+        seed_text = f"median of seeds {', '.join(map(str, seeds))}" if seeds else f"seed {first['seed']}"
         lines.append(
             f"### {workload} at {qps:g} QPS — pool {first['pool']}, {first['duration_s']:g} s "
-            f"(first {first['warmup_s']:g} s not measured), seed {first['seed']}, "
-            f"{first['requests']} measured requests"
+            f"(first {first['warmup_s']:g} s not measured), {seed_text}, "
+            f"{first['requests']:g} measured requests"
         )
         lines.append("")
         lines.append("| " + " | ".join(title for _, title in TABLE_COLUMNS) + " |")

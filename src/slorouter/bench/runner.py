@@ -103,6 +103,34 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
     return outputs
 
 
+def median_over_seeds(outputs: list[RunOutput]) -> list[RunOutput]:
+    """One output per (workload, QPS, policy): the median of every numeric figure over the seeds' runs
+    (``seeds`` lists them, ``per_seed`` keeps each run's summary), TTFTs pooled for the CDF."""
+    groups: dict[tuple[str, float, str], list[RunOutput]] = {}
+    for output in outputs:
+        key = (output.summary["workload"], output.summary["qps"], output.summary["policy"])
+        groups.setdefault(key, []).append(output)
+    merged: list[RunOutput] = []
+    for group in groups.values():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        first = group[0].summary
+        summary: dict[str, Any] = {}
+        for key, value in first.items():
+            values = [o.summary.get(key) for o in group]
+            numeric = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            if key != "seed" and len(numeric) == len(values):
+                summary[key] = float(np.median(numeric))
+            else:
+                summary[key] = value
+        summary["seed"] = None
+        summary["seeds"] = [o.summary["seed"] for o in group]
+        summary["per_seed"] = [o.summary for o in group]
+        merged.append(RunOutput(summary, np.concatenate([o.ttft_ms for o in group])))
+    return merged
+
+
 def _measured_ttft_ms(rec: RunRecords, plan: BenchPlan) -> np.ndarray:
     measured = (rec.arrival >= plan.warmup_s) & (rec.arrival < plan.duration_s) & (rec.pod >= 0)
     ttft = rec.ttft_s[measured] * 1000.0
