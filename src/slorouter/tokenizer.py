@@ -49,7 +49,8 @@ def count_tokens(text: str) -> int:
     return (utf8_length(text) + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN
 
 
-def _padded_bytes(text: str) -> bytes:
+def encode_bytes(text: str) -> bytes:
+    """The packed token ids of ``text`` (UTF-8, zero-padded to whole tokens), as the engine takes them."""
     data = text.encode("utf-8", "surrogatepass")
     tail = len(data) % BYTES_PER_TOKEN
     if tail:
@@ -59,7 +60,7 @@ def _padded_bytes(text: str) -> bytes:
 
 def encode_array(text: str) -> np.ndarray:
     """Token ids as a read-only ``uint32`` array (no per-token Python objects; the engine accepts it)."""
-    return np.frombuffer(_padded_bytes(text), dtype=_TOKEN_DTYPE)
+    return np.frombuffer(encode_bytes(text), dtype=_TOKEN_DTYPE)
 
 
 def encode(text: str) -> list[int]:

@@ -30,7 +30,6 @@ def records(**columns: list[float]) -> RunRecords:
         "output_tokens": [11] * n,
         "slo_ttft_ms": nan,
         "slo_tpot_ms": nan,
-        "sheddable": [False] * n,
         "predicted": [False] * n,
         "predicted_ttft_ms": nan,
         "point_ttft_ms": nan,

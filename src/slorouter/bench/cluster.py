@@ -49,7 +49,7 @@ from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestRejected, Step
 from slorouter.sim.profiles import Profile
-from slorouter.tokenizer import BYTES_PER_TOKEN
+from slorouter.tokenizer import BYTES_PER_TOKEN, encode_bytes
 
 # Request outcomes (``RunRecords.status``): HTTP-like codes, plus UNFINISHED for requests still running
 # when the simulation stopped.
@@ -95,7 +95,6 @@ class RunRecords:
     output_tokens: np.ndarray
     slo_ttft_ms: np.ndarray  # NaN: no target
     slo_tpot_ms: np.ndarray
-    sheddable: np.ndarray
     predicted: np.ndarray  # routed with predictions (bool)
     predicted_ttft_ms: np.ndarray  # served (p90, corrected) TTFT prediction for the chosen pod; NaN if none
     point_ttft_ms: np.ndarray  # the point (median-like) prediction behind it
@@ -205,7 +204,6 @@ class ClusterSimulator:
             output_tokens=np.zeros(n, dtype=np.int64),
             slo_ttft_ms=np.array([_or_nan(r.slo_ttft_ms) for r in requests], dtype=np.float64),
             slo_tpot_ms=np.array([_or_nan(r.slo_tpot_ms) for r in requests], dtype=np.float64),
-            sheddable=np.array([r.priority < 0 for r in requests], dtype=bool),
             predicted=np.zeros(n, dtype=bool),
             predicted_ttft_ms=_empty(n),
             point_ttft_ms=_empty(n),
@@ -336,9 +334,7 @@ class ClusterSimulator:
         lifecycles: dict[int, RequestLifecycle],
         kick: Callable[[int, float], None],
     ) -> None:
-        prompt = request.prompt.encode()
-        if len(prompt) % BYTES_PER_TOKEN:
-            prompt += b" " * (-len(prompt) % BYTES_PER_TOKEN)
+        prompt = encode_bytes(request.prompt)  # what the HTTP simulator's tokenizer gives the engine
         prompt_tokens = len(prompt) // BYTES_PER_TOKEN
         rec.prompt_tokens[i] = prompt_tokens
         inference = InferenceRequest(

@@ -15,6 +15,7 @@ from slorouter.bench.cluster import ClusterSettings
 from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
+from slorouter.bench.workloads import workload_defaults, workload_names
 from slorouter.scheduling.config import SchedulerConfigError
 
 # --quick: maas-mix at one load point with every built-in policy, short enough for about a minute.
@@ -145,8 +146,6 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         network_s=args.network_ms / 1000,
         drain_s=args.drain,
     )
-    from slorouter.bench.workloads import workload_defaults, workload_names
-
     known = workload_names()
     for name in workloads:
         if name not in known:

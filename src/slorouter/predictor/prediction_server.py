@@ -57,7 +57,6 @@ log = logging.getLogger("slorouter.predictor.prediction_server")
 MAX_ROWS = 10_000
 # 10,000 rows of every feature with long decimals stay well under this.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-MODEL_METADATA_HEADER = "X-Model-Metadata"
 # The optional binary bulk format (see docs/predictor-api.md): float32 rows in, float64 predictions out.
 BINARY_ROWS_TYPE = "application/vnd.slorouter.rows+f32"
 BINARY_PREDICTIONS_TYPE = "application/vnd.slorouter.predictions+f64"
