@@ -59,3 +59,23 @@ def test_factor_is_clipped() -> None:
     for _ in range(20):
         correction.observe("a", "tpot", 10.0, 150.0)  # 15x: allowed ratio, clipped factor
     assert correction.factor("a", "tpot") == 5.0
+
+
+def test_factor_is_the_recency_weighted_quantile_of_the_window() -> None:
+    correction = EndpointCorrection(half_life_samples=5.0, min_samples=3, window=16, quantile=0.8)
+    rng = np.random.default_rng(11)
+    history: list[float] = []
+    for _ in range(40):  # past the window, so the ring wraps
+        predicted, actual = float(rng.uniform(10, 100)), float(rng.uniform(10, 100))
+        correction.observe("a", "ttft", predicted, actual)
+        history.append(np.log(actual / predicted))
+        newest_first = np.array(history[::-1][:16])
+        if len(history) < 3:
+            continue
+        weights = 2.0 ** (-np.arange(len(newest_first)) / 5.0)
+        order = np.argsort(newest_first)
+        cumulative = np.cumsum(weights[order])
+        k = min(int(np.searchsorted(cumulative, 0.8 * cumulative[-1])), len(order) - 1)
+        expected = float(np.clip(np.exp(newest_first[order[k]]), 0.2, 5.0))
+        assert correction.factor("a", "ttft") == pytest.approx(expected, rel=1e-12)
+        assert correction.factors(["b", "a"], "ttft").tolist() == [1.0, correction.factor("a", "ttft")]

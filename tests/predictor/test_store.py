@@ -76,6 +76,11 @@ def test_rejects_bad_latencies_and_shapes_atomically() -> None:
         store.add("ttft", ttft_rows(1), np.array([np.nan]))
     with pytest.raises(FeatureError, match="8 feature columns"):
         store.add("ttft", np.zeros((2, 7), dtype=np.float32), np.ones(2))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(FeatureError, match=r"latency_ms\[0\]: must be a positive finite number"):
+            store.add_row("ttft", ttft_rows(1)[0], bad)
+    with pytest.raises(FeatureError, match="8 feature columns"):
+        store.add_row("ttft", np.zeros(7, dtype=np.float32), 1.0)
     assert store.count("ttft") == 0
 
 
@@ -139,3 +144,19 @@ def test_single_row_adds_match_one_batch_add() -> None:
     np.testing.assert_array_equal(a.X[order_a], b.X[order_b])
     np.testing.assert_array_equal(a.y[order_a], b.y[order_b])
     assert one_by_one.bucket_counts("ttft") == batch.bucket_counts("ttft")
+
+
+def test_add_row_matches_one_row_adds() -> None:
+    x, y, _, _ = synthetic(2000, seed=3)
+    x[:, 2] = np.random.default_rng(2).integers(0, 40, len(x))
+    rows = SampleStore(StoreConfig(per_bucket=20))
+    for i in range(len(x)):
+        rows.add_row("ttft", x[i], float(y[i]))
+    batch = SampleStore(StoreConfig(per_bucket=20))
+    for i in range(len(x)):
+        batch.add("ttft", x[i : i + 1], y[i : i + 1])
+    a, b = rows.snapshot("ttft"), batch.snapshot("ttft")
+    np.testing.assert_array_equal(a.seq, b.seq)
+    np.testing.assert_array_equal(a.X, b.X)
+    np.testing.assert_array_equal(a.y, b.y)
+    assert rows.total_added("ttft") == batch.total_added("ttft") == len(x)

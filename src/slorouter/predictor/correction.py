@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from slorouter.predictor.features import ModelKind, check_kind
+from slorouter.predictor.features import MODEL_KINDS, ModelKind, check_kind
 
 
 class _Series:
@@ -66,7 +66,13 @@ class EndpointCorrection:
         self.max_factor = max_factor
         # Weight of the observation k steps old: 2^(-k / half_life); index 0 = newest.
         self._decay = np.exp2(-np.arange(window) / half_life_samples)
+        # The same weights by ring slot, per ring head: row h, slot s holds the weight of the observation
+        # (h - 1 - s) mod window steps old, so a quantile needs no reordering of the ring.
+        ages = (np.arange(window)[:, None] - 1 - np.arange(window)[None, :]) % window
+        self._slot_weights = self._decay[ages]
         self._series: dict[tuple[str, str], _Series] = {}
+        # Factors of the series with at least min_samples observations, per kind (what ``factors`` reads).
+        self._active: dict[str, dict[str, float]] = {kind: {} for kind in MODEL_KINDS}
         self._lock = threading.Lock()
         self.ignored = 0  # observations dropped as absurd
 
@@ -88,17 +94,18 @@ class EndpointCorrection:
             series.head = (series.head + 1) % self.window
             series.count += 1
             if series.count >= self.min_samples:
-                series.factor = self._factor(series)
+                series.factor = self._active[kind][endpoint] = self._factor(series)
         return True
 
     def _factor(self, series: _Series) -> float:
+        # Before the ring wraps, slots 0..n-1 hold the observations and head == n.
         n = min(series.count, self.window)
-        newest_first = np.roll(series.values[::-1], series.head)[:n]  # slot head-1 first
-        weights = self._decay[:n]
-        order = np.argsort(newest_first)
+        values = series.values[:n]
+        weights = self._slot_weights[series.head, :n]
+        order = np.argsort(values)
         cumulative = np.cumsum(weights[order])
         i = int(np.searchsorted(cumulative, self.quantile * cumulative[-1]))
-        value = float(newest_first[order[min(i, n - 1)]])
+        value = float(values[order[min(i, n - 1)]])
         return min(max(math.exp(value), self.min_factor), self.max_factor)
 
     def factor(self, endpoint: str, kind: ModelKind) -> float:
@@ -107,14 +114,11 @@ class EndpointCorrection:
 
     def factors(self, endpoints: Sequence[str], kind: ModelKind) -> np.ndarray:
         """Factor per endpoint, in order (1.0 for unknown endpoints and those with too few samples)."""
-        check_kind(kind)
-        series = self._series
-        out = np.ones(len(endpoints), dtype=np.float64)
-        for i, endpoint in enumerate(endpoints):
-            s = series.get((endpoint, kind))
-            if s is not None and s.count >= self.min_samples:
-                out[i] = s.factor
-        return out
+        active = self._active[check_kind(kind)]
+        if not active:
+            return np.ones(len(endpoints), dtype=np.float64)
+        get = active.get
+        return np.array([get(endpoint, 1.0) for endpoint in endpoints], dtype=np.float64)
 
     def samples(self, endpoint: str, kind: ModelKind) -> int:
         series = self._series.get((endpoint, check_kind(kind)))
@@ -125,6 +129,7 @@ class EndpointCorrection:
         with self._lock:
             for key in [key for key in self._series if key[0] == endpoint]:
                 del self._series[key]
+                self._active[key[1]].pop(endpoint, None)
 
     def retain(self, endpoints: Iterable[str]) -> None:
         """Forget every endpoint not in ``endpoints`` (call with the current pool membership)."""
@@ -132,6 +137,7 @@ class EndpointCorrection:
         with self._lock:
             for key in [key for key in self._series if key[0] not in keep]:
                 del self._series[key]
+                self._active[key[1]].pop(key[0], None)
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """``{endpoint: {kind: factor}}`` of endpoints with enough samples (for status pages)."""

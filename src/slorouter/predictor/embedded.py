@@ -117,12 +117,12 @@ class EmbeddedPredictor:
     def add_sample(self, kind: ModelKind, row: Mapping[str, float] | np.ndarray, latency_ms: float) -> None:
         check_kind(kind)
         if isinstance(row, np.ndarray):
-            matrix = np.asarray(row, dtype=np.float32).reshape(1, -1)
+            values = np.asarray(row, dtype=np.float32).reshape(-1)
             width = len(self.schema.features(kind))
-            if matrix.shape[1] != width:
+            if len(values) != width:
                 raise ValueError(f"a {kind} feature row must have {width} values, got {row.shape}")
-            if not np.isfinite(matrix).all():
+            if not np.isfinite(values).all():
                 raise ValueError("the feature row contains NaN or infinite values")
         else:
-            matrix = rows_to_matrix([row], kind, where="row", schema=self.schema)
-        self.store.add(kind, matrix, np.array([latency_ms], dtype=np.float64))
+            values = rows_to_matrix([row], kind, where="row", schema=self.schema)[0]
+        self.store.add_row(kind, values, float(latency_ms))

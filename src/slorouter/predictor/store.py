@@ -161,18 +161,8 @@ class SampleStore:
         if m == 0:
             return 0
         per = self.config.per_bucket
-        if m == 1:  # the router's case, once per response: no per-bucket array arithmetic
-            bucket = self._bucket_of_row(kind, X[0])
-            with self._lock:
-                head = int(ring.head[bucket])
-                dest = bucket * per + head
-                ring.X[dest] = X[0]
-                ring.y[dest] = y[0]
-                ring.seq[dest] = ring.added
-                ring.head[bucket] = (head + 1) % per
-                if ring.count[bucket] < per:
-                    ring.count[bucket] += 1
-                ring.added += 1
+        if m == 1:
+            self._write_row(kind, ring, X[0], float(y[0]))
             return 1
         buckets = self.bucket_of(kind, X)
         order = np.argsort(buckets, kind="stable")
@@ -190,6 +180,36 @@ class SampleStore:
             np.minimum(ring.count + sizes, per, out=ring.count)
             ring.added += m
         return m
+
+    def add_row(self, kind: ModelKind, row: np.ndarray, latency_ms: float) -> None:
+        """``add`` for one validated float32 feature row (the router's case, once per response), without
+        the batch path's array arithmetic. Raises ``FeatureError`` as ``add`` does."""
+        ring = self._rings[check_kind(kind)]
+        width = ring.X.shape[1]
+        if row.shape != (width,):
+            raise FeatureError(f"{kind} samples must have {width} feature columns, got shape {row.shape}")
+        if not (latency_ms > 0.0 and math.isfinite(latency_ms)):
+            raise FeatureError(
+                f"latency_ms[0]: must be a positive finite number of milliseconds, got {latency_ms}",
+                index=0,
+                field="latency_ms",
+            )
+        self._write_row(kind, ring, row, latency_ms)
+
+    def _write_row(self, kind: ModelKind, ring: _Ring, row: np.ndarray, latency_ms: float) -> None:
+        per = self.config.per_bucket
+        bucket = self._bucket_of_row(kind, row)
+        dest = bucket * per
+        with self._lock:
+            head = int(ring.head[bucket])
+            dest += head
+            ring.X[dest] = row
+            ring.y[dest] = latency_ms
+            ring.seq[dest] = ring.added
+            ring.head[bucket] = (head + 1) % per
+            if ring.count[bucket] < per:
+                ring.count[bucket] += 1
+            ring.added += 1
 
     def count(self, kind: ModelKind) -> int:
         ring = self._rings[check_kind(kind)]
