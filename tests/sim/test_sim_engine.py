@@ -226,6 +226,17 @@ def test_same_seed_same_run(prompt, drive_engine):
     assert finish_times(3) == finish_times(3)
 
 
+def test_without_token_reports_the_run_is_the_same(prompt, drive_engine):
+    arrivals = [(i, prompt(i % 5, 150 + 41 * i), 20 + i, i * 0.004) for i in range(50)]
+    profile = replace(H100, num_gpu_blocks=250)  # preemptions too
+    full = drive_engine(Engine(profile, seed=4), arrivals)
+    lean = drive_engine(Engine(profile, seed=4, report_tokens=False), arrivals)
+    assert lean.token_times == {} and full.token_times
+    assert lean.finished == full.finished and lean.first == full.first
+    assert lean.durations == full.durations
+    assert any(f.num_preemptions for f in full.finished.values())
+
+
 # ----------------------------------------------------------------------------------------------- abort
 
 

@@ -139,7 +139,12 @@ class ClusterSimulator:
         self.profiles = list(profiles)
         self.clock = ManualClock(0.0)
         self.engines = [
-            Engine(profile, seed=seed * 7919 + i, jitter_sigma=self.settings.jitter_sigma)
+            Engine(
+                profile,
+                seed=seed * 7919 + i,
+                jitter_sigma=self.settings.jitter_sigma,
+                report_tokens=False,  # responses are delivered as first token and end only
+            )
             for i, profile in enumerate(self.profiles)
         ]
         endpoints = [
@@ -219,6 +224,7 @@ class ClusterSimulator:
         heap: list[tuple[float, int, int, Any]] = []
         seq = itertools.count()
         push = heapq.heappush
+        pop = heapq.heappop
         engines = self.engines
         num_pods = len(engines)
         busy: list[Step | None] = [None] * num_pods
@@ -226,6 +232,7 @@ class ClusterSimulator:
         lifecycles: dict[int, RequestLifecycle] = {}
         net = settings.network_s
         clock = self.clock
+        set_clock = clock.set
         model = settings.model
         arrivals_left = n
         steps = events = trainings = 0
@@ -252,11 +259,11 @@ class ClusterSimulator:
         next_progress = 0.0
 
         while heap:
-            now, _, kind, arg = heapq.heappop(heap)
+            now, _, kind, arg = pop(heap)
             if now > end:
                 break
             events += 1
-            clock.set(now)
+            set_clock(now)
             if kind == _STEP_END:
                 pod = arg
                 step = busy[pod]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import random
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
@@ -103,7 +104,8 @@ class StepOutput:
     """What one committed step produced."""
 
     time: float
-    tokens: list[RequestId]  # requests that got one more output token (first tokens included)
+    tokens: list[RequestId]  # requests that got one more output token (first tokens included); [] when
+    # the engine was created with report_tokens=False
     first_tokens: list[FirstToken]
     finished: list[Finished]
 
@@ -120,7 +122,6 @@ class Step:
     num_preempted: int
     _chunks: list[tuple[_Request, int]] = field(repr=False)
     _finishing: list[_Request] = field(repr=False)
-    _decoding: tuple[RequestId, ...] = field(repr=False)
 
     @property
     def end(self) -> float:
@@ -180,7 +181,16 @@ class _Request:
 class Engine:
     """One simulated model server's engine. Not thread-safe; times are seconds on the caller's time line."""
 
-    def __init__(self, profile: Profile, *, seed: int = 0, jitter_sigma: float | None = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        seed: int = 0,
+        jitter_sigma: float | None = None,
+        report_tokens: bool = True,
+    ) -> None:
+        """``report_tokens=False`` leaves ``StepOutput.tokens`` empty, for callers that only need first
+        tokens and ends (the discrete-event simulator): listing a whole decode batch every step costs."""
         if profile.max_num_batched_tokens < profile.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs (decodes must fit a step)")
         self.profile = profile
@@ -189,6 +199,8 @@ class Engine:
         self.max_model_len = profile.max_model_len
         self._rng = random.Random(seed)
         self._sigma = profile.jitter_sigma if jitter_sigma is None else jitter_sigma
+        self._jitter_shift = 0.5 * self._sigma**2
+        self._report_tokens = report_tokens
         self._api_pre = profile.api_pre_ms / 1000.0
         self._api_post = profile.api_post_ms / 1000.0
         self._api_per_token = profile.api_per_token_ms / 1000.0
@@ -205,7 +217,6 @@ class Engine:
         self._run_seq = 0
         self._steps_done = 0
         self._inflight: Step | None = None
-        self._aborted_inflight: set[RequestId] = set()
 
         # KV blocks. Never-used blocks are handed out in id order before any freed one, as vLLM's free queue
         # starts with all blocks in id order and appends freed blocks at its tail.
@@ -321,9 +332,7 @@ class Engine:
             else:
                 self._prefilling.remove(req)
             del self._running[request_id]
-            self._free_blocks(req)
-            if self._inflight is not None:
-                self._aborted_inflight.add(request_id)
+            self._free_blocks(req)  # an in-flight step skips it: its state is no longer PREFILL/DECODE
         req.state = ABORTED  # a pending request stays in the heap until popped
         return True
 
@@ -333,81 +342,100 @@ class Engine:
         """Choose the next batch at ``now`` (allocating its blocks, preempting if needed); None if idle."""
         if self._inflight is not None:
             raise RuntimeError("the previous step has not been committed")
-        self._release_pending(now)
+        if self._pending:
+            self._release_pending(now)
         if not self._running and not self._waiting:
             return None
         index = self._steps_done
         block_size = self.block_size
-        budget = self.profile.max_num_batched_tokens
+        profile = self.profile
+        budget = profile.max_num_batched_tokens
         preempted_before = self.num_preemptions_total
+        decoding = self._decoding
         finishing: list[_Request] = []
         chunks: list[tuple[_Request, int]] = []
         pairs = 0.0
 
+        # This loop runs for every decoding request every block_size steps: _sync_decode,
+        # num_free_blocks and _schedule_decode_event are inlined.
         due = self._due.pop(index, None)
         if due:
-            due.sort(key=_run_order)
+            if len(due) > 1:
+                due.sort(key=_run_order)
             for req in due:
                 if req.state != DECODE or req.next_event != index:  # preempted, or a stale duplicate
                     continue
                 req.next_event = -1
-                computed = self._sync_decode(req, index)
-                if computed >= len(req.blocks) * block_size:  # the token computed now opens a new block
+                advanced = index - req.dec_step
+                req.num_computed = computed = req.dec_computed + advanced
+                req.num_output = num_output = req.dec_output + advanced
+                req.num_tokens = req.prompt_len + num_output
+                blocks = req.blocks
+                if computed >= len(blocks) * block_size:  # the token computed now opens a new block
                     self._cache_full_blocks(req, computed)
-                    while self.num_free_blocks == 0:
+                    while self.num_gpu_blocks - self._next_fresh + len(self._free) == 0:
                         if self._preempt_newest(index, finishing) is req:
                             break
                     if req.state != DECODE:
                         continue
-                    req.blocks.append(self._allocate_block())
+                    blocks.append(self._allocate_block())
                 if index == req.finish_step:
                     finishing.append(req)
                 else:
-                    self._schedule_decode_event(req)
+                    event = req.dec_step + len(blocks) * block_size - req.dec_computed
+                    if req.finish_step < event:
+                        event = req.finish_step
+                    req.next_event = event
+                    later = self._due.get(event)
+                    if later is None:
+                        self._due[event] = [req]
+                    else:
+                        later.append(req)
 
-        budget -= len(self._decoding)
-        for req in list(self._prefilling):
-            if budget <= 0:
-                break
-            if req.state != PREFILL:  # preempted while making room for an earlier request
-                continue
-            computed = req.num_computed
-            n = min(req.num_tokens - computed, budget)
-            needed = -(-(computed + n) // block_size) - len(req.blocks)
-            while needed > self.num_free_blocks:
-                if self._preempt_newest(index, finishing) is req:
+        budget -= len(decoding)
+        if self._prefilling:
+            for req in list(self._prefilling):
+                if budget <= 0:
                     break
-            if req.state != PREFILL:
-                continue
-            if needed:
-                req.blocks += self._allocate_blocks(needed)
-            self._cache_full_blocks(req, computed + n)
-            chunks.append((req, n))
-            pairs += n * (computed + n / 2)
-            budget -= n
+                if req.state != PREFILL:  # preempted while making room for an earlier request
+                    continue
+                computed = req.num_computed
+                n = min(req.num_tokens - computed, budget)
+                needed = -(-(computed + n) // block_size) - len(req.blocks)
+                while needed > self.num_free_blocks:
+                    if self._preempt_newest(index, finishing) is req:
+                        break
+                if req.state != PREFILL:
+                    continue
+                if needed:
+                    req.blocks += self._allocate_blocks(needed)
+                self._cache_full_blocks(req, computed + n)
+                chunks.append((req, n))
+                pairs += n * (computed + n / 2)
+                budget -= n
 
         preempted = self.num_preemptions_total - preempted_before
-        if not preempted or not (chunks or self._decoding):
+        if self._waiting and (not preempted or not (chunks or decoding)):
             pairs += self._admit_waiting(now, budget, chunks)
 
-        num_decodes = len(self._decoding)
-        prefill_tokens = sum(n for _, n in chunks)
+        num_decodes = len(decoding)
+        prefill_tokens = sum(n for _, n in chunks) if chunks else 0
         if num_decodes == 0 and prefill_tokens == 0:
             return None
         context = self._decode_context + num_decodes
-        duration_ms = self.profile.step_ms(num_decodes + prefill_tokens, pairs, context, num_decodes)
+        # Profile.step_ms, inlined (same terms, same order).
+        tokens = num_decodes + prefill_tokens
+        duration_ms = (
+            max(profile.w_ms, profile.c_lin_ms * tokens)
+            + profile.c_attn_ms * pairs
+            + profile.c_kv_ms * context
+            + profile.c_req_ms * num_decodes
+            + profile.c_step_ms
+        )
         if self._sigma > 0.0:
-            duration_ms *= math.exp(self._sigma * self._rng.gauss(0.0, 1.0) - 0.5 * self._sigma**2)
+            duration_ms *= math.exp(self._sigma * self._rng.gauss(0.0, 1.0) - self._jitter_shift)
         step = Step(
-            index=index,
-            start=now,
-            duration=duration_ms / 1000.0,
-            num_decodes=num_decodes,
-            num_prefill_tokens=prefill_tokens,
-            num_preempted=preempted,
-            _chunks=chunks,
-            _finishing=finishing,
-            _decoding=tuple(self._decoding),
+            index, now, duration_ms / 1000.0, num_decodes, prefill_tokens, preempted, chunks, finishing
         )
         self._inflight = step
         return step
@@ -421,12 +449,8 @@ class Engine:
         self._steps_done = index = step.index + 1
         decoding = self._decoding
         self._decode_context += len(decoding)
-        if self._aborted_inflight:
-            aborted = self._aborted_inflight
-            tokens = [rid for rid in step._decoding if rid not in aborted]
-            aborted.clear()
-        else:
-            tokens = list(step._decoding)
+        # The requests that decoded in this step: those planned, minus any aborted since (abort removes them).
+        tokens = list(decoding) if self._report_tokens else []
         generated = len(decoding)
         first_tokens: list[FirstToken] = []
         finished: list[Finished] = []
@@ -448,7 +472,8 @@ class Engine:
             req.num_output += 1
             req.num_tokens += 1
             generated += 1
-            tokens.append(req.request_id)
+            if self._report_tokens:
+                tokens.append(req.request_id)
             if req.first_token_time < 0:
                 req.first_token_time = time
                 self.prompt_tokens_total += req.prompt_len
@@ -659,10 +684,22 @@ class Engine:
         if full <= start:
             return
         hashes = req.block_hashes
-        while len(hashes) < full:  # blocks holding generated tokens
-            j = len(hashes)
+        j = len(hashes)
+        if j < full:  # blocks holding generated tokens
+            block_size = self.block_size
+            prompt_len = req.prompt_len
+            output_blocks = self._output_blocks
+            digest = xxhash.xxh3_64_intdigest
             parent = hashes[j - 1] if j else _ROOT_HASH
-            hashes.append(xxhash.xxh3_64_intdigest(self._block_bytes(req, j), parent))
+            while j < full:
+                first = j * block_size
+                if first >= prompt_len:  # all generated: one of the precomputed blocks
+                    data = output_blocks[(first - prompt_len) % PERIOD]
+                else:
+                    data = self._block_bytes(req, j)
+                parent = digest(data, parent)
+                hashes.append(parent)
+                j += 1
         cached = self._cached
         hash_of = self._hash_of
         blocks = req.blocks
@@ -695,5 +732,4 @@ class Engine:
         return hashes
 
 
-def _run_order(req: _Request) -> int:
-    return req.run_seq
+_run_order = operator.attrgetter("run_seq")
