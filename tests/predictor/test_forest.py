@@ -153,3 +153,62 @@ def test_small_trees_share_words_and_full_trees_fill_one() -> None:
     forest = CompiledForest.from_booster(dense, x.shape[1])
     assert forest is not None and forest.n_words >= 10
     _close(forest.predict(probe), _expected(dense, probe))
+
+
+def test_combined_forest_predicts_every_part_in_one_pass() -> None:
+    x, y, xt, yt = synthetic(3000, seed=21)
+    ttft = _booster(x, np.log(y))
+    tpot = _booster(xt, np.log(yt), rounds=30, max_depth=4)  # other tree sizes: words of one and two trees
+    parts = [CompiledForest.from_booster(ttft, 8), CompiledForest.from_booster(tpot, 7)]
+    assert parts[0] is not None and parts[1] is not None
+    # The union of both models' columns: TTFT's eight, then TPOT's last one (the first six are shared).
+    columns = [list(range(8)), [0, 1, 2, 3, 4, 5, 8]]
+    combined = CompiledForest.combine(parts, columns, 9)  # type: ignore[arg-type]
+    assert combined.n_outputs == 2 and combined.n_trees == 70
+    for n in (1, 100, 1500):  # 1,500: chunked
+        px, _, pt, _ = synthetic(n, seed=22)
+        union = np.concatenate([px, pt[:, 6:]], axis=1)
+        got = combined.predict_outputs(union)
+        assert got.shape == (2, n) and got.flags.c_contiguous
+        _close(got[0], _expected(ttft, px))
+        _close(got[1], _expected(tpot, pt))
+        np.testing.assert_allclose(got[0], parts[0].predict(px), rtol=1e-12)
+    assert combined.predict_outputs(union[:0]).shape == (2, 0)
+    with pytest.raises(ValueError, match="predict_outputs"):
+        combined.predict(union)
+    with pytest.raises(ValueError, match="reads a column twice"):
+        CompiledForest.combine(parts, [list(range(8)), [0, 1, 2, 3, 4, 5, 5]], 9)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not fit"):
+        CompiledForest.combine(parts, [list(range(8)), [0, 1, 2, 3, 4, 5, 9]], 9)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="single-output"):
+        CompiledForest.combine([combined], [list(range(9))], 9)
+
+
+def test_compiling_is_not_fooled_by_node_numbering() -> None:
+    """The compiler walks the node arrays by their child links (not by position): a model whose nodes are
+    renumbered (the root stays node 0, XGBoost's convention; children before parents) compiles to the same
+    predictions."""
+    from slorouter.predictor.forest import _parse
+
+    x, y, _, _ = synthetic(2000, seed=23)
+    booster = _booster(x, np.log(y), rounds=5)
+    model = __import__("orjson").loads(booster.save_raw("json"))
+    reference = _parse(model, 8)
+    for tree in model["learner"]["gradient_booster"]["model"]["trees"]:
+        size = len(tree["left_children"])
+        order = [0, *range(size - 1, 0, -1)]  # new position of each old node
+        for key in ("split_indices", "split_conditions", "split_type", "default_left"):
+            values = tree[key]
+            tree[key] = [values[order.index(i)] for i in range(size)]
+        for key in ("left_children", "right_children"):
+            values = tree[key]
+            tree[key] = [
+                -1 if values[order.index(i)] == -1 else order[values[order.index(i)]] for i in range(size)
+            ]
+    renumbered = _parse(model, 8)
+    assert reference is not None and renumbered is not None
+    probe, _, _, _ = synthetic(200, seed=24)
+    first = CompiledForest([reference], [range(8)], 8).predict(probe)
+    second = CompiledForest([renumbered], [range(8)], 8).predict(probe)
+    np.testing.assert_array_equal(first, second)
+    _close(first, _expected(booster, probe))

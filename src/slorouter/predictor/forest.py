@@ -2,48 +2,57 @@
 
 Why: ``Booster.inplace_predict`` costs about 0.5 ms per call on this machine class even for one row (and
 ~1 ms for 100 rows × 200 trees), twice the router's whole budget for predicting both models. This evaluator
-does the same arithmetic in about twenty numpy calls on preallocated arrays, ≈ 0.15-0.2 ms for 100 rows ×
-200 depth-6 trees.
+does the same arithmetic in about twenty numpy calls on preallocated arrays, for one booster or for several
+at once (the TTFT and TPOT models in one pass: the calls are the same, only the arrays are wider).
 
-How (Lucchese et al., "QuickScorer", SIGIR 2015): the leaves of each tree (at most 64, depth ≤ 6) are
-numbered left to right and a row's state in a tree is a bit mask of the leaves it can still reach,
-initially all. A split node whose test ``x[f] < threshold`` is false removes the leaves of its left subtree.
-For a feature the false nodes are exactly those with ``threshold ≤ x[f]``, a prefix of the feature's
-thresholds sorted ascending, so the AND of their masks is precomputed per (feature, prefix length, word):
-one ``searchsorted`` (over all features at once, on integer keys that order like the floats) then a table
-gather gives each (row, word) mask, the AND over features leaves each tree's exit leaf as its lowest set
-bit, and that bit's index (a popcount) selects the leaf value. Two trees whose leaves fit in 64 bits
-share a word, which halves the tables and the gather/AND work: the word itself gives its first tree's exit
-leaf, the word with the first tree's bits cleared its second's; both layers are processed as one
-contiguous ``(2, n, words)`` array, because numpy's strided 2-d loops cost several times more. Thresholds
-come from XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small (~1 MB for 200 trees
-over 8 features).
+How (Lucchese et al., "QuickScorer", SIGIR 2015): the leaves of each tree (at most 64) are numbered left to
+right and a row's state in a tree is a bit mask of the leaves it can still reach, initially all. A split
+node whose test ``x[f] < threshold`` is false removes the leaves of its left subtree. For a feature the false
+nodes are exactly those with ``threshold ≤ x[f]``, a prefix of the feature's thresholds sorted ascending, so
+the AND of their masks is precomputed per (feature, prefix length, word): one ``searchsorted`` (over all
+features at once, on integer keys that order like the floats) then a table gather gives each (row, word)
+mask, the AND over features leaves each tree's exit leaf as its lowest set bit, and that bit's index (a
+popcount) selects the leaf value. Two trees whose leaves fit in 64 bits share a word, which halves the
+tables and the gather/AND work: the word itself gives its first tree's exit leaf, the word with the first
+tree's bits cleared its second's; both layers are processed as one contiguous ``(2, n, words)`` array,
+because numpy's strided 2-d loops cost several times more. One matrix product sums each output's leaf
+values. Thresholds come from XGBoost's histogram cuts (≤ 256 per feature), so the tables stay small (~1.5
+MB for 200 trees over 8 features).
 
-``CompiledForest.from_booster`` returns None for models it does not cover (deeper trees, categorical
-splits, several outputs) and checks its own predictions against XGBoost's on probe rows before anyone uses
-it: the caller falls back to ``inplace_predict`` whenever it is None. Inputs must be finite (the schema
-guarantees it), so XGBoost's missing-value branches never apply.
+Several boosters (``CompiledForest.combine``) put their words side by side and read the columns of one
+input matrix (a model's features by name: the TTFT and TPOT models share six), so a column both read is
+placed and gathered once for both.
+
+``CompiledForest.from_booster`` returns None for models it does not cover (trees of more than 64 leaves,
+categorical splits, several outputs) and checks its own predictions against XGBoost's on probe rows before
+anyone uses it: the caller falls back to ``inplace_predict`` whenever it is None. Compiling reads the
+booster's JSON arrays with orjson and builds every table with whole-array operations (no loop over nodes).
+Inputs must be finite (the schema guarantees it), so XGBoost's missing-value branches never apply.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
+import orjson
 import xgboost as xgb
 
-_FULL = (1 << 64) - 1
+_FULL = np.uint64((1 << 64) - 1)
 _MAX_LEAVES = 64
 _ONE = np.uint64(1)
 _SIGN_FREE = np.int32(0x7FFFFFFF)
 _ZERO32 = np.float32(0.0)
 _LOW_BYTE = 0 if sys.byteorder == "little" else 7
 _CHUNK_ROWS = 1024  # larger batches are evaluated in chunks of this many rows
-_CACHE_BYTES = 16 << 20  # work arrays kept per forest (≈ 0.8 MB for 100 rows, 8 MB for 1,024)
+_CACHE_BYTES = 16 << 20  # work arrays kept per forest (≈ 1.6 MB for 100 rows of two models, 16 MB for 1,024)
 _LEAF_STRIDE = 256  # leaf-table entries per word: bases keep their lowest byte free for the leaf's bit count
+_MAX_DEPTH = 64  # a walk deeper than this is a malformed tree (a tree of ≤ 64 leaves is at most 63 deep)
 
 
 def _float_keys(values: np.ndarray) -> np.ndarray:
@@ -52,203 +61,237 @@ def _float_keys(values: np.ndarray) -> np.ndarray:
     return bits ^ ((bits >> 31) & _SIGN_FREE)
 
 
-class _Buffers:
-    """Work arrays for ``n`` rows, reused across calls (allocation and page faults are a large share of the
-    cost at 100 rows). Per-tree arrays are ``(layers, n, words)``: layer 0 holds each word's first tree,
-    layer 1 its second; every operation on them is one contiguous pass."""
+@dataclass(frozen=True, slots=True, eq=False)
+class _Trees:
+    """One booster's trees packed into words (at most two trees per word), as arrays: every split node as
+    (feature, threshold, word, mask of the leaves still reachable when its test is false), every leaf's
+    value at its (layer, word, bit)."""
+
+    feature: np.ndarray  # intp, per split node
+    threshold: np.ndarray  # float32, per split node
+    word: np.ndarray  # intp, per split node
+    mask: np.ndarray  # uint64, per split node: all ones but the bits of the node's left subtree
+    # (n_words + n_pairs, 64) float64: each word's first tree (row = word), then the second tree of each
+    # of the first n_pairs words, which hold two (row = n_words + word)
+    leaf_values: np.ndarray
+    second: np.ndarray  # (n_pairs,) uint64: the bits of each pair's second tree
+    base: float
+    n_trees: int
+    n_words: int
+    n_features: int
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.second)
+
+
+class _Segment:
+    """One output's trees: AND-tables whose rows line up with the forest's keys, the leaf table, the base."""
+
+    __slots__ = ("active", "base", "leaf_bases", "leaf_values", "n_pairs", "n_words", "second", "tables")
+
+    def __init__(self, part: _Trees, columns: Sequence[int], thresholds: Sequence[np.ndarray]) -> None:
+        self.n_words = n_words = part.n_words
+        self.n_pairs = part.n_pairs
+        self.base = part.base
+        column = np.asarray(columns, dtype=np.intp)[part.feature]
+        # searchsorted lands one past a column's sentinel: a leading all-ones row aligns the tables with it.
+        tables = [np.full((1, n_words), _FULL, dtype=np.uint64)]
+        for c, values in enumerate(thresholds):
+            # Row k + 1 of column c's block: the AND of the masks of this output's nodes on c whose threshold
+            # is ≤ values[k] (a value placed after k + 1 keys makes exactly those tests false): each node's
+            # mask in its threshold's row, then a running AND down the rows. Blocks of columns this output
+            # does not read stay all ones (never gathered: they are not in ``active``).
+            table = np.full((len(values) + 1, n_words), _FULL, dtype=np.uint64)
+            mine = column == c
+            if mine.any():
+                rows = np.searchsorted(values, part.threshold[mine]) + 1
+                np.bitwise_and.at(table, (rows, part.word[mine]), part.mask[mine])
+                np.bitwise_and.accumulate(table, axis=0, out=table)
+            tables.append(table)
+        self.tables = np.concatenate(tables)
+        # Columns none of this output's trees splits on leave every mask whole: skip them.
+        self.active = tuple(np.unique(column).tolist())
+        # Value of bit k of leaf row r (a word's first tree, or a pair's second) at r × 256 + popcount(bits
+        # up to k), i.e. + k + 1. float32, as XGBoost sums its leaves: half the cache footprint of float64.
+        table = np.zeros((len(part.leaf_values), _LEAF_STRIDE), dtype=np.float32)
+        table[:, 1 : _MAX_LEAVES + 1] = part.leaf_values
+        self.leaf_values = table.ravel()
+        self.leaf_bases = np.arange(len(part.leaf_values), dtype=np.int64) * _LEAF_STRIDE
+        self.second = part.second
+
+
+class _SegmentBuffers:
+    """One segment's work arrays for ``n`` rows, flat: ``(n, words)`` for each word's first tree, then
+    ``(n, pairs)`` for the second trees of the words holding two, so that every operation on both is one
+    contiguous pass."""
 
     __slots__ = (
         "bits",
-        "keys",
+        "first_bits",
+        "first_values",
+        "first_words",
         "leaf_index",
         "leaf_low_bytes",
-        "n",
         "nbytes",
-        "scratch",
-        "second",
-        "transposed",
+        "second_values",
+        "second_words",
         "values",
         "words",
     )
 
+    def __init__(self, n: int, segment: _Segment) -> None:
+        words, pairs = segment.n_words, segment.n_pairs
+        size = n * (words + pairs)
+        self.words = np.empty(size, dtype=np.uint64)
+        self.bits = np.empty(size, dtype=np.uint64)
+        self.values = np.empty(size, dtype=np.float32)
+        self.first_words = self.words[: n * words].reshape(n, words)
+        self.second_words = self.words[n * words :].reshape(n, pairs)
+        self.first_bits = self.bits[: n * words].reshape(n, words)
+        self.first_values = self.values[: n * words].reshape(n, words)
+        self.second_values = self.values[n * words :].reshape(n, pairs)
+        # Each leaf index: its row's base (a multiple of 256) in the upper bytes, written once, and the leaf's
+        # bit count in the lowest byte, written by each prediction.
+        self.leaf_index = np.empty(size, dtype=np.int64)
+        bases = segment.leaf_bases
+        self.leaf_index[: n * words].reshape(n, words)[:] = bases[:words]
+        self.leaf_index[n * words :].reshape(n, pairs)[:] = bases[words:]
+        self.leaf_low_bytes = self.leaf_index.view(np.uint8)[_LOW_BYTE::8]
+        self.nbytes = self.words.nbytes + self.bits.nbytes + self.values.nbytes + self.leaf_index.nbytes
+
+
+class _Buffers:
+    """Work arrays for ``n`` rows, reused across calls (allocation and page faults are a large share of the
+    cost at 100 rows): the keys of the input, then each segment's own (each output in turn, so that the
+    working set stays the size of one model's)."""
+
+    __slots__ = ("keys", "n", "nbytes", "scratch", "segments", "transposed")
+
     def __init__(self, n: int, forest: CompiledForest) -> None:
         self.n = n
-        n_features, n_words, layers = forest.n_features, forest.n_words, forest.n_layers
-        self.transposed = np.empty((n_features, n), dtype=np.float32)
-        self.scratch = np.empty((n_features, n), dtype=np.int32)
-        self.keys = np.empty((n_features, n), dtype=np.int64)
-        self.words = np.empty((layers, n, n_words), dtype=np.uint64)
-        self.bits = np.empty((layers, n, n_words), dtype=np.uint64)
-        self.values = np.empty((layers, n, n_words), dtype=np.float64)
-        # The mask that keeps a word's second tree, per row (so that the AND is one contiguous pass).
-        self.second = np.empty((n, n_words), dtype=np.uint64)
-        self.second[:] = forest._second
-        # Each (layer, word) index into the leaf table: its base (a multiple of 256) in the upper bytes,
-        # written once, and the leaf's bit count in the lowest byte, written by each prediction.
-        self.leaf_index = np.empty((layers, n, n_words), dtype=np.int64)
-        self.leaf_index[:] = forest._leaf_bases[:, None, :]
-        self.leaf_low_bytes = self.leaf_index.view(np.uint8)[:, :, _LOW_BYTE::8]
-        self.nbytes = (
-            sum(
-                a.nbytes
-                for a in (
-                    self.transposed,
-                    self.scratch,
-                    self.keys,
-                    self.words,
-                    self.bits,
-                    self.values,
-                    self.second,
-                )
-            )
-            + self.leaf_index.nbytes
-        )
+        self.transposed = np.empty((forest.n_features, n), dtype=np.float32)
+        self.scratch = np.empty((forest.n_features, n), dtype=np.int32)
+        self.keys = np.empty((forest.n_features, n), dtype=np.int64)
+        self.segments = tuple(_SegmentBuffers(n, segment) for segment in forest._segments)
+        front = self.transposed.nbytes + self.scratch.nbytes + self.keys.nbytes
+        self.nbytes = front + sum(s.nbytes for s in self.segments)
 
 
 class CompiledForest:
-    """Predicts the raw margin (base score + Σ leaf values) of a regression booster."""
+    """Predicts the raw margins (base score + Σ leaf values) of one regression booster, or of several."""
 
     __slots__ = (
-        "_active",
-        "_base",
         "_buffers",
+        "_columns",
         "_keys",
-        "_leaf_bases",
-        "_leaf_values",
         "_lock",
+        "_parts",
         "_prefix",
-        "_second",
-        "_tables",
+        "_segments",
         "_thresholds",
         "n_features",
         "n_layers",
+        "n_outputs",
         "n_trees",
         "n_words",
     )
 
-    def __init__(
-        self,
-        thresholds: list[np.ndarray],
-        tables: list[np.ndarray],
-        leaf_values: np.ndarray,
-        second: np.ndarray,
-        base: float,
-        n_trees: int,
-    ) -> None:
-        """``thresholds[f]``: feature f's split thresholds (float32, ascending, unique); ``tables[f]``: the
-        ``(len(thresholds[f]) + 1, n_words)`` AND-table of its masks; ``leaf_values``: ``(layers, n_words,
-        64)``, the value of each leaf bit of each word's first (layer 0) and second (layer 1) tree;
-        ``second``: per word, the mask of its second tree's bits (0 for a word holding one tree)."""
-        self.n_features = len(thresholds)
-        self.n_layers, self.n_words = leaf_values.shape[:2]
-        self.n_trees = n_trees
-        self._thresholds = thresholds
-        # All features' thresholds in one sorted array of int64 keys, so that one ``searchsorted`` places
-        # every value: feature f's block starts with a sentinel below any of its values, then
-        # (f << 32) + the int32 key of each threshold; blocks ascend with f.
-        blocks = []
-        for f, values in enumerate(thresholds):
-            block = np.empty(len(values) + 1, dtype=np.int64)
-            block[0] = (f << 32) - (1 << 31)
-            block[1:] = (f << 32) + _float_keys(values).astype(np.int64)
-            blocks.append(block)
-        self._keys = np.concatenate(blocks)
-        self._prefix = (np.arange(self.n_features, dtype=np.int64) << 32)[:, None]
-        # searchsorted lands one past the block's sentinel: a leading all-ones row aligns the tables with it.
-        self._tables = np.concatenate([np.full((1, self.n_words), _FULL, dtype=np.uint64), *tables])
-        # Features no tree splits on leave every mask whole: skip them.
-        self._active = tuple(f for f, values in enumerate(thresholds) if len(values))
-        # Value of bit k of (layer, word) at (layer × n_words + word) × 256 + popcount(bits up to k), i.e.
-        # + k + 1. A word without a second tree reads 0 at + 64 (its layer-1 bits are all clear).
-        table = np.zeros((self.n_layers * self.n_words, _LEAF_STRIDE), dtype=np.float64)
-        table[:, 1 : _MAX_LEAVES + 1] = leaf_values.reshape(-1, _MAX_LEAVES)
-        self._leaf_values = table.ravel()
-        self._leaf_bases = (np.arange(self.n_layers * self.n_words, dtype=np.int64) * _LEAF_STRIDE).reshape(
-            self.n_layers, self.n_words
+    def __init__(self, parts: Sequence[_Trees], columns: Sequence[Sequence[int]], n_columns: int) -> None:
+        """Output ``m`` is booster ``parts[m]``, whose feature ``j`` is column ``columns[m][j]`` of the
+        input (``n_columns`` wide)."""
+        if not parts or len(parts) != len(columns):
+            raise ValueError("one column map per booster is needed")
+        for part, cols in zip(parts, columns, strict=True):
+            if len(cols) != part.n_features or not all(0 <= c < n_columns for c in cols):
+                raise ValueError(f"column map {list(cols)} does not fit {part.n_features} features")
+            if len(set(cols)) != len(cols):
+                raise ValueError(f"column map {list(cols)} reads a column twice")
+        self._parts = tuple(parts)
+        self._columns = tuple(tuple(int(c) for c in cols) for cols in columns)
+        self.n_outputs = len(parts)
+        self.n_features = n_columns
+        self.n_trees = sum(part.n_trees for part in parts)
+        self.n_layers = 2 if any(part.n_pairs for part in parts) else 1
+        self.n_words = sum(part.n_words for part in parts)
+        # Each column's thresholds over every output that reads it, and their keys: a sentinel below any of
+        # the column's values, then (c << 32) + the int32 key of each threshold; blocks ascend with c, so
+        # one ``searchsorted`` places every column's values for every output.
+        split_columns = np.concatenate(
+            [np.asarray(cols, dtype=np.intp)[p.feature] for p, cols in zip(parts, self._columns, strict=True)]
         )
-        self._second = np.ascontiguousarray(second, dtype=np.uint64)
-        self._base = base
+        split_thresholds = np.concatenate([p.threshold for p in parts])
+        self._thresholds: list[np.ndarray] = []
+        key_blocks = []
+        for c in range(n_columns):
+            values = np.unique(split_thresholds[split_columns == c]).astype(np.float32)
+            block = np.empty(len(values) + 1, dtype=np.int64)
+            block[0] = (c << 32) - (1 << 31)
+            block[1:] = (c << 32) + _float_keys(values).astype(np.int64)
+            key_blocks.append(block)
+            self._thresholds.append(values)
+        self._keys = np.concatenate(key_blocks)
+        self._prefix = (np.arange(n_columns, dtype=np.int64) << 32)[:, None]
+        self._segments = tuple(
+            _Segment(part, cols, self._thresholds) for part, cols in zip(parts, self._columns, strict=True)
+        )
         self._lock = threading.Lock()
         self._buffers: dict[int, _Buffers] = {}  # by row count, oldest first
+
+    # ------------------------------------------------------------------------------------- building
 
     @classmethod
     def from_booster(cls, booster: xgb.Booster, n_features: int) -> CompiledForest | None:
         """Compile ``booster``; None if the model is outside what this evaluator covers or disagrees."""
         try:
-            forest = cls._compile(json.loads(booster.save_raw("json")), n_features)
-        except (KeyError, ValueError, TypeError, IndexError):
+            trees = _parse(orjson.loads(booster.save_raw("json")), n_features)
+        except (KeyError, ValueError, TypeError, IndexError, OverflowError, orjson.JSONDecodeError):
             return None
-        if forest is None or not forest._agrees_with(booster):
+        if trees is None:
+            return None
+        forest = cls([trees], [range(n_features)], n_features)
+        if not forest._agrees_with(booster):
             return None
         return forest
 
     @classmethod
-    def _compile(cls, model: dict[str, Any], n_features: int) -> CompiledForest | None:
-        learner = model["learner"]
-        params = learner["learner_model_param"]
-        if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1:
-            return None
-        booster = learner["gradient_booster"]
-        if booster.get("name") != "gbtree":
-            return None
-        base_text = str(params["base_score"])
-        base_values = json.loads(base_text) if base_text.startswith("[") else [float(base_text)]
-        if len(base_values) != 1:
-            return None
-        trees = booster["model"]["trees"]
-        if not trees:
-            return None
-        tree_leaves: list[list[float]] = []
-        tree_nodes: list[list[tuple[int, float, int]]] = []
-        for tree in trees:
-            if any(int(v) != 0 for v in tree.get("split_type", [])) or tree.get("categories_nodes"):
-                return None
-            collected = _collect(tree, n_features)
-            if collected is None:
-                return None
-            tree_leaves.append(collected[0])
-            tree_nodes.append(collected[1])
-        words = _pair([len(leaves) for leaves in tree_leaves])
-        n_words = len(words)
-        n_layers = max(len(word) for word in words)
-        leaf_values = np.zeros((n_layers, n_words, _MAX_LEAVES), dtype=np.float64)
-        second = np.zeros(n_words, dtype=np.uint64)
-        nodes: list[list[tuple[float, int, int]]] = [[] for _ in range(n_features)]
-        for w, word in enumerate(words):
-            start = 0
-            for layer, t in enumerate(word):
-                leaves = tree_leaves[t]
-                leaf_values[layer, w, start : start + len(leaves)] = leaves
-                for feature, threshold, left in tree_nodes[t]:
-                    nodes[feature].append((threshold, w, _FULL ^ (left << start)))
-                if layer == 1:
-                    second[w] = _FULL ^ ((1 << start) - 1)
-                start += len(leaves)
-        thresholds: list[np.ndarray] = []
-        tables: list[np.ndarray] = []
-        for feature_nodes in nodes:
-            feature_nodes.sort(key=lambda node: node[0])
-            values = np.unique(np.array([node[0] for node in feature_nodes], dtype=np.float32))
-            table = np.full((len(values) + 1, n_words), _FULL, dtype=np.uint64)
-            current = [_FULL] * n_words
-            i = 0
-            for k, value in enumerate(values.tolist()):
-                while i < len(feature_nodes) and np.float32(feature_nodes[i][0]) == value:
-                    _, word_index, mask = feature_nodes[i]
-                    current[word_index] &= mask
-                    i += 1
-                table[k + 1] = current
-            thresholds.append(values)
-            tables.append(table)
-        return cls(thresholds, tables, leaf_values, second, float(base_values[0]), len(trees))
+    def combine(
+        cls, forests: Sequence[CompiledForest], columns: Sequence[Sequence[int]], n_columns: int
+    ) -> CompiledForest:
+        """One forest predicting the outputs of ``forests`` (single-output forests) in one call, on an input
+        of ``n_columns`` columns of which forest ``m`` reads ``columns[m]``: the columns are placed once
+        for all outputs.
+
+        Raises ``ValueError`` for multi-output parts or maps that do not fit, and if the combined forest
+        does not reproduce its parts on probe rows."""
+        if any(forest.n_outputs != 1 for forest in forests):
+            raise ValueError("only single-output forests can be combined")
+        combined = cls([forest._parts[0] for forest in forests], columns, n_columns)
+        probe = combined._probe_rows()
+        got = combined.predict_outputs(probe)
+        for m, forest in enumerate(forests):
+            expected = forest.predict(probe[:, list(combined._columns[m])])
+            if not np.allclose(got[m], expected, rtol=1e-9, atol=1e-9):
+                raise ValueError(f"the combined forest disagrees with its part {m}")
+        return combined
+
+    # ------------------------------------------------------------------------------------ predicting
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Margins (float64, a new array) for the float32 rows of ``X`` (``(n, n_features)``, finite)."""
+        """Margins (float64, a new array) for the float32 rows of ``X`` (``(n, n_features)``, finite), of a
+        single-output forest."""
+        if self.n_outputs != 1:
+            raise ValueError(f"this forest has {self.n_outputs} outputs: use predict_outputs")
+        return self.predict_outputs(X)[0]
+
+    def predict_outputs(self, X: np.ndarray) -> np.ndarray:
+        """Margins of every output, ``(n_outputs, n)`` float64 (a new C-contiguous array)."""
         n = X.shape[0]
         if n == 0:
-            return np.zeros(0, dtype=np.float64)
+            return np.zeros((self.n_outputs, 0), dtype=np.float64)
         if n > _CHUNK_ROWS:  # bounded work arrays (and cache-sized passes) for large batches
-            return np.concatenate([self.predict(X[i : i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)])
+            chunks = [self.predict_outputs(X[i : i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
+            return np.concatenate(chunks, axis=1)
         lock = self._lock
         if not lock.acquire(blocking=False):  # another thread is predicting: use arrays of our own
             return self._predict(X, _Buffers(n, self))
@@ -275,85 +318,192 @@ class CompiledForest:
         scratch &= _SIGN_FREE
         bits ^= scratch
         np.add(bits, self._prefix, out=b.keys)
-        # Row of each (feature, row) in the stacked tables.
+        # Row of each (feature, row) in the stacked tables (every segment's tables line up with the keys).
         positions = self._keys.searchsorted(b.keys.ravel(), side="right").reshape(b.keys.shape)
-        masks, work, tables = b.words[0], b.bits[0], self._tables
-        active = self._active
-        if active:
-            # Gather one feature's masks at a time and AND them in: the working set stays in cache.
-            tables.take(positions[active[0]], axis=0, out=masks, mode="clip")
-            for f in active[1:]:
-                tables.take(positions[f], axis=0, out=work, mode="clip")
-                masks &= work
-        else:
-            masks.fill(_FULL)
-        # Layer 0 is each word as it is (its first tree's exit leaf is the lowest set bit); layer 1 keeps
-        # only the second tree's bits.
-        if self.n_layers == 2:
-            np.bitwise_and(masks, b.second, out=b.words[1])
-        # Bits up to and including the lowest set one, counted into the low byte of each leaf index.
-        np.subtract(b.words, _ONE, out=b.bits)
-        b.bits ^= b.words
-        np.bitwise_count(b.bits, out=b.leaf_low_bytes)
-        values = self._leaf_values.take(b.leaf_index, out=b.values, mode="clip")
-        if self.n_layers == 2:
-            np.add(values[0], values[1], out=values[0])
-        out = np.add.reduce(values[0], axis=1)
-        out += self._base
+        n = b.n
+        out = np.empty((self.n_outputs, n), dtype=np.float64)
+        for m, (segment, sb) in enumerate(zip(self._segments, b.segments, strict=True)):
+            masks, work, tables = sb.first_words, sb.first_bits, segment.tables
+            active = segment.active
+            if active:
+                # Gather one feature's masks at a time and AND them in: the working set stays in cache.
+                tables.take(positions[active[0]], axis=0, out=masks, mode="clip")
+                for f in active[1:]:
+                    tables.take(positions[f], axis=0, out=work, mode="clip")
+                    masks &= work
+            else:
+                masks.fill(_FULL)
+            # Each word as it is holds its first tree's exit leaf as the lowest set bit; a pair's word with
+            # only its second tree's bits kept holds the second's.
+            pairs = segment.n_pairs
+            if pairs:
+                np.bitwise_and(masks[:, :pairs], segment.second, out=sb.second_words)
+            # Bits up to and including the lowest set one, counted into the low byte of each leaf index.
+            np.subtract(sb.words, _ONE, out=sb.bits)
+            sb.bits ^= sb.words
+            np.bitwise_count(sb.bits, out=sb.leaf_low_bytes)
+            segment.leaf_values.take(sb.leaf_index, out=sb.values, mode="clip")
+            # Σ over each row's words: matrix-vector products.
+            total = out[m]
+            np.matmul(sb.first_values, _ones(segment.n_words), out=total, casting="same_kind")
+            if pairs:
+                total += np.matmul(sb.second_values, _ones(pairs))
+            total += segment.base
         return out
 
-    def _agrees_with(self, booster: xgb.Booster) -> bool:
-        """Compare with XGBoost on probe rows that straddle every threshold."""
+    # -------------------------------------------------------------------------------------- checking
+
+    def _probe_rows(self, rows: int = 512) -> np.ndarray:
+        """Non-negative rows whose values sit at, just below and just above the thresholds."""
         rng = np.random.default_rng(0)
-        rows = 512
         X = np.empty((rows, self.n_features), dtype=np.float32)
         for f, thresholds in enumerate(self._thresholds):
             if len(thresholds) == 0:
                 X[:, f] = 0.0
                 continue
             picks = thresholds[rng.integers(0, len(thresholds), rows)]
-            # at, just below and just above a threshold
             nudged = np.where(
                 rng.random(rows) < 0.5,
                 np.nextafter(picks, np.float32(-np.inf)),
                 np.nextafter(picks, np.float32(np.inf)),
             )
             X[:, f] = np.where(rng.random(rows) < 0.3, picks, nudged).astype(np.float32)
-        X = np.abs(X)  # the schema's features are non-negative
+        return np.abs(X)  # the schema's features are non-negative
+
+    def _agrees_with(self, booster: xgb.Booster) -> bool:
+        """Compare with XGBoost on probe rows that straddle every threshold."""
+        X = self._probe_rows()
         expected = booster.inplace_predict(X, validate_features=False).astype(np.float64)
         got = self.predict(X)
         return bool(np.all(np.abs(got - expected) <= 1e-4 * (1.0 + np.abs(expected))))
 
 
-def _collect(
-    tree: dict[str, Any], n_features: int
-) -> tuple[list[float], list[tuple[int, float, int]]] | None:
-    """The leaf values of ``tree`` left to right, and each split's (feature, threshold, left-subtree leaves
-    as a bit mask); None if the tree is outside what this evaluator covers."""
-    left, right = tree["left_children"], tree["right_children"]
-    split_index, split_cond = tree["split_indices"], tree["split_conditions"]
-    leaves: list[float] = []
-    splits: list[tuple[int, float, int]] = []
-    # Iterative in-order walk; each frame: (node, phase, first leaf of the node's subtree).
-    stack: list[tuple[int, int, int]] = [(0, 0, 0)]
-    while stack:
-        node, phase, lo = stack.pop()
-        if left[node] == -1:
-            if len(leaves) >= _MAX_LEAVES:
-                return None
-            leaves.append(float(split_cond[node]))
-            continue
-        if phase == 0:
-            stack.append((node, 1, len(leaves)))
-            stack.append((left[node], 0, len(leaves)))
-        else:
-            feature = int(split_index[node])
-            if not 0 <= feature < n_features:
-                return None
-            left_mask = ((1 << len(leaves)) - 1) ^ ((1 << lo) - 1)  # leaves [lo, here): the left subtree
-            splits.append((feature, float(np.float32(split_cond[node])), left_mask))
-            stack.append((right[node], 0, len(leaves)))
-    return leaves, splits
+_ONES: dict[int, np.ndarray] = {}
+
+
+def _ones(n: int) -> np.ndarray:
+    ones = _ONES.get(n)
+    if ones is None:
+        ones = _ONES[n] = np.ones(n, dtype=np.float32)
+    return ones
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+def _array(trees: list[dict[str, Any]], key: str, dtype: type) -> np.ndarray:
+    return np.array(list(chain.from_iterable(tree[key] for tree in trees)), dtype=dtype)
+
+
+def _parse(model: dict[str, Any], n_features: int) -> _Trees | None:
+    """A booster's JSON (``save_raw("json")``) as packed trees; None if outside what this evaluator covers.
+
+    All trees' node arrays are concatenated and walked level by level from the roots (depth ≤ 63), so
+    the cost is a few numpy calls per level, not Python per node; unreachable (deleted) nodes are ignored.
+    """
+    learner = model["learner"]
+    params = learner["learner_model_param"]
+    if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1:
+        return None
+    booster = learner["gradient_booster"]
+    if booster.get("name") != "gbtree":
+        return None
+    base_text = str(params["base_score"])
+    base_values = orjson.loads(base_text) if base_text.startswith("[") else [float(base_text)]
+    if len(base_values) != 1:
+        return None
+    trees: list[dict[str, Any]] = booster["model"]["trees"]
+    if not trees or any(tree.get("categories_nodes") for tree in trees):
+        return None
+    split_type = _array(trees, "split_type", np.int64) if all("split_type" in t for t in trees) else None
+    if split_type is not None and split_type.any():
+        return None
+    sizes = np.array([len(tree["left_children"]) for tree in trees], dtype=np.intp)
+    if not sizes.all():
+        return None
+    starts = np.zeros(len(trees), dtype=np.intp)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    tree_of = np.repeat(np.arange(len(trees), dtype=np.intp), sizes)
+    left = _array(trees, "left_children", np.intp)
+    right = _array(trees, "right_children", np.intp)
+    feature = _array(trees, "split_indices", np.intp)
+    condition = _array(trees, "split_conditions", np.float64)
+    if not (len(left) == len(right) == len(feature) == len(condition) == len(tree_of)):
+        return None
+    leaf = left == -1
+    inner = ~leaf
+    if (right[leaf] != -1).any():
+        return None
+    size_of = sizes[tree_of[inner]]
+    if ((left[inner] < 0) | (left[inner] >= size_of) | (right[inner] < 0) | (right[inner] >= size_of)).any():
+        return None
+    # Children as indices into the concatenated arrays.
+    left = np.where(leaf, -1, left + starts[tree_of])
+    right = np.where(leaf, -1, right + starts[tree_of])
+
+    levels = []
+    frontier = starts
+    while len(frontier):
+        if len(levels) > _MAX_DEPTH or len(frontier) > len(left):
+            return None
+        levels.append(frontier)
+        split = frontier[inner[frontier]]
+        frontier = np.concatenate([left[split], right[split]])
+    # Leaves under each node (bottom-up), then each node's first leaf in left-to-right order (top-down).
+    count = np.ones(len(left), dtype=np.intp)
+    for level in reversed(levels):
+        split = level[inner[level]]
+        count[split] = count[left[split]] + count[right[split]]
+    leaves_per_tree = count[starts]
+    if leaves_per_tree.max() > _MAX_LEAVES:
+        return None
+    first = np.zeros(len(left), dtype=np.intp)
+    for level in levels:
+        split = level[inner[level]]
+        first[left[split]] = first[split]
+        first[right[split]] = first[split] + count[left[split]]
+
+    # Words holding two trees first, so that the second trees' words are a prefix.
+    words = sorted(_pair(leaves_per_tree.tolist()), key=len, reverse=True)
+    n_pairs = sum(len(word) == 2 for word in words)
+    word_of = np.empty(len(trees), dtype=np.intp)
+    shift_of = np.zeros(len(trees), dtype=np.intp)  # the tree's first bit in its word
+    row_of = np.empty(len(trees), dtype=np.intp)  # the tree's row of leaf values
+    second = np.zeros(n_pairs, dtype=np.uint64)
+    for w, word in enumerate(words):
+        word_of[word] = w
+        row_of[word[0]] = w
+        if len(word) == 2:
+            shift_of[word[1]] = leaves_per_tree[word[0]]
+            row_of[word[1]] = len(words) + w
+            second[w] = _FULL ^ np.uint64((1 << int(leaves_per_tree[word[0]])) - 1)
+
+    reached = np.concatenate(levels)
+    splits = reached[inner[reached]]
+    leaves = reached[leaf[reached]]
+    split_feature = feature[splits]
+    if ((split_feature < 0) | (split_feature >= n_features)).any():
+        return None
+    split_tree = tree_of[splits]
+    # A false test removes the leaves of the node's left subtree: count[left] bits from its first leaf on.
+    left_count = count[left[splits]].astype(np.uint64)  # ≤ 63: the right subtree has a leaf
+    offset = (first[splits] + shift_of[split_tree]).astype(np.uint64)
+    left_bits = np.left_shift(np.left_shift(_ONE, left_count) - _ONE, offset)
+    leaf_tree = tree_of[leaves]
+    leaf_values = np.zeros((len(words) + n_pairs, _MAX_LEAVES), dtype=np.float64)
+    leaf_values[row_of[leaf_tree], first[leaves] + shift_of[leaf_tree]] = condition[leaves]
+    return _Trees(
+        feature=split_feature,
+        threshold=condition[splits].astype(np.float32),
+        word=word_of[split_tree],
+        mask=np.invert(left_bits),
+        leaf_values=leaf_values,
+        second=second,
+        base=float(base_values[0]),
+        n_trees=len(trees),
+        n_words=len(words),
+        n_features=n_features,
+    )
 
 
 def _pair(leaf_counts: list[int]) -> list[list[int]]:
