@@ -149,3 +149,79 @@ def test_reload_does_not_disturb_concurrent_predictions(trained: Trainer, tmp_pa
 
 def test_store_directory_shared_with_a_separate_predictor_process_layout(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert Predictor(ModelStore(tmp_path)).refresh() is False
+
+
+def test_both_models_in_one_pass_equal_each_model_alone(trained: Trainer) -> None:
+    assert trained.train("tpot") is not None
+    predictor = Predictor(trained.model_store)
+    predictor.refresh()
+    assert predictor.status()["evaluator"] == "compiled, both models in one pass"
+    x, _, xt, _ = synthetic(120, seed=31)
+    ttft, tpot = predictor.predict(x, xt)
+    models = predictor._models
+    np.testing.assert_allclose(ttft, models["ttft"].predict(x), rtol=1e-6)
+    np.testing.assert_allclose(tpot, models["tpot"].predict(xt), rtol=1e-6)
+    for kind, got, X in (("ttft", ttft, x), ("tpot", tpot, xt)):
+        model = models[kind]
+        expected = booster_predict_ms(model.booster, X, "log", model.offset, model.baseline)
+        np.testing.assert_allclose(got, expected, rtol=1e-4)
+    # Rows of the union of the features (the servers' validated rows) give the same predictions.
+    union = np.concatenate([x, xt[:, 6:]], axis=1)
+    all_ttft, all_tpot = predictor.predict_all(union)
+    np.testing.assert_array_equal(all_ttft, ttft)
+    np.testing.assert_array_equal(all_tpot, tpot)
+    np.testing.assert_array_equal(predictor.predict_all(union.astype(np.float64)[:, :])[0], ttft)
+    with pytest.raises(ValueError, match="9 features"):
+        predictor.predict_all(x)
+    # Matrices whose shared features differ: each model reads its own (the per-model path).
+    other = xt.copy()
+    other[:, 0] = np.clip(other[:, 0] + 0.3, 0, 1)
+    ttft_other, tpot_other = predictor.predict(x, other)
+    np.testing.assert_array_equal(ttft_other, models["ttft"].predict(x))
+    np.testing.assert_array_equal(tpot_other, models["tpot"].predict(other))
+    empty = predictor.predict(x[:0], xt[:0])
+    assert empty[0].shape == empty[1].shape == (0,)
+
+
+def test_without_a_tpot_model_predict_all_gives_nan_tpot(trained: Trainer) -> None:
+    predictor = Predictor(trained.model_store)
+    predictor.refresh()
+    assert predictor.status()["evaluator"] == "per model"
+    x, _, xt, _ = synthetic(10, seed=32)
+    ttft, tpot = predictor.predict_all(np.concatenate([x, xt[:, 6:]], axis=1))
+    np.testing.assert_array_equal(ttft, predictor.predict(x, xt)[0])
+    assert np.isnan(tpot).all()
+
+
+@pytest.mark.parametrize(
+    ("objective", "pod_class"), [("mean", False), ("conformal", True), ("quantile", False)]
+)
+def test_one_pass_for_every_objective_and_schema(tmp_path, objective: str, pod_class: bool) -> None:  # type: ignore[no-untyped-def]
+    from slorouter.clock import ManualClock
+    from slorouter.predictor.store import SampleStore
+    from slorouter.predictor.trainer import TrainerConfig
+
+    schema = FeatureSchema(pod_class=pod_class)
+    config = TrainerConfig(objective=objective, n_estimators=15, nthread=1)  # type: ignore[arg-type]
+    trainer = Trainer(SampleStore(schema=schema), ModelStore(tmp_path), config, ManualClock(0.0))
+    x, y, xt, yt = synthetic(1500, seed=33)
+    if pod_class:  # the pod class is the last column of both models; the union's columns are not a prefix
+        codes = np.random.default_rng(0).integers(0, 3, len(x)).astype(np.float32)
+        x, xt = np.column_stack([x, codes]), np.column_stack([xt, codes])
+        y = y * (1 + codes)
+    trainer.store.add("ttft", x, y)
+    trainer.store.add("tpot", xt, yt)
+    assert trainer.train("ttft") is not None and trainer.train("tpot") is not None
+    predictor = Predictor(trainer.model_store, expected_schema=schema)
+    predictor.refresh()
+    assert predictor._state.joint is not None
+    ttft, tpot = predictor.predict(x[:200], xt[:200])
+    models = predictor._models
+    np.testing.assert_allclose(ttft, models["ttft"].predict(x[:200]), rtol=1e-6)
+    np.testing.assert_allclose(tpot, models["tpot"].predict(xt[:200]), rtol=1e-6)
+    assert (ttft >= 0).all() and (tpot >= 0).all()
+    union = schema.all_features()
+    X = np.empty((200, len(union)), dtype=np.float32)
+    X[:, [union.index(f) for f in schema.features("ttft")]] = x[:200]
+    X[:, [union.index(f) for f in schema.features("tpot")]] = xt[:200]
+    np.testing.assert_array_equal(predictor.predict_all(X)[1], tpot)

@@ -9,9 +9,12 @@ Readiness: ``ready`` is True once a TTFT model is loaded. Before that ``predict`
 ``PredictorNotReady`` (the router then falls back to its heuristics). TPOT samples need a finished
 request, so the TPOT model usually arrives later: until it does, TPOT predictions are NaN.
 
-Speed: each booster is compiled into a ``CompiledForest`` (vectorised numpy, about twice as fast as
+Speed: each booster is compiled into a ``CompiledForest`` (vectorised numpy, several times faster than
 ``inplace_predict`` for 100 rows, see forest.py) when the model allows; otherwise ``inplace_predict`` on
 float32 C-contiguous rows with ``nthread=1`` (more threads only add tail latency next to a busy router).
+Once both models are compiled they are also combined into one forest over the union of their features
+(``_Joint``): one pass places the shared columns once, and one matrix product applies both linear
+baselines, so a candidate set costs less than two separate predictions.
 """
 
 from __future__ import annotations
@@ -81,6 +84,84 @@ class LoadedModel:
         return np.maximum(raw, 0.0, out=raw)
 
 
+class _Joint:
+    """Both compiled models in one pass over the union of their features (``schema.all_features()``):
+    the combined forest's margins, plus both linear baselines as one product, plus each model's offset, then
+    exp (log-target models) or max(·, 0). Equal to the two models' own ``predict`` up to float rounding."""
+
+    __slots__ = ("coef", "floor", "forest", "intercept", "log_rows", "shift", "tpot_columns", "ttft_columns")
+
+    def __init__(self, ttft: LoadedModel, tpot: LoadedModel, schema: FeatureSchema) -> None:
+        assert ttft.forest is not None and tpot.forest is not None
+        union = schema.all_features()
+        models = (ttft, tpot)
+        columns = [[union.index(name) for name in schema.features(m.kind)] for m in models]
+        self.ttft_columns = _index(columns[0])
+        self.tpot_columns = _index(columns[1])
+        self.forest = CompiledForest.combine([ttft.forest, tpot.forest], columns, len(union))
+        # Baselines over the union's columns; a model without one gets 0·x + 1, whose log is 0.
+        coef = np.zeros((2, len(union)), dtype=np.float32)
+        intercept = np.ones((2, 1), dtype=np.float32)
+        floor = np.ones((2, 1), dtype=np.float32)
+        shift = np.zeros((2, 1), dtype=np.float64)
+        for m, (model, cols) in enumerate(zip(models, columns, strict=True)):
+            shift[m] = model.offset
+            if model.baseline is not None:
+                b = model.baseline
+                coef[m, [cols[j] for j in b.columns]] = b.coef
+                intercept[m], floor[m] = b.intercept, b.floor_ms
+                shift[m] -= b.base_score
+        self.coef, self.intercept, self.floor, self.shift = coef, intercept, floor, shift
+        self.log_rows = (ttft.log_target, tpot.log_target)
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Latencies in ms (TTFT, TPOT) for union rows ``X`` (float32, C-contiguous)."""
+        out = self.forest.predict_outputs(X)
+        linear = np.matmul(self.coef, X.T)
+        linear += self.intercept
+        np.maximum(linear, self.floor, out=linear)
+        out += np.log(linear, out=linear)
+        out += self.shift
+        if self.log_rows == (True, True):
+            np.exp(out, out=out)
+        else:
+            for m, log_target in enumerate(self.log_rows):
+                if log_target:
+                    np.exp(out[m], out=out[m])
+                else:
+                    np.maximum(out[m], 0.0, out=out[m])
+        return out[0], out[1]
+
+    def union_of(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> np.ndarray | None:
+        """The union rows of a TTFT and a TPOT matrix, or None unless the shared features agree (and the
+        shapes fit): then each model must read its own matrix."""
+        n = x_ttft.shape[0]
+        if x_ttft.ndim != 2 or x_tpot.shape[0] != n or n == 0:
+            return None
+        X = np.empty((n, self.forest.n_features), dtype=np.float32)
+        try:
+            X[:, self.tpot_columns] = x_tpot
+            X[:, self.ttft_columns] = x_ttft
+        except ValueError:  # a shape that does not fit: the per-model path says which
+            return None
+        if not np.array_equal(X[:, self.tpot_columns], x_tpot):
+            return None
+        return X
+
+
+def _index(columns: list[int]) -> slice | list[int]:
+    """``columns`` as a slice when they are a contiguous ascending run (faster to index with)."""
+    if columns == list(range(columns[0], columns[0] + len(columns))):
+        return slice(columns[0], columns[0] + len(columns))
+    return columns
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    models: dict[str, LoadedModel]
+    joint: _Joint | None = None
+
+
 class Predictor:
     """Holds the current TTFT and TPOT models and predicts with them."""
 
@@ -99,10 +180,14 @@ class Predictor:
             self.schema = FeatureSchema(version=int(expected_schema))
         self.model_store = model_store
         self.compile_forest = compile_forest
-        self._models: dict[str, LoadedModel] = {}  # replaced whole, never mutated: readers need no lock
+        self._state = _State({})  # replaced whole, never mutated: readers need no lock
         self._load_lock = threading.Lock()
         self._refused: dict[str, str] = {}  # kind -> version refused (not retried until the version moves)
         self.errors: dict[str, str] = {}  # kind -> last load error
+
+    @property
+    def _models(self) -> dict[str, LoadedModel]:
+        return self._state.models
 
     # ------------------------------------------------------------------------------------- loading
 
@@ -185,10 +270,26 @@ class Predictor:
             baseline,
         )
         with self._load_lock:
-            self._models = {**self._models, kind: model}
+            models = {**self._models, kind: model}
+            self._state = _State(models, self._joint_of(models))
             self._refused.pop(kind, None)
             self.errors.pop(kind, None)
         log.info("loaded %s model %s (%s)", kind, metadata.version, "compiled" if forest else "xgboost")
+
+    def _joint_of(self, models: dict[str, LoadedModel]) -> _Joint | None:
+        ttft, tpot = models.get("ttft"), models.get("tpot")
+        if ttft is None or tpot is None or ttft.forest is None or tpot.forest is None:
+            return None
+        try:
+            return _Joint(ttft, tpot, self.schema)
+        except ValueError as exc:  # the combined forest disagreed with its parts: predict model by model
+            log.error(
+                "could not combine the %s and %s models: %s",
+                ttft.metadata.version,
+                tpot.metadata.version,
+                exc,
+            )
+            return None
 
     # ---------------------------------------------------------------------------------- prediction
 
@@ -197,14 +298,37 @@ class Predictor:
 
         Raises ``PredictorNotReady`` before the first TTFT model; TPOT is NaN while no TPOT model exists.
         """
-        models = self._models
+        state = self._state
+        models = state.models
         ttft_model = models.get("ttft")
         if ttft_model is None:
             raise PredictorNotReady("no TTFT model has been trained yet")
+        if state.joint is not None:
+            X = state.joint.union_of(x_ttft, x_tpot)
+            if X is not None:
+                return state.joint.predict(X)
         ttft = ttft_model.predict(x_ttft)
         tpot_model = models.get("tpot")
         tpot = np.full(len(x_tpot), np.nan) if tpot_model is None else tpot_model.predict(x_tpot)
         return ttft, tpot
+
+    def predict_all(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``predict`` for rows of the union of the features, in ``schema.all_features()`` order (float32
+        C-contiguous rows are used as they are), e.g. validated request rows."""
+        state = self._state
+        if "ttft" not in state.models:
+            raise PredictorNotReady("no TTFT model has been trained yet")
+        joint = state.joint
+        width = len(self.schema.all_features())
+        if x_all.ndim != 2 or x_all.shape[1] != width:
+            raise ValueError(f"rows must have {width} features, got shape {x_all.shape}")
+        if x_all.dtype != np.float32 or not x_all.flags.c_contiguous:
+            x_all = np.ascontiguousarray(x_all, dtype=np.float32)
+        if joint is not None and len(x_all):
+            return joint.predict(x_all)
+        union = self.schema.all_features()
+        ttft_columns, tpot_columns = ([union.index(f) for f in self.schema.features(k)] for k in MODEL_KINDS)
+        return self.predict(x_all[:, ttft_columns], x_all[:, tpot_columns])
 
     def point_factor(self, kind: ModelKind) -> float:
         """Factor from the current ``kind`` model's predictions to its point (median-like) predictions.
@@ -225,9 +349,11 @@ class Predictor:
         return self.predict(x_ttft, x_tpot)
 
     def status(self) -> dict[str, Any]:
-        models = self._models
+        state = self._state
+        models = state.models
         return {
             "ready": "ttft" in models,
+            "evaluator": "compiled, both models in one pass" if state.joint is not None else "per model",
             "schema": self.schema.to_dict(),
             "models": {
                 kind: None
