@@ -8,6 +8,8 @@ Each variant is the shipped ``predicted-latency`` policy with changes joined by 
   ``param=latency-scorer:headroomSelectionStrategy:"most"``;
 - ``trainer=OBJECTIVE``: ``conformal`` (default), ``quantile`` (the original's) or ``mean``;
 - ``nobaseline``: train without the linear load baseline;
+- ``fallback=Q:K:P[:T]``: the heuristic (warm-up fallback) profile's queue, KV-cache, prefix (and
+  token-load) scorer weights; ``fallback=POLICY``: a built-in single-profile policy as that profile;
 - a built-in policy name instead runs that policy unchanged.
 
     .venv/bin/python benchmarks/bench_pipeline_variants.py [WORKLOAD QPS POOL DURATION WARMUP VARIANT...]
@@ -75,6 +77,40 @@ def variant_config(name: str) -> tuple[dict[str, Any], TrainerConfig]:
                     plugin.setdefault("parameters", {})[parameter] = json.loads(raw)
         elif key == "trainer":
             trainer["objective"] = value
+        elif key == "fallback" and value in BUILTIN_POLICIES:
+            replacement = copy.deepcopy(BUILTIN_POLICIES[value])
+            (profile,) = replacement["schedulingProfiles"]
+            renamed = {}
+            for plugin in replacement["plugins"]:
+                renamed[plugin.get("name") or plugin["type"]] = (
+                    f"fallback-{plugin.get('name') or plugin['type']}"
+                )
+                plugins.append({**plugin, "name": renamed[plugin.get("name") or plugin["type"]]})
+            heuristic_profile = next(
+                p for p in config["schedulingProfiles"] if p["name"] != "predicted-latency"
+            )
+            heuristic_profile["plugins"] = [
+                {**ref, "pluginRef": renamed[ref["pluginRef"]]} for ref in profile["plugins"]
+            ]
+        elif key == "fallback":
+            scorers = (
+                "queue-scorer",
+                "kv-cache-utilization-scorer",
+                "prefix-cache-scorer",
+                "token-load-scorer",
+            )
+            weights = dict(zip(scorers, map(float, value.split(":")), strict=False))
+            heuristic_profile = next(
+                p for p in config["schedulingProfiles"] if p["name"] != "predicted-latency"
+            )
+            refs = heuristic_profile["plugins"]
+            for ref in refs:
+                if ref["pluginRef"] in weights:
+                    ref["weight"] = weights.pop(ref["pluginRef"])
+            for scorer, weight in weights.items():
+                if not any((p.get("name") or p["type"]) == scorer for p in plugins):
+                    plugins.append({"type": scorer})
+                refs.insert(len(refs) - 1, {"pluginRef": scorer, "weight": weight})
         elif key == "nobaseline":
             trainer["baseline"] = False
         else:

@@ -119,18 +119,23 @@ DEFAULT_SCHEDULER_CONFIG: dict[str, Any] = {
 PREDICTION_PROFILE_NAME = "predicted-latency"
 # After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
 # filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter. Requests that do
-# not use prediction, or got none, run the heuristic default profile instead (prediction-profile-handler).
-# Differs from the original's Helm default (weighted-random-picker): on the benchmark's workloads the
-# max-score picker cut TTFT p90 on most load points (sharegpt at 100 QPS 106 → 83 ms, the mixed pool
-# 222 → 157 ms) but not all; and requests that can meet their SLO go
-# to the pod with the most headroom, not the least (the original's bin-packing): with a greedy picker and
-# p90 predictions, "least" lands on pods that miss about one time in ten (sharegpt, TTFT SLO 200 ms:
-# 92.9 % of admitted requests met it with "least", 99.8 % with "most"). See docs/benchmarks.md.
+# not use prediction, or got none (warm-up, predictor down), run the heuristic default profile instead
+# (prediction-profile-handler). Differs from the original's Helm default in three settings, each measured
+# in docs/benchmarks.md:
+# - the picker is max-score, not weighted-random: it cut TTFT p90 on most load points (sharegpt at 100 QPS
+#   106 → 83 ms, the mixed pool 222 → 157 ms) but not all;
+# - requests that can meet their SLO go to the pod with the most headroom, not the least (the original's
+#   bin-packing): with a greedy picker and p90 predictions, "least" lands on pods that miss about one time in
+#   ten (sharegpt, TTFT SLO 200 ms: 92.9 % of admitted requests met it with "least", 99.8 % with "most");
+# - the heuristic profile is llm-d's token-aware one (the loose affinity filter, then the fewest in-flight
+#   tokens), not the original's queue/KV/prefix blend: at low request rates the predictor needs a minute or
+#   more to collect its first samples, and the blend is the worst policy on prefill-heavy traffic
+#   (code-generation at 3.4 QPS, TTFT p90 with each as the warm-up profile: 1,253 ms vs 285 ms).
 AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "prediction-profile-handler"},
-        *DEFAULT_SCHEDULER_CONFIG["plugins"],
+        {"type": "token-load-scorer"},
         {"type": "max-score-picker"},
         {"type": "predicted-latency-producer"},
         {"type": "latency-slo-admitter"},
@@ -151,7 +156,8 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {
             "name": DEFAULT_PROFILE_NAME,
             "plugins": [
-                *DEFAULT_SCHEDULER_CONFIG["schedulingProfiles"][0]["plugins"],
+                {"pluginRef": "loose-affinity-filter"},
+                {"pluginRef": "token-load-scorer"},
                 {"pluginRef": "max-score-picker"},
             ],
         },
