@@ -4,7 +4,7 @@ Each variant is the shipped ``predicted-latency`` policy with changes joined by 
 
 - ``picker=TYPE``: the prediction profile's picker (e.g. ``weighted-random-picker``, the original's);
 - ``gate=MS``: both affinity filters' ``maxTTFTPenaltyMs`` (the original: 5000; 0 disables the gate);
-- ``param=PLUGIN-TYPE:KEY:JSON``: set a plugin parameter, e.g.
+- ``param=PLUGIN:KEY:JSON``: set a parameter of the plugins of that type or name, e.g.
   ``param=latency-scorer:headroomSelectionStrategy:"most"``;
 - ``trainer=OBJECTIVE``: ``conformal`` (default), ``quantile`` (the original's) or ``mean``;
 - ``nobaseline``: train without the linear load baseline;
@@ -73,7 +73,7 @@ def variant_config(name: str) -> tuple[dict[str, Any], TrainerConfig]:
         elif key == "param":
             plugin_type, parameter, raw = value.split(":", 2)
             for plugin in plugins:
-                if plugin["type"] == plugin_type:
+                if plugin_type in (plugin["type"], plugin.get("name")):
                     plugin.setdefault("parameters", {})[parameter] = json.loads(raw)
         elif key == "trainer":
             trainer["objective"] = value

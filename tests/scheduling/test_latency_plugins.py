@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -326,6 +328,38 @@ def test_prediction_profile_handler_routes_by_the_request_flag():
     fallback = setup.scheduler.schedule(warming, cands)
     assert fallback.primary_profile == "default" and fallback.primary.route == "fallback"
     assert off.primary.route == "heuristic"
+
+
+def test_shipped_pipeline_routes_requests_without_predictions_by_token_load_among_warm_pods():
+    """The shipped heuristic profile is llm-d's token-aware one: among pods holding ≥ 80 % of the prompt, the
+    fewest in-flight tokens; with no warm pod, the fewest in-flight tokens overall — queue depth and KV-cache
+    usage play no part."""
+    from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
+    from slorouter.scheduling.datakeys import INFLIGHT_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
+
+    config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
+    for plugin in config["plugins"]:
+        if plugin.get("name") == "loose-affinity-filter":
+            plugin["parameters"]["explorationProbability"] = 0.0  # no random step-aside in this test
+    setup = build_scheduler_setup(config, make_ctx())
+    pool = make_pool(4, waiting=[0, 0, 9, 0], kv_usage=[0.1, 0.2, 0.9, 0.1])
+
+    def schedule(matched: list[int], tokens: list[int]) -> str:
+        cands = candidates_of(pool)
+        cands.attrs[PREFIX_MATCH_BLOCKS] = np.array(matched, dtype=np.float64)
+        cands.attrs[PREFIX_TOTAL_BLOCKS] = np.full(4, 10.0)
+        cands.attrs[INFLIGHT_TOKENS] = np.array(tokens, dtype=np.float64)
+        warming = make_request(use_prediction=True)
+        warming.state[PREDICTION_FALLBACK_STATE] = "warming-up"
+        result = setup.scheduler.schedule(warming, cands)
+        assert result.primary_profile == "default" and result.primary.route == "fallback"
+        return result.primary.targets[0].address
+
+    a = addresses(4)
+    # Pods 1 and 2 are warm (9/10 and 8/10 blocks); pod 2 has fewer tokens in flight despite its queue.
+    assert schedule([0, 9, 8, 0], [0, 5000, 3000, 0]) == a[2]
+    # Nobody warm: the fewest in-flight tokens wins (pod 3), not the emptiest queue or KV cache alone.
+    assert schedule([0, 5, 0, 0], [4000, 100, 9000, 50]) == a[3]
 
 
 def test_prediction_profile_handler_requires_its_profiles():
