@@ -7,7 +7,10 @@ Cases (each run once per policy, single process, single thread for XGBoost):
    100 QPS), i.e. near the 16-pod knee;
 2. 100 × llama3-8b-h100 pods, sharegpt at 1,000 QPS for 60 virtual seconds.
 
-    .venv/bin/python benchmarks/bench_cluster_sim.py [--cases 1,2] [--policies P1,P2]
+    .venv/bin/python benchmarks/bench_cluster_sim.py [--cases 1,2 | --cases 1a,1b,2] [--policies P1,P2]
+
+``cpu s`` is the process's CPU time over the run: on a shared machine it moves much less than the wall
+time with the other processes' load, so compare CPU times across sittings and wall times within one.
 """
 
 from __future__ import annotations
@@ -29,15 +32,19 @@ CASES = {
 }
 
 
+HEADER = "| pool | workload | QPS | virtual s | requests | policy | wall s | cpu s | steps | trainings |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="1,2")
+    parser.add_argument("--cases", default="1,2", help="1, 2, or one run: 1a (shared-prefix-b), 1b, 2a")
     parser.add_argument("--policies", default="heuristic-tuned,predicted-latency")
     args = parser.parse_args()
-    print("| pool | workload | QPS | virtual s | requests | policy | wall s | engine steps | trainings |")
-    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+    print(HEADER)
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for case in args.cases.split(","):
-        for pool_spec, workload, qps, duration in CASES[case]:
+        runs = CASES[case] if case in CASES else [CASES[case[:-1]][ord(case[-1]) - ord("a")]]
+        for pool_spec, workload, qps, duration in runs:
             pool = parse_pool(pool_spec)
             requests = generate(
                 workload,
@@ -48,14 +55,16 @@ def main() -> None:
             )
             for name in args.policies.split(","):
                 policy = resolve_policy(name)
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 with ClusterSimulator(pool, policy.config, use_predictor=policy.uses_predictor) as sim:
                     rec = sim.run(requests)
                 wall = time.perf_counter() - started
+                cpu = time.process_time() - cpu_started
                 drain = rec.virtual_s - duration
                 print(
                     f"| {pool_spec} | {workload} | {qps:g} | {duration:g} (+{drain:.0f} drain) "
-                    f"| {len(requests):,} | {name} | {wall:.1f} | {rec.steps:,} | {rec.trainings} |",
+                    f"| {len(requests):,} | {name} | {wall:.1f} | {cpu:.1f} "
+                    f"| {rec.steps:,} | {rec.trainings} |",
                     flush=True,
                 )
 

@@ -197,7 +197,8 @@ class Engine:
         self.block_size = profile.block_size
         self.num_gpu_blocks = profile.num_gpu_blocks
         self.max_model_len = profile.max_model_len
-        self._rng = random.Random(seed)
+        self._random = random.Random(seed).random
+        self._gauss_next: float | None = None
         self._sigma = profile.jitter_sigma if jitter_sigma is None else jitter_sigma
         self._jitter_shift = 0.5 * self._sigma**2
         self._report_tokens = report_tokens
@@ -362,6 +363,9 @@ class Engine:
         if due:
             if len(due) > 1:
                 due.sort(key=_run_order)
+            digest = xxhash.xxh3_64_intdigest
+            output_blocks = self._output_blocks
+            cached = self._cached
             for req in due:
                 if req.state != DECODE or req.next_event != index:  # preempted, or a stale duplicate
                     continue
@@ -372,7 +376,22 @@ class Engine:
                 req.num_tokens = req.prompt_len + num_output
                 blocks = req.blocks
                 if computed >= len(blocks) * block_size:  # the token computed now opens a new block
-                    self._cache_full_blocks(req, computed)
+                    start = req.num_cached_blocks
+                    hashes = req.block_hashes
+                    first = start * block_size
+                    if computed - first == block_size and len(hashes) == start and first >= req.prompt_len:
+                        # The usual case of _cache_full_blocks: one more full block, all generated tokens.
+                        block_hash = digest(
+                            output_blocks[(first - req.prompt_len) % PERIOD],
+                            hashes[start - 1] if start else _ROOT_HASH,
+                        )
+                        hashes.append(block_hash)
+                        if block_hash not in cached:
+                            cached[block_hash] = bid = blocks[start]
+                            self._hash_of[bid] = block_hash
+                        req.num_cached_blocks = start + 1
+                    else:
+                        self._cache_full_blocks(req, computed)
                     while self.num_gpu_blocks - self._next_fresh + len(self._free) == 0:
                         if self._preempt_newest(index, finishing) is req:
                             break
@@ -433,7 +452,17 @@ class Engine:
             + profile.c_step_ms
         )
         if self._sigma > 0.0:
-            duration_ms *= math.exp(self._sigma * self._rng.gauss(0.0, 1.0) - self._jitter_shift)
+            # A standard normal draw as random.Random.gauss makes it (Box-Muller pairs: the same numbers
+            # from the same seed), inlined: this runs once per step.
+            z = self._gauss_next
+            if z is None:
+                x2pi = self._random() * math.tau
+                g2rad = math.sqrt(-2.0 * math.log(1.0 - self._random()))
+                self._gauss_next = math.sin(x2pi) * g2rad
+                z = math.cos(x2pi) * g2rad
+            else:
+                self._gauss_next = None
+            duration_ms *= math.exp(self._sigma * z - self._jitter_shift)
         step = Step(
             index, now, duration_ms / 1000.0, num_decodes, prefill_tokens, preempted, chunks, finishing
         )
