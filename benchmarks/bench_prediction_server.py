@@ -146,16 +146,16 @@ def handler_floor(
     for i in range(iterations + 200):
         t0 = perf()
         if binary:
-            x_ttft, x_tpot = server._binary_rows(body, names, 10_000)
+            x_all = server._binary_rows(body, names, 10_000)
             t1 = t2 = perf()
         else:
             rows = server._rows(parse_json(body))
             t1 = perf()
             result = server._row_matrices(rows)
             assert result is not None
-            x_ttft, x_tpot = result
+            x_all = result
             t2 = perf()
-        ttft, tpot = server.predictor.predict(x_ttft, x_tpot)
+        ttft, tpot = server.predictor.predict_all(x_all)
         t3 = perf()
         if binary:
             server._encode_binary(ttft, tpot)

@@ -362,9 +362,17 @@ def test_fast_row_path_agrees_with_the_library(pod_class: bool) -> None:
         if got is None:
             continue  # the server then runs the library's path: same outcome by construction
         assert expected_matrices is not None, mutation
-        np.testing.assert_array_equal(got[0], expected_matrices[0])
-        np.testing.assert_array_equal(got[1], expected_matrices[1])
+        assert got.dtype == np.float32 and got.flags.c_contiguous
+        np.testing.assert_array_equal(split_union(got, schema)[0], expected_matrices[0])
+        np.testing.assert_array_equal(split_union(got, schema)[1], expected_matrices[1])
     assert fast(base) is not None
+
+
+def split_union(matrix: np.ndarray, schema: FeatureSchema) -> tuple[np.ndarray, np.ndarray]:
+    """The TTFT and TPOT matrices within rows of the union of the features (``schema.all_features()``)."""
+    names = schema.all_features()
+    ttft, tpot = ([names.index(n) for n in schema.features(kind)] for kind in ("ttft", "tpot"))
+    return matrix[:, ttft], matrix[:, tpot]
 
 
 # -- the binary bulk format ----------------------------------------------------------------------------------
@@ -497,10 +505,39 @@ def test_binary_rows_agree_with_the_library(pod_class: bool) -> None:
 
     got = binary(body(rows), header, 10_000)
     want = rows_to_matrices(rows, schema=schema)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(split_union(got, schema)[0], want[0])
+    np.testing.assert_array_equal(split_union(got, schema)[1], want[1])
+    # effective_input_tokens left out: derived as the library derives it
+    names_without = [n for n in names if n != "effective_input_tokens"]
+    derived = binary(
+        np.array([[row[n] for n in names_without] for row in rows], dtype="<f4").tobytes(),
+        ",".join(names_without).encode(),
+        10_000,
+    )
+    without = [{k: v for k, v in row.items() if k != "effective_input_tokens"} for row in rows]
+    np.testing.assert_array_equal(
+        split_union(derived, schema)[0], rows_to_matrices(without, schema=schema)[0]
+    )
     if pod_class:
         bad = [dict(row) for row in rows]
         bad[7]["pod_class"] = 1.5
         with pytest.raises(FeatureError, match=r"rows\[7\]\.pod_class: must be an integer code"):
             binary(body(bad), header, 10_000)
+
+
+def test_bulk_response_bytes_are_the_documented_json(tmp_path: Path) -> None:
+    import orjson
+
+    server = PredictionServer(make_source(model_dir=tmp_path))
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 100):
+        ttft = rng.lognormal(5, 2, n) * rng.choice([1.0, 1e-9, 1e12], n)
+        tpot = rng.lognormal(3, 1, n)
+        tpot[:: max(1, n // 3)] = np.nan  # no TPOT model yet: null
+        body = server._encode_bulk(ttft, tpot)
+        predictions = [
+            {"ttft_ms": a, "tpot_ms": None if b != b else b}
+            for a, b in zip(np.round(ttft, 3).tolist(), np.round(tpot, 3).tolist(), strict=True)
+        ]
+        assert body == orjson.dumps({"predictions": predictions, "model_versions": {}})
+        assert json.loads(body)["predictions"] == predictions

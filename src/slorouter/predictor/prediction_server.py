@@ -197,7 +197,8 @@ class _Metrics:
 
 
 class RowMatrices:
-    """Both models' float32 matrices straight from bulk rows, for rows that are plainly valid.
+    """The float32 matrix of the union of both models' features (``schema.all_features()`` order, which
+    ``Predictor.predict_all`` takes) straight from bulk rows, for rows that are plainly valid.
 
     One ``itemgetter`` per row into one flat list, one type check over it, one ``np.array`` and vectorised
     range checks: about half the cost of the library's column-by-column validation. Anything not plainly
@@ -210,15 +211,13 @@ class RowMatrices:
         names = schema.all_features()
         self._width = len(names)
         self._getter = itemgetter(*names)
-        self._ttft = np.array([names.index(n) for n in schema.features("ttft")], dtype=np.intp)
-        self._tpot = np.array([names.index(n) for n in schema.features("tpot")], dtype=np.intp)
         self._low = np.zeros(len(names))
         self._high = np.array([1.0 if n in FRACTION_FEATURES else MAX_COUNT for n in names])
         self._pod_class = names.index(POD_CLASS) if POD_CLASS in names else None
         if self._pod_class is not None:
             self._high[self._pod_class] = POD_CLASS_CODES - 1
 
-    def __call__(self, rows: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    def __call__(self, rows: list[Any]) -> np.ndarray | None:
         try:
             values = list(chain.from_iterable(map(self._getter, rows)))
         except (KeyError, TypeError):
@@ -235,35 +234,34 @@ class RowMatrices:
             matrix[:, self._pod_class], np.floor(matrix[:, self._pod_class])
         ):
             return None
-        single = matrix.astype(np.float32)
-        return single.take(self._ttft, axis=1), single.take(self._tpot, axis=1)
+        return matrix.astype(np.float32)
 
 
 _NUMBER_TYPES = frozenset({int, float})
 
 
 class _Layout:
-    """Where a binary body's columns go: per model, the body column of each of its features."""
+    """Where a binary body's columns go: the body column of each feature of the union."""
 
-    __slots__ = ("columns", "derive", "tpot", "ttft")
+    __slots__ = ("columns", "derive", "union")
 
-    def __init__(self, columns: list[str], ttft: np.ndarray, tpot: np.ndarray, derive: int | None) -> None:
+    def __init__(self, columns: list[str], union: np.ndarray, derive: int | None) -> None:
         self.columns = columns
-        self.ttft = ttft
-        self.tpot = tpot
-        self.derive = derive  # the TTFT column of effective_input_tokens when it must be derived
+        self.union = union
+        self.derive = derive  # the union column of effective_input_tokens when it must be derived
 
 
 class BinaryRows:
-    """Both models' matrices from a binary bulk body: little-endian float32 rows whose columns are named by
-    the ``X-Feature-Names`` header (any order; every feature of the schema, ``effective_input_tokens`` may
-    be left out and is then derived; other columns are ignored). Validation is the library's: a bad value
-    raises the same ``FeatureError`` naming its row and field as the JSON rows would."""
+    """The union matrix (``schema.all_features()`` order) from a binary bulk body: little-endian float32
+    rows whose columns are named by the ``X-Feature-Names`` header (any order; every feature of the schema,
+    ``effective_input_tokens`` may be left out and is then derived; other columns are ignored). Validation
+    is the library's: a bad value raises the same ``FeatureError`` naming its row and field as the JSON rows
+    would."""
 
     def __init__(self, schema: FeatureSchema) -> None:
         self.schema = schema
         self._names = schema.all_features()
-        self._bounds = {kind: self._bounds_of(schema.features(kind)) for kind in MODEL_KINDS}
+        self._bounds = self._bounds_of(self._names)
         self._layouts: dict[bytes, _Layout] = {}
 
     @staticmethod
@@ -286,19 +284,17 @@ class BinaryRows:
         missing = [n for n in self._names if n not in columns and n not in DERIVED_FEATURES]
         if missing:
             raise RequestError(f"{FEATURE_NAMES_HEADER} lacks required feature(s): {', '.join(missing)}")
-        ttft_names, tpot_names = self.schema.features("ttft"), self.schema.features("tpot")
-        derive = None if EFFECTIVE_INPUT_TOKENS in columns else ttft_names.index(EFFECTIVE_INPUT_TOKENS)
+        derive = None if EFFECTIVE_INPUT_TOKENS in columns else self._names.index(EFFECTIVE_INPUT_TOKENS)
         layout = _Layout(
             columns,
-            np.array([columns.index(n) if n in columns else 0 for n in ttft_names], dtype=np.intp),
-            np.array([columns.index(n) for n in tpot_names], dtype=np.intp),
+            np.array([columns.index(n) if n in columns else 0 for n in self._names], dtype=np.intp),
             derive,
         )
         if len(self._layouts) < 16:
             self._layouts[header] = layout
         return layout
 
-    def __call__(self, body: bytes, header: bytes | None, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, body: bytes, header: bytes | None, max_rows: int) -> np.ndarray:
         layout = self._layout(header)
         width = len(layout.columns)
         if len(body) % (4 * width):
@@ -314,25 +310,19 @@ class BinaryRows:
                 status=413,
             )
         raw = np.frombuffer(body, dtype="<f4").reshape(n, width)
-        x_ttft = raw.take(layout.ttft, axis=1).astype(np.float32, copy=False)  # native order, C-contiguous
-        x_tpot = raw.take(layout.tpot, axis=1).astype(np.float32, copy=False)
+        matrix = raw.take(layout.union, axis=1).astype(np.float32, copy=False)  # native order, C-contiguous
         if layout.derive is not None:  # as the library derives it: in float64, then float32
-            names = self.schema.features("ttft")
-            prefix = x_ttft[:, names.index(PREFIX_CACHE_SCORE)].astype(np.float64)
-            length = x_ttft[:, names.index(INPUT_TOKEN_LENGTH)].astype(np.float64)
-            x_ttft[:, layout.derive] = (1.0 - prefix) * length
-        bad = None
-        for kind, matrix in (("ttft", x_ttft), ("tpot", x_tpot)):
-            low, high, pod_class = self._bounds[kind]
-            ok = (matrix >= low) & (matrix <= high)  # NaN fails both
-            if pod_class is not None:
-                ok[:, pod_class] &= np.floor(matrix[:, pod_class]) == matrix[:, pod_class]
-            if not ok.all():
-                rows = ~ok.all(axis=1)
-                bad = rows if bad is None else bad | rows
-        if bad is not None:
-            self._raise_first_error(raw, layout.columns, int(np.flatnonzero(bad)[0]))
-        return x_ttft, x_tpot
+            names = self._names
+            prefix = matrix[:, names.index(PREFIX_CACHE_SCORE)].astype(np.float64)
+            length = matrix[:, names.index(INPUT_TOKEN_LENGTH)].astype(np.float64)
+            matrix[:, layout.derive] = (1.0 - prefix) * length
+        low, high, pod_class = self._bounds
+        ok = (matrix >= low) & (matrix <= high)  # NaN fails both
+        if pod_class is not None:
+            ok[:, pod_class] &= np.floor(matrix[:, pod_class]) == matrix[:, pod_class]
+        if not ok.all():
+            self._raise_first_error(raw, layout.columns, int(np.flatnonzero(~ok.all(axis=1))[0]))
+        return matrix
 
     def _raise_first_error(self, raw: np.ndarray, columns: list[str], index: int) -> None:
         row = dict(zip(columns, raw[index].astype(np.float64).tolist(), strict=True))
@@ -482,19 +472,19 @@ class PredictionServer:
             content_type = request.header(b"content-type")
             if content_type is not None and content_type.startswith(BINARY_ROWS_TYPE.encode()):
                 binary = True
-                x_ttft, x_tpot = self._binary_rows(
+                x_all = self._binary_rows(
                     body, request.header(FEATURE_NAMES_HEADER.lower().encode()), self.max_rows
                 )
-                n = len(x_ttft)
-                ttft, tpot = self.predictor.predict(x_ttft, x_tpot)
+                n = len(x_all)
+                ttft, tpot = self.predictor.predict_all(x_all)
             else:
                 rows = self._rows(parse_json(body))
                 n = len(rows)
-                matrices = self._row_matrices(rows)
-                if matrices is None:
+                x_all = self._row_matrices(rows)
+                if x_all is None:
                     ttft, tpot = self.predictor.predict_rows(rows)
                 else:
-                    ttft, tpot = self.predictor.predict(*matrices)
+                    ttft, tpot = self.predictor.predict_all(x_all)
         except (RequestError, FeatureError, PredictorNotReady) as exc:
             return self._failure("bulk", exc)
         self._bulk_ok.inc()
@@ -520,12 +510,25 @@ class PredictionServer:
         return rows
 
     def _encode_bulk(self, ttft: np.ndarray, tpot: np.ndarray) -> bytes:
-        # Rounded to 1 µs; orjson writes the shortest repr, and a NaN TPOT (no TPOT model yet) as null.
-        predictions = [
-            {"ttft_ms": a, "tpot_ms": b}
-            for a, b in zip(np.round(ttft, 3).tolist(), np.round(tpot, 3).tolist(), strict=True)
-        ]
-        return orjson.dumps({"predictions": predictions, "model_versions": self.model_versions})
+        """``{"predictions": [{"ttft_ms": x, "tpot_ms": y}, ...], "model_versions": {...}}``, written as one
+        orjson array of [ttft, tpot] pairs turned into the objects by byte replacements (numbers hold no
+        ``,``, ``[`` or ``]``): no Python object per row."""
+        n = len(ttft)
+        if n == 0:
+            predictions = b""
+        else:
+            # Rounded to 1 µs; orjson writes the shortest repr, and a NaN TPOT (no TPOT model yet) as null.
+            pairs = np.empty((n, 2), dtype=np.float64)
+            np.round(ttft, 3, out=pairs[:, 0])
+            np.round(tpot, 3, out=pairs[:, 1])
+            numbers = orjson.dumps(pairs, option=orjson.OPT_SERIALIZE_NUMPY)[2:-2]  # a,b],[c,d
+            predictions = b'{"ttft_ms":%s}' % (
+                numbers.replace(b"],[", b"}{").replace(b",", b',"tpot_ms":').replace(b"}{", b'},{"ttft_ms":')
+            )
+        return b'{"predictions":[%s],"model_versions":%s}' % (
+            predictions,
+            self._current_versions_json().encode(),
+        )
 
     def _encode_binary(self, ttft: np.ndarray, tpot: np.ndarray) -> Response:
         body = np.concatenate([ttft, tpot]).astype("<f8", copy=False).tobytes()
