@@ -61,8 +61,8 @@ def test_reload_only_when_the_version_changes(trained: Trainer, monkeypatch: pyt
     predictor = Predictor(trained.model_store)
     assert predictor.refresh()
     loads = []
-    original = predictor.load_raw
-    monkeypatch.setattr(predictor, "load_raw", lambda *a: (loads.append(a[0]), original(*a)))
+    original = predictor._prepare
+    monkeypatch.setattr(predictor, "_prepare", lambda *a: (loads.append(a[0]), original(*a))[1])
     for _ in range(5):
         assert not predictor.refresh()
     assert loads == []
@@ -225,3 +225,15 @@ def test_one_pass_for_every_objective_and_schema(tmp_path, objective: str, pod_c
     X[:, [union.index(f) for f in schema.features("ttft")]] = x[:200]
     X[:, [union.index(f) for f in schema.features("tpot")]] = xt[:200]
     np.testing.assert_array_equal(predictor.predict_all(X)[1], tpot)
+
+
+def test_refresh_of_both_kinds_combines_them_once(trained: Trainer, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert trained.train("tpot") is not None
+    predictor = Predictor(trained.model_store)
+    combined = []
+    original = predictor._joint_of
+    monkeypatch.setattr(
+        predictor, "_joint_of", lambda models: (combined.append(set(models)), original(models))[1]
+    )
+    assert predictor.refresh()
+    assert combined == [{"ttft", "tpot"}] and predictor._state.joint is not None

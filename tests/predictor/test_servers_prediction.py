@@ -207,13 +207,13 @@ async def test_reloads_only_when_the_version_changes(
     server: PredictionServer, model_dir: Path, http: aiohttp.ClientSession
 ) -> None:
     loads: list[str] = []
-    original = server.predictor.load_raw
+    original = server.predictor._prepare
 
-    def spy(kind: Any, raw: bytes, metadata: Any) -> None:
+    def spy(kind: Any, raw: bytes, metadata: Any) -> Any:
         loads.append(metadata.version)
-        original(kind, raw, metadata)
+        return original(kind, raw, metadata)
 
-    server.predictor.load_raw = spy  # type: ignore[method-assign]
+    server.predictor._prepare = spy  # type: ignore[method-assign]
     polls = server.metrics.sync_errors._value.get()
     for _ in range(5):
         await server.sync_now()

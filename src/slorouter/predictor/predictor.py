@@ -212,7 +212,7 @@ class Predictor:
         """
         if self.model_store is None:
             return False
-        changed = False
+        prepared = []
         for kind in MODEL_KINDS:
             version = self.model_store.latest_version(kind)
             current = self._models.get(kind)
@@ -225,13 +225,14 @@ class Predictor:
                 if loaded is None:
                     continue
                 raw, metadata = loaded
-                self.load_raw(kind, raw, metadata)
-                changed = True
+                prepared.append(self._prepare(kind, raw, metadata))
             except (SchemaMismatchError, ModelFileError, xgb.core.XGBoostError, OSError) as exc:
                 self._refused[kind] = version
                 self.errors[kind] = str(exc)
                 log.error("refused %s model %s: %s", kind, version, exc)
-        return changed
+        if prepared:  # both kinds at once when both changed: one combined forest, not two
+            self._install(prepared)
+        return bool(prepared)
 
     def load_raw(self, kind: ModelKind, raw: bytes, metadata: ModelMetadata) -> None:
         """Load booster bytes and their metadata (e.g. downloaded from a training server); make them current.
@@ -239,6 +240,10 @@ class Predictor:
         Raises ``SchemaMismatchError`` for a model trained on another feature schema, ``ValueError`` for
         metadata of another kind.
         """
+        self._install([self._prepare(kind, raw, metadata)])
+
+    def _prepare(self, kind: ModelKind, raw: bytes, metadata: ModelMetadata) -> LoadedModel:
+        """A usable model from booster bytes and metadata (compiled when possible), not yet current."""
         check_kind(kind)
         if metadata.kind != kind:
             raise ValueError(f"metadata is for a {metadata.kind} model, not {kind}")
@@ -259,7 +264,7 @@ class Predictor:
             except ValueError as exc:
                 raise ModelFileError(f"{kind} model {metadata.version}: {exc}") from None
         forest = CompiledForest.from_booster(booster, n_features) if self.compile_forest else None
-        model = LoadedModel(
+        return LoadedModel(
             kind,
             metadata,
             booster,
@@ -269,12 +274,18 @@ class Predictor:
             metadata.offset,
             baseline,
         )
+
+    def _install(self, loaded: list[LoadedModel]) -> None:
+        """Make ``loaded`` current, with the combined forest of the resulting pair."""
         with self._load_lock:
-            models = {**self._models, kind: model}
+            models = {**self._models, **{model.kind: model for model in loaded}}
             self._state = _State(models, self._joint_of(models))
-            self._refused.pop(kind, None)
-            self.errors.pop(kind, None)
-        log.info("loaded %s model %s (%s)", kind, metadata.version, "compiled" if forest else "xgboost")
+            for model in loaded:
+                self._refused.pop(model.kind, None)
+                self.errors.pop(model.kind, None)
+        for model in loaded:
+            evaluator = "compiled" if model.forest else "xgboost"
+            log.info("loaded %s model %s (%s)", model.kind, model.metadata.version, evaluator)
 
     def _joint_of(self, models: dict[str, LoadedModel]) -> _Joint | None:
         ttft, tpot = models.get("ttft"), models.get("tpot")
