@@ -146,17 +146,31 @@ def test_single_row_adds_match_one_batch_add() -> None:
     assert one_by_one.bucket_counts("ttft") == batch.bucket_counts("ttft")
 
 
-def test_add_row_matches_one_row_adds() -> None:
-    x, y, _, _ = synthetic(2000, seed=3)
+def test_add_row_matches_one_batch_add() -> None:
+    x, y, _, _ = synthetic(2500, seed=3)  # more than the rows kept pending, so they are written twice
     x[:, 2] = np.random.default_rng(2).integers(0, 40, len(x))
     rows = SampleStore(StoreConfig(per_bucket=20))
     for i in range(len(x)):
         rows.add_row("ttft", x[i], float(y[i]))
+        if i == 1500:
+            assert rows.total_added("ttft") == 1501
+            reference = SampleStore(StoreConfig(per_bucket=20))
+            reference.add("ttft", x[:1501], y[:1501])
+            assert rows.count("ttft") == reference.count("ttft")
     batch = SampleStore(StoreConfig(per_bucket=20))
-    for i in range(len(x)):
-        batch.add("ttft", x[i : i + 1], y[i : i + 1])
+    batch.add("ttft", x, y)
     a, b = rows.snapshot("ttft"), batch.snapshot("ttft")
     np.testing.assert_array_equal(a.seq, b.seq)
     np.testing.assert_array_equal(a.X, b.X)
     np.testing.assert_array_equal(a.y, b.y)
+    assert rows.bucket_counts("ttft") == batch.bucket_counts("ttft")
     assert rows.total_added("ttft") == batch.total_added("ttft") == len(x)
+
+
+def test_add_row_rejects_non_finite_features() -> None:
+    store = SampleStore()
+    row = ttft_rows(1)[0]
+    row[3] = np.nan
+    with pytest.raises(FeatureError, match="NaN or infinite"):
+        store.add_row("ttft", row, 1.0)
+    assert store.count("ttft") == 0 and store.total_added("ttft") == 0

@@ -66,8 +66,13 @@ class Snapshot:
     total_added: int  # samples ever added to this kind when the snapshot was taken
 
 
+# Single rows (the router's samples, one per response) wait in a list and are written as one batch when a
+# reader needs them or this many have gathered: a numpy write per row costs more than the whole batch does.
+_PENDING_ROWS = 1024
+
+
 class _Ring:
-    __slots__ = ("X", "added", "count", "head", "seq", "trained_mark", "y")
+    __slots__ = ("X", "added", "count", "head", "pending_X", "pending_y", "seq", "trained_mark", "y")
 
     def __init__(self, buckets: int, per_bucket: int, width: int) -> None:
         self.X = np.zeros((buckets * per_bucket, width), dtype=np.float32)
@@ -75,8 +80,10 @@ class _Ring:
         self.seq = np.full(buckets * per_bucket, -1, dtype=np.int64)
         self.head = np.zeros(buckets, dtype=np.int64)  # next slot to write in each bucket
         self.count = np.zeros(buckets, dtype=np.int64)
-        self.added = 0
+        self.added = 0  # includes the pending rows
         self.trained_mark = 0
+        self.pending_X: list[list[float]] = []
+        self.pending_y: list[float] = []
 
 
 class SampleStore:
@@ -112,22 +119,6 @@ class SampleStore:
             prefix_bucket = np.zeros(len(X), dtype=np.int64)
         return (queue * cfg.kv_buckets + kv_bucket) * cfg.prefix_buckets + prefix_bucket
 
-    def _bucket_of_row(self, kind: ModelKind, row: np.ndarray) -> int:
-        """``bucket_of`` for one row, in plain Python (same arithmetic)."""
-        cfg = self.config
-        cols = self._columns[kind]
-        values = row.tolist()
-        queue = min(
-            math.floor(math.log2(float(values[cols[NUM_REQUEST_WAITING]]) + 1.0)), cfg.queue_buckets - 1
-        )
-        kv = min(max(float(values[cols[KV_CACHE_PERCENTAGE]]), 0.0), 1.0)
-        kv_bucket = min(int(kv * cfg.kv_buckets), cfg.kv_buckets - 1)
-        prefix_bucket = 0
-        if PREFIX_CACHE_SCORE in cols:
-            prefix = min(max(float(values[cols[PREFIX_CACHE_SCORE]]), 0.0), 1.0)
-            prefix_bucket = min(int(prefix * cfg.prefix_buckets), cfg.prefix_buckets - 1)
-        return (queue * cfg.kv_buckets + kv_bucket) * cfg.prefix_buckets + prefix_bucket
-
     def bucket_name(self, bucket: int) -> str:
         cfg = self.config
         rest, prefix = divmod(int(bucket), cfg.prefix_buckets)
@@ -160,30 +151,19 @@ class SampleStore:
         m = len(X)
         if m == 0:
             return 0
-        per = self.config.per_bucket
-        if m == 1:
-            self._write_row(kind, ring, X[0], float(y[0]))
-            return 1
-        buckets = self.bucket_of(kind, X)
-        order = np.argsort(buckets, kind="stable")
-        sorted_buckets = buckets[order]
-        rank = np.arange(m) - np.searchsorted(sorted_buckets, sorted_buckets, side="left")
-        sizes = np.bincount(buckets, minlength=self.config.num_buckets)
-        keep = rank >= sizes[sorted_buckets] - per  # a batch larger than a bucket keeps its newest rows
-        rows, ranks, kept_buckets = order[keep], rank[keep], sorted_buckets[keep]
         with self._lock:
-            dest = kept_buckets * per + (ring.head[kept_buckets] + ranks) % per
-            ring.X[dest] = X[rows]
-            ring.y[dest] = y[rows]
-            ring.seq[dest] = ring.added + rows
-            ring.head = (ring.head + sizes) % per
-            np.minimum(ring.count + sizes, per, out=ring.count)
-            ring.added += m
+            if m == 1:
+                self._add_pending(kind, ring, X[0].tolist(), float(y[0]))
+            else:
+                self._flush(kind, ring)
+                self._write(kind, ring, X, y, ring.added)
+                ring.added += m
         return m
 
     def add_row(self, kind: ModelKind, row: np.ndarray, latency_ms: float) -> None:
-        """``add`` for one validated float32 feature row (the router's case, once per response), without
-        the batch path's array arithmetic. Raises ``FeatureError`` as ``add`` does."""
+        """``add`` for one feature row (the router's case, once per response): checked (shape, finite
+        values, latency) and queued without numpy work. Raises ``FeatureError`` and adds nothing on a bad
+        row or latency."""
         ring = self._rings[check_kind(kind)]
         width = ring.X.shape[1]
         if row.shape != (width,):
@@ -194,26 +174,51 @@ class SampleStore:
                 index=0,
                 field="latency_ms",
             )
-        self._write_row(kind, ring, row, latency_ms)
-
-    def _write_row(self, kind: ModelKind, ring: _Ring, row: np.ndarray, latency_ms: float) -> None:
-        per = self.config.per_bucket
-        bucket = self._bucket_of_row(kind, row)
-        dest = bucket * per
+        values = row.tolist()
+        if not all(map(math.isfinite, values)):
+            raise FeatureError(f"the {kind} feature row contains NaN or infinite values: {values}")
         with self._lock:
-            head = int(ring.head[bucket])
-            dest += head
-            ring.X[dest] = row
-            ring.y[dest] = latency_ms
-            ring.seq[dest] = ring.added
-            ring.head[bucket] = (head + 1) % per
-            if ring.count[bucket] < per:
-                ring.count[bucket] += 1
-            ring.added += 1
+            self._add_pending(kind, ring, values, float(latency_ms))
+
+    def _add_pending(self, kind: ModelKind, ring: _Ring, values: list[float], latency_ms: float) -> None:
+        ring.pending_X.append(values)
+        ring.pending_y.append(latency_ms)
+        ring.added += 1
+        if len(ring.pending_y) >= _PENDING_ROWS:
+            self._flush(kind, ring)
+
+    def _flush(self, kind: ModelKind, ring: _Ring) -> None:
+        """Write the pending rows (the caller holds the lock). The same slots and sequence numbers as if each
+        row had been written on arrival: rows land in arrival order, each bucket keeping its newest."""
+        if not ring.pending_y:
+            return
+        X = np.array(ring.pending_X, dtype=np.float32)
+        y = np.array(ring.pending_y, dtype=np.float64)
+        ring.pending_X, ring.pending_y = [], []
+        self._write(kind, ring, X, y, ring.added - len(y))
+
+    def _write(self, kind: ModelKind, ring: _Ring, X: np.ndarray, y: np.ndarray, first_seq: int) -> None:
+        """Write rows numbered ``first_seq``, ``first_seq + 1``... into their buckets (lock held)."""
+        m = len(X)
+        per = self.config.per_bucket
+        buckets = self.bucket_of(kind, X)
+        order = np.argsort(buckets, kind="stable")
+        sorted_buckets = buckets[order]
+        rank = np.arange(m) - np.searchsorted(sorted_buckets, sorted_buckets, side="left")
+        sizes = np.bincount(buckets, minlength=self.config.num_buckets)
+        keep = rank >= sizes[sorted_buckets] - per  # a batch larger than a bucket keeps its newest rows
+        rows, ranks, kept_buckets = order[keep], rank[keep], sorted_buckets[keep]
+        dest = kept_buckets * per + (ring.head[kept_buckets] + ranks) % per
+        ring.X[dest] = X[rows]
+        ring.y[dest] = y[rows]
+        ring.seq[dest] = first_seq + rows
+        ring.head = (ring.head + sizes) % per
+        np.minimum(ring.count + sizes, per, out=ring.count)
 
     def count(self, kind: ModelKind) -> int:
         ring = self._rings[check_kind(kind)]
         with self._lock:
+            self._flush(kind, ring)
             return int(ring.count.sum())
 
     def total_added(self, kind: ModelKind) -> int:
@@ -225,6 +230,7 @@ class SampleStore:
         """Samples held per non-empty bucket, by name (``queue_Q_kv_K_prefix_P``)."""
         ring = self._rings[check_kind(kind)]
         with self._lock:
+            self._flush(kind, ring)
             counts = ring.count.copy()
         return {self.bucket_name(b): int(counts[b]) for b in np.flatnonzero(counts)}
 
@@ -232,6 +238,7 @@ class SampleStore:
         """A consistent copy of ``kind``'s samples, oldest first."""
         ring = self._rings[check_kind(kind)]
         with self._lock:
+            self._flush(kind, ring)
             slots = np.flatnonzero(ring.seq >= 0)
             seq = ring.seq[slots]
             X, y, added = ring.X[slots], ring.y[slots], ring.added
@@ -259,6 +266,7 @@ class SampleStore:
         with self._lock:
             for k in MODEL_KINDS if kind is None else (check_kind(kind),):
                 ring = self._rings[k]
+                ring.pending_X, ring.pending_y = [], []
                 ring.seq.fill(-1)
                 ring.head.fill(0)
                 ring.count.fill(0)
