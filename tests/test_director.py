@@ -99,3 +99,20 @@ def test_failure_before_first_token_releases_prefill(director):
     assert lifecycle.response.first_token_at is None
     assert int(director.pool.columns["inflight_prefill_tokens"].sum()) == 0
     assert int(director.pool.columns["inflight_requests"].sum()) == 0
+
+
+def test_a_repeated_prompt_is_pending_prefill_only_where_it_is_not_cached(director):
+    """The default pipeline's prefix producer marks what the target already holds; the in-flight prefill of
+    that endpoint leaves it out, while the decode phase still counts the whole prompt."""
+    first = _request()
+    director.dispatch(first, director.schedule(first)).on_complete(usage={"completion_tokens": 20})
+    again = _request()  # the same prompt: the endpoint that served it holds all of its blocks
+    result = director.schedule(again)
+    lifecycle = director.dispatch(again, result)
+    address = result.target.address
+    assert again.cached_prompt_tokens == 100
+    assert director.pool.value(address, "inflight_prefill_tokens") == 0
+    lifecycle.on_tokens(1)
+    assert director.pool.value(address, "inflight_decode_tokens") == 120
+    lifecycle.on_complete()
+    assert director.tracker.outstanding() == 0

@@ -92,7 +92,9 @@ class Director:
             except Exception:
                 log.exception("pre-request plugin %r failed", plugin)
         target = result.target
-        handle = self.tracker.dispatch(target.address, request.prompt_tokens, request.max_tokens)
+        prompt_tokens = request.prompt_tokens
+        cached = min(max(request.cached_prompt_tokens, 0), prompt_tokens)
+        handle = self.tracker.dispatch(target.address, prompt_tokens, request.max_tokens, cached)
         return RequestLifecycle(self, request, result, target, handle)
 
 

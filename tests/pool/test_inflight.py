@@ -44,6 +44,24 @@ def test_dispatch_first_token_finish(pool: PoolState, tracker: InFlightTracker) 
     assert counts(pool, B) == (0, 0, 0)
 
 
+def test_cached_prompt_tokens_are_not_pending_prefill(pool: PoolState, tracker: InFlightTracker) -> None:
+    handle = tracker.dispatch(A, prompt_tokens=100, max_tokens=50, cached_tokens=80)
+    assert counts(pool, A) == (1, 20, 0)
+    handle.first_token()
+    assert counts(pool, A) == (1, 0, 150)  # the whole prompt's KV cache is held while decoding
+    handle.finish()
+    assert counts(pool, A) == (0, 0, 0)
+    early = tracker.dispatch(A, 100, 50, cached_tokens=100)
+    assert counts(pool, A) == (1, 0, 0)
+    early.finish()
+    assert counts(pool, A) == (0, 0, 0)
+    with pytest.raises(ValueError, match="cached_tokens <= prompt_tokens"):
+        tracker.dispatch(A, 10, 5, cached_tokens=11)
+    with pytest.raises(ValueError, match="cached_tokens=-1"):
+        tracker.dispatch(A, 10, 5, cached_tokens=-1)
+    assert tracker.outstanding() == 0
+
+
 def test_finish_without_first_token(pool: PoolState, tracker: InFlightTracker) -> None:
     handle = tracker.dispatch(A, 100, 50)
     other = tracker.dispatch(A, 7, 3)

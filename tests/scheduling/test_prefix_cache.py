@@ -246,6 +246,25 @@ def test_produce_attaches_aligned_match_arrays():
     np.testing.assert_allclose(prefix_match_ratio(candidates.subset(np.array([2]))), [0.5])
 
 
+def test_pre_request_records_what_the_target_held_of_the_prompt():
+    pool = make_pool(3)
+    a = addresses(3)
+    prod = producer(pool=pool)
+    prompt = "z" * 256  # 4 blocks of 64 characters
+    prod.pre_request(make_request(prompt[:128] + "x" * 128), result_for(pool.get(a[1])))  # a[1] holds 2 of 4
+
+    for target, expected in ((a[1], 50), (a[2], 0)):
+        request = make_request(prompt, prompt_tokens=100)
+        prod.produce(request, candidates_of(pool))
+        prod.pre_request(request, result_for(pool.get(target)))
+        assert request.cached_prompt_tokens == expected
+    # a[2] now holds the whole prompt (the insert came after the estimate).
+    request = make_request(prompt, prompt_tokens=100)
+    prod.produce(request, candidates_of(pool))
+    prod.pre_request(request, result_for(pool.get(a[2])))
+    assert request.cached_prompt_tokens == 100
+
+
 def test_short_prompt_matches_nothing():
     pool = make_pool(2)
     prod = producer(pool=pool)

@@ -4,7 +4,10 @@ Scraped metrics lag by up to a scrape interval; these counters change at dispatc
 scheduler sees its own recent decisions at once. Per endpoint (``PoolState`` in-flight columns):
 
 - ``inflight_requests``: requests dispatched and not finished.
-- ``inflight_prefill_tokens``: prompt tokens of requests that have not produced their first token yet.
+- ``inflight_prefill_tokens``: prompt tokens still to prefill — the prompt minus what the prefix index
+  expects the endpoint to hold in its cache — of requests that have not produced their first token yet
+  (llm-d's "uncached in-flight tokens"). Cached blocks cost the engine almost nothing, so counting whole
+  prompts overstated the prefill queue of cache-friendly traffic several-fold.
 - ``inflight_decode_tokens``: for requests past their first token, ``prompt_tokens + max_tokens`` each,
   the most KV cache the request can hold while it decodes (its prompt plus everything it may still
   generate). An upper bound on purpose: the router cannot see how many tokens have been generated so far.
@@ -39,14 +42,18 @@ class InFlightTracker:
         self._outstanding = 0
         self._leaked = 0
 
-    def dispatch(self, address: str, prompt_tokens: int, max_tokens: int) -> InFlightHandle:
-        """Count a request sent to ``address``: one request and ``prompt_tokens`` of prefill."""
-        prompt_tokens, max_tokens = int(prompt_tokens), int(max_tokens)
-        if prompt_tokens < 0 or max_tokens < 0:
+    def dispatch(
+        self, address: str, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0
+    ) -> InFlightHandle:
+        """Count a request sent to ``address``: one request and ``prompt_tokens − cached_tokens`` of prefill
+        (``cached_tokens``: the part of the prompt the endpoint is expected to hold already)."""
+        prompt_tokens, max_tokens, cached_tokens = int(prompt_tokens), int(max_tokens), int(cached_tokens)
+        if prompt_tokens < 0 or max_tokens < 0 or not 0 <= cached_tokens <= prompt_tokens:
             raise ValueError(
-                f"token counts must be >= 0 (prompt_tokens={prompt_tokens}, max_tokens={max_tokens})"
+                "token counts must be >= 0 and cached_tokens <= prompt_tokens "
+                f"(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}, cached_tokens={cached_tokens})"
             )
-        handle = InFlightHandle(self, address, prompt_tokens, max_tokens)
+        handle = InFlightHandle(self, address, prompt_tokens, max_tokens, cached_tokens)
         self._outstanding += 1
         return handle
 
@@ -66,16 +73,32 @@ class InFlightTracker:
 class InFlightHandle:
     """One dispatched request's share of its endpoint's in-flight counters."""
 
-    __slots__ = ("_incarnation", "_phase", "_tracker", "address", "max_tokens", "prompt_tokens")
+    __slots__ = (
+        "_incarnation",
+        "_phase",
+        "_tracker",
+        "address",
+        "max_tokens",
+        "prefill_tokens",
+        "prompt_tokens",
+    )
 
-    def __init__(self, tracker: InFlightTracker, address: str, prompt_tokens: int, max_tokens: int) -> None:
+    def __init__(
+        self,
+        tracker: InFlightTracker,
+        address: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        cached_tokens: int = 0,
+    ) -> None:
         self._tracker = tracker
         self.address = address
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
+        self.prefill_tokens = prompt_tokens - cached_tokens
         self._incarnation = tracker.pool.incarnation(address)
         self._phase = _PREFILL
-        self._apply(1, prompt_tokens, 0)
+        self._apply(1, self.prefill_tokens, 0)
 
     @property
     def decoding(self) -> bool:
@@ -90,7 +113,7 @@ class InFlightHandle:
         if self._phase != _PREFILL:
             return
         self._phase = _DECODE
-        self._apply(0, -self.prompt_tokens, self.prompt_tokens + self.max_tokens)
+        self._apply(0, -self.prefill_tokens, self.prompt_tokens + self.max_tokens)
 
     def finish(self) -> None:
         """Remove whatever the request still holds; a no-op after the first call."""
@@ -100,7 +123,7 @@ class InFlightHandle:
         self._phase = _DONE
         self._tracker._outstanding -= 1
         if phase == _PREFILL:
-            self._apply(-1, -self.prompt_tokens, 0)
+            self._apply(-1, -self.prefill_tokens, 0)
         else:
             self._apply(-1, 0, -(self.prompt_tokens + self.max_tokens))
 
@@ -124,7 +147,10 @@ class InFlightHandle:
 
     def __repr__(self) -> str:
         phase = ("prefill", "decode", "done")[self._phase]
-        return f"InFlightHandle({self.address}, prompt={self.prompt_tokens}, max={self.max_tokens}, {phase})"
+        return (
+            f"InFlightHandle({self.address}, prompt={self.prompt_tokens}, prefill={self.prefill_tokens}, "
+            f"max={self.max_tokens}, {phase})"
+        )
 
 
 class _TrackerCollector(Collector):

@@ -9,7 +9,8 @@ exactly as the real router would build it for the chosen endpoint:
 - ``kv_cache_percentage``, ``num_request_waiting``, ``num_request_running``: the engine's gauges as last
   scraped (every ``scrape_interval_s``, as the pool scraper does; 0 reads them live);
 - ``prefill_tokens_in_flight``, ``decode_tokens_in_flight``: the router's own in-flight counters before this
-  request is added (the semantics of ``slorouter.pool.inflight``), the same value a prediction would see;
+  request is added (the semantics of ``slorouter.pool.inflight``: prefill counts the prompt tokens the
+  router's index does not expect the engine to hold), the same value a prediction would see;
 - ``prefix_cache_score``: matched leading blocks / full blocks of the prompt in a router-side index of the
   blocks it sent to that engine (64-byte blocks, like the approximate prefix index);
 - ``input_token_length``, ``num_tokens_generated`` (the request's output length, i.e. ``max_tokens``).
@@ -216,7 +217,7 @@ def generate_samples(num_requests: int, *, seed: int = 0, workload: SimWorkload 
         for first in out.first_tokens:
             i: int = first.request_id  # type: ignore[assignment]
             ttft[i] = first.ttft * 1000.0
-            router.prefill_tokens -= int(prompt_len[i])
+            router.prefill_tokens -= int(uncached[i])
             router.decode_tokens += int(prompt_len[i] + max_tokens[i])
         for done in out.finished:
             i = done.request_id  # type: ignore[assignment]
@@ -226,6 +227,7 @@ def generate_samples(num_requests: int, *, seed: int = 0, workload: SimWorkload 
             finished += 1
 
     next_id = 0
+    uncached = np.zeros(n, dtype=np.int64)
     while events and finished < n:
         now, _, kind, arg = heapq.heappop(events)
         if kind == _ARRIVAL:
@@ -240,13 +242,14 @@ def generate_samples(num_requests: int, *, seed: int = 0, workload: SimWorkload 
             out_tokens = int(
                 np.clip(round(rng.lognormal(math.log(wl.output_median), wl.output_sigma)), 1, wl.output_max)
             )
-            _record(cols, i, routers[e], engines[e], wl, prompt, out_tokens, codes[e])
+            cached = _record(cols, i, routers[e], engines[e], wl, prompt, out_tokens, codes[e])
             prompt_len[i] = len(prompt) // BYTES_PER_TOKEN
             max_tokens[i] = out_tokens
             endpoint[i] = e
             arrival[i] = now
             engines[e].add_request(i, prompt, out_tokens, now)
-            routers[e].prefill_tokens += int(prompt_len[i])
+            uncached[i] = prompt_len[i] - cached
+            routers[e].prefill_tokens += int(uncached[i])
             ready = engines[e].next_ready_time()
             if busy[e] is None and ready is not None:
                 push(max(ready, now), _WAKE, e)
@@ -307,7 +310,9 @@ def _record(
     prompt: bytes,
     out_tokens: int,
     code: float,
-) -> None:
+) -> int:
+    """Write request ``i``'s feature row; returns the prompt tokens the router expects the engine to hold
+    (as the prefix producer's ``cached_prompt_tokens``)."""
     kv, waiting, running = (
         router.gauges
         if wl.scrape_interval_s > 0
@@ -334,3 +339,4 @@ def _record(
         index.move_to_end(h)
     while len(index) > wl.prefix_index_blocks:
         index.popitem(last=False)
+    return int(cols[INPUT_TOKEN_LENGTH][i]) * matched // len(hashes) if hashes else 0

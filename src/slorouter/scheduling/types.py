@@ -18,6 +18,8 @@ class InferenceRequest:
     ``prompt_text`` is what the approximate prefix index hashes: the plain prompt for completions, the JSON
     of the ``messages`` array for chat completions. ``prompt_tokens`` is the router's token estimate.
     ``state`` carries per-request data from a plugin's produce step to its later hooks.
+    ``cached_prompt_tokens`` is set at dispatch (pre-request) by the prefix producer: how much of the prompt
+    the chosen endpoint is expected to hold in its cache; the in-flight prefill accounting leaves it out.
     """
 
     request_id: str
@@ -34,6 +36,7 @@ class InferenceRequest:
     use_prediction: bool = True  # x-prediction-based-scheduling: false routes by the heuristic fallback
     cache_salt: str = ""
     received_at: float = 0.0
+    cached_prompt_tokens: int = 0
     state: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -4,7 +4,9 @@ score.
 
 The producer hashes the prompt in blocks (a chain, so a block's hash names the whole prefix up to it) and
 looks the hashes up in an index of what the router has sent where. The index is updated when a request is
-dispatched (PreRequest): it never sees the real cache, it models it.
+dispatched (PreRequest): it never sees the real cache, it models it. At dispatch the producer also sets the
+request's ``cached_prompt_tokens`` (the share of the prompt the chosen endpoint held), which the in-flight
+accounting leaves out of the endpoint's pending prefill.
 
 Deliberate differences from the original, both to model vLLM's cache more closely:
 - a candidate's match is its *strict* prefix: counting stops at the first block it does not hold (the
@@ -272,6 +274,9 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
             state = self._request_state(request, self._block_size_tokens(reported))
         if not state.hashes:
             return
+        # Before the insert: what the target held of this prompt, for the in-flight prefill accounting.
+        held = state.matched.get(result.target.address, 0)
+        request.cached_prompt_tokens = request.prompt_tokens * held // len(state.hashes)
         targets = [result.target]
         prefill = result.profile_results.get(PREFILL_PROFILE)
         if prefill is not None and prefill.targets and prefill.targets[0] != result.target:
