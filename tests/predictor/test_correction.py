@@ -79,3 +79,21 @@ def test_factor_is_the_recency_weighted_quantile_of_the_window() -> None:
         expected = float(np.clip(np.exp(newest_first[order[k]]), 0.2, 5.0))
         assert correction.factor("a", "ttft") == pytest.approx(expected, rel=1e-12)
         assert correction.factors(["b", "a"], "ttft").tolist() == [1.0, correction.factor("a", "ttft")]
+
+
+def test_factors_of_a_repeated_endpoint_list_follow_every_change() -> None:
+    correction = EndpointCorrection(min_samples=3)
+    pods = [f"pod-{i}" for i in range(6)]
+    rng = np.random.default_rng(3)
+    for step in range(300):
+        pod = pods[int(rng.integers(len(pods)))]
+        correction.observe(pod, "ttft", 100.0, float(rng.uniform(50, 400)))
+        if step == 150:
+            correction.forget("pod-2")
+        if step == 200:
+            correction.retain(pods[1:])
+        asked = pods if step % 7 else pods[::-1]  # now and then another list, as when a pod is excluded
+        got = correction.factors(asked, "ttft")
+        assert got.tolist() == [correction.factor(pod, "ttft") for pod in asked]
+        got[:] = 0.0  # the caller's copy: the next answer must not change
+    assert correction.factors(pods, "tpot").tolist() == [1.0] * len(pods)

@@ -29,6 +29,8 @@ async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
         assert not embedded.ready
         with pytest.raises(PredictionUnavailable, match="no TTFT model"):
             await embedded.predict(x_ttft[:3], x_tpot[:3])
+        with pytest.raises(PredictionUnavailable, match="no TTFT model"):
+            embedded.predict_union_now(np.column_stack([x_ttft[:3], x_tpot[:3, -1]]))
         rows = feature_rows(x_ttft, x_tpot)
         for i in range(400):
             # Both row forms: feature mappings and the model's own matrix rows.
@@ -40,6 +42,11 @@ async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
         assert embedded.versions == {k: embedded.trainer.current_version(k) for k in ("ttft", "tpot")}
         ttft, tpot = await embedded.predict(x_ttft[:50], x_tpot[:50])
         want_ttft, want_tpot = embedded.predictor.predict(x_ttft[:50], x_tpot[:50])
+        np.testing.assert_array_equal(ttft, want_ttft)
+        np.testing.assert_array_equal(tpot, want_tpot)
+        union = np.column_stack([x_ttft[:50], x_tpot[:50, -1]])  # both models' features, one matrix
+        ttft, tpot = embedded.predict_union_now(union)
+        want_ttft, want_tpot = embedded.predict_now(union[:, :8].copy(), union[:, [0, 1, 2, 3, 4, 5, 8]])
         np.testing.assert_array_equal(ttft, want_ttft)
         np.testing.assert_array_equal(tpot, want_tpot)
         assert embedded.trainer.status()["models"]["ttft"]["trainings"] >= 1

@@ -14,6 +14,7 @@ from slorouter.predictor.features import (
     FeatureSchema,
     SchemaMismatchError,
     columns_to_matrix,
+    columns_to_union_matrix,
     pod_class_code,
     rows_to_matrices,
     rows_to_matrix,
@@ -117,6 +118,21 @@ def test_columns_path_matches_rows_path_and_broadcasts() -> None:
     del columns["num_request_running"]
     with pytest.raises(FeatureError, match=r"columns\.num_request_running"):
         columns_to_matrix(columns, "ttft")
+
+
+def test_union_matrix_holds_both_models_columns() -> None:
+    rows = [row(kv_cache_percentage=0.1 * i, num_request_running=i) for i in range(5)]
+    columns = {name: np.array([r[name] for r in rows], dtype=np.float64) for name in rows[0]}
+    for schema in (DEFAULT_SCHEMA, FeatureSchema(pod_class=True)):
+        if schema.pod_class:
+            columns["pod_class"] = np.arange(5, dtype=np.float64)
+        union = columns_to_union_matrix(columns, schema=schema)
+        assert union.shape == (5, len(schema.all_features())) and union.flags.c_contiguous
+        for kind in ("ttft", "tpot"):
+            expected = columns_to_matrix(columns, kind, schema=schema)
+            np.testing.assert_array_equal(union[:, schema.union_columns(kind)], expected)
+    assert DEFAULT_SCHEMA.union_columns("ttft") == slice(0, 8)
+    assert DEFAULT_SCHEMA.union_columns("tpot") == [0, 1, 2, 3, 4, 5, 8]
 
 
 def test_schema_round_trip_and_mismatch() -> None:

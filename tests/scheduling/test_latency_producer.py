@@ -113,6 +113,35 @@ def test_streaming_mode_trains_ttft_at_the_first_token_and_tpot_from_token_count
     assert tpot_row["num_tokens_generated"] == 8
 
 
+class FakeUnionBackend(FakeBackend):
+    """The same predictions, asked for with one matrix of both models' features (as EmbeddedPredictor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.union_rows: list[np.ndarray] = []
+
+    def predict_union_now(self, x_all):
+        self.union_rows.append(x_all)
+        return self._predict(x_all[:, list(range(len(TTFT_FEATURES)))], x_all[:, [0, 1, 2, 3, 4, 5, 8]])
+
+
+def test_a_backend_taking_union_rows_gets_them_and_the_same_samples():
+    runs = []
+    for backend in (FakeBackend(), FakeUnionBackend()):
+        director, _ = _director(backend, streaming=True)
+        request = _request(slo_ttft_ms=500.0, slo_tpot_ms=50.0)
+        result = director.schedule(request)
+        lifecycle = director.dispatch(request, result)
+        director.clock.advance(0.1)
+        lifecycle.on_headers(200, streaming=True)
+        lifecycle.on_tokens(1)
+        director.clock.advance(0.07)
+        lifecycle.on_complete(usage={"completion_tokens": 8})
+        runs.append((result.target.address, [(k, r.tolist(), v) for k, r, v in backend.samples]))
+    assert runs[0] == runs[1] and len(runs[0][1]) == 2
+    assert backend.union_rows[0].shape == (3, len(TTFT_FEATURES) + 1)
+
+
 def test_failed_requests_produce_no_samples():
     backend = FakeBackend()
     director, _ = _director(backend)

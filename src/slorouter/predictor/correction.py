@@ -24,6 +24,7 @@ import math
 import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 
 import numpy as np
@@ -39,6 +40,13 @@ class _Series:
         self.head = 0  # next slot to write
         self.count = 0
         self.factor = 1.0
+
+
+@dataclass(slots=True)
+class _Aligned:
+    endpoints: list[str]
+    index: dict[str, int]
+    factors: np.ndarray
 
 
 class EndpointCorrection:
@@ -75,6 +83,10 @@ class EndpointCorrection:
         self._series: dict[tuple[str, str], _Series] = {}
         # Factors of the series with at least min_samples observations, per kind (what ``factors`` reads).
         self._active: dict[str, dict[str, float]] = {kind: {} for kind in MODEL_KINDS}
+        # ``factors`` of the last endpoint list asked for, per kind, kept up to date from the endpoints
+        # whose factor changed since: the router asks for the same candidate list request after request.
+        self._aligned: dict[str, _Aligned | None] = {kind: None for kind in MODEL_KINDS}
+        self._changed: dict[str, set[str]] = {kind: set() for kind in MODEL_KINDS}
         self._lock = threading.Lock()
         self.ignored = 0  # observations dropped as absurd
 
@@ -97,6 +109,7 @@ class EndpointCorrection:
             series.count += 1
             if series.count >= self.min_samples:
                 series.factor = self._active[kind][endpoint] = self._factor(series)
+                self._changed[kind].add(endpoint)
         return True
 
     def _factor(self, series: _Series) -> float:
@@ -117,10 +130,26 @@ class EndpointCorrection:
 
     def factors(self, endpoints: Sequence[str], kind: ModelKind) -> np.ndarray:
         """Factor per endpoint, in order (1.0 for unknown endpoints and those with too few samples)."""
-        active = self._active[check_kind(kind)]
-        if not active:
-            return np.ones(len(endpoints), dtype=np.float64)
-        return np.fromiter(map(active.get, endpoints, repeat(1.0)), np.float64, len(endpoints))
+        check_kind(kind)
+        with self._lock:
+            active = self._active[kind]
+            if not active:
+                return np.ones(len(endpoints), dtype=np.float64)
+            aligned = self._aligned[kind]
+            changed = self._changed[kind]
+            if aligned is not None and isinstance(endpoints, list) and aligned.endpoints == endpoints:
+                index, out = aligned.index, aligned.factors
+                for endpoint in changed:
+                    i = index.get(endpoint)
+                    if i is not None:
+                        out[i] = active.get(endpoint, 1.0)
+            else:
+                out = np.fromiter(map(active.get, endpoints, repeat(1.0)), np.float64, len(endpoints))
+                index = {endpoint: i for i, endpoint in enumerate(endpoints)}
+                if len(index) == len(out):  # (a list with duplicates is not kept: one slot per endpoint)
+                    self._aligned[kind] = _Aligned(list(endpoints), index, out)
+            changed.clear()
+            return out.copy()
 
     def samples(self, endpoint: str, kind: ModelKind) -> int:
         series = self._series.get((endpoint, check_kind(kind)))
@@ -132,6 +161,7 @@ class EndpointCorrection:
             for key in [key for key in self._series if key[0] == endpoint]:
                 del self._series[key]
                 self._active[key[1]].pop(endpoint, None)
+                self._changed[key[1]].add(endpoint)
 
     def retain(self, endpoints: Iterable[str]) -> None:
         """Forget every endpoint not in ``endpoints`` (call with the current pool membership)."""
@@ -140,6 +170,7 @@ class EndpointCorrection:
             for key in [key for key in self._series if key[0] not in keep]:
                 del self._series[key]
                 self._active[key[1]].pop(key[0], None)
+                self._changed[key[1]].add(key[0])
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """``{endpoint: {kind: factor}}`` of endpoints with enough samples (for status pages)."""

@@ -111,6 +111,14 @@ class EmbeddedPredictor:
         except PredictorNotReady as exc:
             raise PredictionUnavailable(str(exc)) from None
 
+    def predict_union_now(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``predict_now`` for rows of the union of both models' features (``schema.all_features()``
+        order, e.g. from ``columns_to_union_matrix``): one matrix instead of two for the router's hot path."""
+        try:
+            return self.predictor.predict_all(x_all)
+        except PredictorNotReady as exc:
+            raise PredictionUnavailable(str(exc)) from None
+
     async def predict(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.predict_now(x_ttft, x_tpot)
 

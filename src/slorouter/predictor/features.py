@@ -103,6 +103,14 @@ class FeatureSchema:
     def all_features(self) -> tuple[str, ...]:
         return (*ALL_FEATURES, POD_CLASS) if self.pod_class else ALL_FEATURES
 
+    def union_columns(self, kind: ModelKind) -> slice | list[int]:
+        """Where ``kind``'s features sit in ``all_features()`` rows (a slice when they are a leading run)."""
+        union = self.all_features()
+        columns = [union.index(name) for name in self.features(kind)]
+        if columns == list(range(len(columns))):
+            return slice(0, len(columns))
+        return columns
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
@@ -306,6 +314,25 @@ def rows_to_matrices(
     return _assemble(columns, schema.features("ttft"), n), _assemble(columns, schema.features("tpot"), n)
 
 
+def columns_to_union_matrix(
+    columns: Mapping[str, np.ndarray | float], *, schema: FeatureSchema = DEFAULT_SCHEMA
+) -> np.ndarray:
+    """``columns_to_matrix`` for the union of both models' features (``schema.all_features()`` order): one
+    matrix from which ``schema.union_columns(kind)`` selects each model's columns."""
+    names = schema.all_features()
+    try:
+        return _assemble(columns, names, _rows_of(columns))  # type: ignore[arg-type]
+    except KeyError as exc:
+        raise FeatureError(f"columns.{exc.args[0]}: required column is missing", field=exc.args[0]) from None
+
+
+def _rows_of(columns: Mapping[str, np.ndarray | float]) -> int:
+    for value in columns.values():
+        if np.ndim(value) >= 1:
+            return len(value)  # type: ignore[arg-type]
+    return 1
+
+
 def columns_to_matrix(
     columns: Mapping[str, np.ndarray | float],
     kind: ModelKind,
@@ -319,12 +346,7 @@ def columns_to_matrix(
     Values are trusted (no range checks): this is the hot path over data the router produced itself.
     """
     names = schema.features(kind)
-    n = 1
-    for value in columns.values():
-        if np.ndim(value) >= 1:
-            n = len(value)  # type: ignore[arg-type]
-            break
     try:
-        return _assemble(columns, names, n)  # type: ignore[arg-type]
+        return _assemble(columns, names, _rows_of(columns))  # type: ignore[arg-type]
     except KeyError as exc:
         raise FeatureError(f"columns.{exc.args[0]}: required column is missing", field=exc.args[0]) from None

@@ -28,7 +28,12 @@ from pydantic import Field
 
 from slorouter.predictor.client import PredictionUnavailable
 from slorouter.predictor.correction import EndpointCorrection
-from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, columns_to_matrix, pod_class_code
+from slorouter.predictor.features import (
+    DEFAULT_SCHEMA,
+    FeatureSchema,
+    columns_to_union_matrix,
+    pod_class_code,
+)
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
@@ -71,8 +76,9 @@ class _RequestState:
     """What the producer remembers about one request between produce, pre-request and the response."""
 
     addresses: list[str]
-    x_ttft: np.ndarray
-    x_tpot: np.ndarray
+    x_all: np.ndarray  # one row per candidate over both models' features (``schema.all_features()``)
+    ttft_columns: slice | list[int]  # where each model's features sit in x_all
+    tpot_columns: slice | list[int]
     predicted_ttft: np.ndarray | None = None  # uncorrected model output, per candidate
     predicted_tpot: np.ndarray | None = None
     corrected_ttft: np.ndarray | None = None
@@ -81,6 +87,14 @@ class _RequestState:
     target_address: str = ""
     tpot_slo_registered: bool = False
     samples: list[str] = field(default_factory=list)
+
+    @property
+    def x_ttft(self) -> np.ndarray:
+        return np.ascontiguousarray(self.x_all[:, self.ttft_columns])
+
+    @property
+    def x_tpot(self) -> np.ndarray:
+        return np.ascontiguousarray(self.x_all[:, self.tpot_columns])
 
 
 @register_plugin
@@ -101,6 +115,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
     def __init__(self, name: str, params: PluginParams, ctx: PluginContext) -> None:
         super().__init__(name, params, ctx)
         self.schema = FeatureSchema(DEFAULT_SCHEMA.version, pod_class=bool(self.params.pod_class_label))
+        self._ttft_columns = self.schema.union_columns("ttft")
+        self._tpot_columns = self.schema.union_columns("tpot")
         use_correction = self.params.endpoint_correction and not self.params.pod_class_label
         self.correction = EndpointCorrection() if use_correction else None
         # TPOT SLOs of the requests running on each endpoint (streaming mode): the strictest is protected.
@@ -126,8 +142,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             )
         state = _RequestState(
             addresses=[e.address for e in candidates.endpoints],
-            x_ttft=columns_to_matrix(columns, "ttft", schema=self.schema),
-            x_tpot=columns_to_matrix(columns, "tpot", schema=self.schema),
+            x_all=columns_to_union_matrix(columns, schema=self.schema),
+            ttft_columns=self._ttft_columns,
+            tpot_columns=self._tpot_columns,
         )
         request.state[self.name] = state
         backend = self.ctx.predictor
@@ -139,12 +156,16 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             self._fallback(request, "unavailable" if self._served else "warming-up")
             return None
         self._served = True
+        predict_union_now = getattr(backend, "predict_union_now", None)
         predict_now = getattr(backend, "predict_now", None)
-        if predict_now is None:
+        if predict_union_now is None and predict_now is None:
             return self._produce_remote(request, candidates, state)
         started = time.perf_counter()
         try:
-            ttft, tpot = predict_now(state.x_ttft, state.x_tpot)
+            if predict_union_now is not None:
+                ttft, tpot = predict_union_now(state.x_all)
+            else:
+                ttft, tpot = predict_now(state.x_ttft, state.x_tpot)  # type: ignore[misc]
         except PredictionUnavailable as exc:
             self._fallback(request, "unavailable", exc)
             return None
@@ -271,7 +292,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             return
         state.samples.append(kind)
         i = state.target
-        row = state.x_ttft[i] if kind == "ttft" else state.x_tpot[i]
+        row = state.x_all[i, state.ttft_columns if kind == "ttft" else state.tpot_columns]
         backend = self.ctx.predictor
         if backend is not None:
             try:
