@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
@@ -33,13 +33,31 @@ from slorouter.predictor.features import MODEL_KINDS, ModelKind, check_kind
 
 
 class _Series:
-    __slots__ = ("count", "factor", "head", "values")
+    __slots__ = ("count", "factor", "head", "sorted_slots", "sorted_values", "values")
 
     def __init__(self, window: int) -> None:
-        self.values = [0.0] * window
+        self.values = [0.0] * window  # a ring of log ratios
         self.head = 0  # next slot to write
         self.count = 0
         self.factor = 1.0
+        # The observations in the window in ascending order of value, and the ring slot of each.
+        self.sorted_values: list[float] = []
+        self.sorted_slots: list[int] = []
+
+    def put(self, value: float, window: int) -> None:
+        slot = self.head
+        sorted_values, sorted_slots = self.sorted_values, self.sorted_slots
+        if self.count >= window:  # the slot's old value leaves the window
+            i = bisect_left(sorted_values, self.values[slot])
+            while sorted_slots[i] != slot:  # equal values: find this slot's
+                i += 1
+            del sorted_values[i], sorted_slots[i]
+        i = bisect_right(sorted_values, value)
+        sorted_values.insert(i, value)
+        sorted_slots.insert(i, slot)
+        self.values[slot] = value
+        self.head = (slot + 1) % window
+        self.count += 1
 
 
 @dataclass(slots=True)
@@ -104,9 +122,7 @@ class EndpointCorrection:
             series = self._series.get((endpoint, kind))
             if series is None:
                 series = self._series[(endpoint, kind)] = _Series(self.window)
-            series.values[series.head] = log_ratio
-            series.head = (series.head + 1) % self.window
-            series.count += 1
+            series.put(log_ratio, self.window)
             if series.count >= self.min_samples:
                 series.factor = self._active[kind][endpoint] = self._factor(series)
                 self._changed[kind].add(endpoint)
@@ -115,13 +131,10 @@ class EndpointCorrection:
     def _factor(self, series: _Series) -> float:
         """The weighted quantile: the smallest value whose cumulative weight, in ascending order of value,
         reaches ``quantile`` × the total (builtins only: on 64 numbers numpy call overheads dominate)."""
-        # Before the ring wraps, slots 0..n-1 hold the observations and head == n.
-        n = min(series.count, self.window)
-        values = series.values
-        order = sorted(range(n), key=values.__getitem__)
-        cumulative = list(accumulate(map(self._slot_weights[series.head].__getitem__, order)))
+        weights = self._slot_weights[series.head]
+        cumulative = list(accumulate(map(weights.__getitem__, series.sorted_slots)))
         i = bisect_left(cumulative, self.quantile * cumulative[-1])
-        value = values[order[min(i, n - 1)]]
+        value = series.sorted_values[min(i, len(cumulative) - 1)]
         return min(max(math.exp(value), self.min_factor), self.max_factor)
 
     def factor(self, endpoint: str, kind: ModelKind) -> float:
