@@ -3,6 +3,7 @@
 Each variant is the shipped ``predicted-latency`` policy with changes joined by ``+``:
 
 - ``picker=TYPE``: the prediction profile's picker (e.g. ``weighted-random-picker``, the original's);
+- ``scorer=TYPE:WEIGHT``: add a scorer to the prediction profile (the latency scorer has weight 1);
 - ``gate=MS``: both affinity filters' ``maxTTFTPenaltyMs`` (the original: 5000; 0 disables the gate);
 - ``param=PLUGIN:KEY:JSON``: set a parameter of the plugins of that type or name, e.g.
   ``param=latency-scorer:headroomSelectionStrategy:"most"``;
@@ -66,6 +67,12 @@ def variant_config(name: str) -> tuple[dict[str, Any], TrainerConfig]:
             if not any((p.get("name") or p["type"]) == value for p in plugins):
                 plugins.append({"type": value})
             prediction_profile["plugins"][-1] = {"pluginRef": value}
+        elif key == "scorer":
+            scorer, weight = value.split(":")
+            if not any((p.get("name") or p["type"]) == scorer for p in plugins):
+                plugins.append({"type": scorer})
+            refs = prediction_profile["plugins"]
+            refs.insert(len(refs) - 1, {"pluginRef": scorer, "weight": float(weight)})
         elif key == "gate":
             for plugin in plugins:
                 if plugin["type"] == "prefix-cache-affinity-filter":

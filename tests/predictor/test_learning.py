@@ -10,9 +10,9 @@ irreducible spread given what a router can see (the unknown phase of the engine 
 arriving after this one that share its prefill budget, the remaining output of running requests). The
 point prediction of the conformal model (its p90 × ``point_factor``) reaches about 17 % MAPE on fresh
 traffic (18 % before the in-flight prefill counted only uncached prompt tokens; the best constant scaling
-of the point, chosen with hindsight, would give 16 %); a p90 value's MAPE is larger by design (it sits above most outcomes: about 40 %). The test
-therefore checks the p90 coverage band of the issue, the point prediction's MAPE (≤ 25 %) and its
-median-like coverage, and that it beats a constant predictor by far.
+of the point, chosen with hindsight, would give 16 %); a p90 value's MAPE is larger by design (it sits
+above most outcomes: about 40 %). The test therefore checks the p90 coverage band of the issue, the point
+prediction's MAPE (≤ 25 %) and its median-like coverage, and that it beats a constant predictor by far.
 """
 
 from __future__ import annotations
