@@ -355,8 +355,13 @@ class Trainer:
         if cfg.baseline and cfg.target_transform == "log" and len(y_train):
             baseline = LinearBaseline.fit(X_train, y_train, self.schema.features(kind), seed=cfg.seed)
             base_margin = baseline.log_ms(X_train)
+        # XGBoost keeps labels and margins as float32: converting first skips its own (slower) copy.
         dtrain = xgb.QuantileDMatrix(
-            X_train, label=target, base_margin=base_margin, max_bin=cfg.max_bin, nthread=cfg.nthread
+            X_train,
+            label=target.astype(np.float32),
+            base_margin=None if base_margin is None else base_margin.astype(np.float32),
+            max_bin=cfg.max_bin,
+            nthread=cfg.nthread,
         )
         booster = xgb.train(cfg.xgb_params(), dtrain, num_boost_round=cfg.n_estimators)
         booster.set_param({"nthread": 1})
