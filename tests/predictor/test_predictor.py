@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
-from slorouter.predictor.features import FeatureError, FeatureSchema, SchemaMismatchError, rows_to_matrices
+from slorouter.predictor.features import (
+    SCHEMA_VERSION,
+    FeatureError,
+    FeatureSchema,
+    SchemaMismatchError,
+    rows_to_matrices,
+)
 from slorouter.predictor.forest import CompiledForest
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor
@@ -83,7 +89,7 @@ def test_model_of_another_schema_is_refused(trained: Trainer, tmp_path) -> None:
     with pytest.raises(SchemaMismatchError):
         predictor.load_raw("ttft", raw, metadata)
     with pytest.raises(SchemaMismatchError):
-        Predictor(expected_schema=2).load_raw("ttft", raw, metadata)
+        Predictor(expected_schema=SCHEMA_VERSION + 1).load_raw("ttft", raw, metadata)
     ok = Predictor()  # no model store: models come as bytes (e.g. an HTTP download)
     ok.load_raw("ttft", raw, metadata)
     assert ok.ready and not ok.refresh()

@@ -31,7 +31,9 @@ from typing import Any, Final, Literal
 import numpy as np
 import xxhash
 
-SCHEMA_VERSION: Final = 1
+# 2: ``prefill_tokens_in_flight`` counts only the prompt tokens the prefix index does not expect the endpoint
+# to hold (1 counted whole prompts); models trained on version-1 rows are refused and retrained.
+SCHEMA_VERSION: Final = 2
 
 ModelKind = Literal["ttft", "tpot"]
 MODEL_KINDS: Final[tuple[ModelKind, ModelKind]] = ("ttft", "tpot")
