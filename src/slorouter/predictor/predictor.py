@@ -96,8 +96,8 @@ class _Joint:
         union = schema.all_features()
         models = (ttft, tpot)
         columns = [[union.index(name) for name in schema.features(m.kind)] for m in models]
-        self.ttft_columns = _index(columns[0])
-        self.tpot_columns = _index(columns[1])
+        self.ttft_columns = schema.union_columns("ttft")
+        self.tpot_columns = schema.union_columns("tpot")
         self.forest = CompiledForest.combine([ttft.forest, tpot.forest], columns, len(union))
         # Baselines over the union's columns; a model without one gets 0·x + 1, whose log is 0.
         coef = np.zeros((2, len(union)), dtype=np.float32)
@@ -147,13 +147,6 @@ class _Joint:
         if not np.array_equal(X[:, self.tpot_columns], x_tpot):
             return None
         return X
-
-
-def _index(columns: list[int]) -> slice | list[int]:
-    """``columns`` as a slice when they are a contiguous ascending run (faster to index with)."""
-    if columns == list(range(columns[0], columns[0] + len(columns))):
-        return slice(columns[0], columns[0] + len(columns))
-    return columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,9 +330,8 @@ class Predictor:
             x_all = np.ascontiguousarray(x_all, dtype=np.float32)
         if joint is not None and len(x_all):
             return joint.predict(x_all)
-        union = self.schema.all_features()
-        ttft_columns, tpot_columns = ([union.index(f) for f in self.schema.features(k)] for k in MODEL_KINDS)
-        return self.predict(x_all[:, ttft_columns], x_all[:, tpot_columns])
+        schema = self.schema
+        return self.predict(x_all[:, schema.union_columns("ttft")], x_all[:, schema.union_columns("tpot")])
 
     def point_factor(self, kind: ModelKind) -> float:
         """Factor from the current ``kind`` model's predictions to its point (median-like) predictions.
