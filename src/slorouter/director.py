@@ -142,14 +142,21 @@ class RequestLifecycle:
                 plugin.on_response_body, self.request, response, start_of_stream=first, end_of_stream=False
             )
 
-    def on_complete(self, usage: dict[str, Any] | None = None, error: str | None = None) -> None:
-        """The response ended (successfully or not). Safe to call more than once; only the first counts."""
+    def on_complete(
+        self, usage: dict[str, Any] | None = None, error: str | None = None, history_text: str | None = None
+    ) -> None:
+        """The response ended (successfully or not). Safe to call more than once; only the first counts.
+
+        ``history_text``: the prompt text followed by the reply (see ``ResponseInfo.history_text``).
+        """
         if self.finished:
             return
         response = self.response
         now = self._director.clock.now()
         response.completed_at = now
         response.error = error
+        if error is None:
+            response.history_text = history_text
         if usage is not None:
             response.usage = usage
             completion = usage.get("completion_tokens")

@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 
 from slorouter.gateway.runtime import Router
+from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
 from tests.gateway.conftest import FakeUpstream, eventually, start_router
 
 
@@ -236,3 +237,40 @@ async def test_body_is_forwarded_byte_for_byte_with_end_to_end_headers_only(http
     finally:
         await router.stop()
         await upstream.close()
+
+
+async def test_a_conversations_next_turn_matches_its_whole_history_on_the_pod_that_answered(
+    cluster, router, http
+):
+    (producer,) = [
+        p for p in router.director.setup.data_producers if p.type_name == "approx-prefix-cache-producer"
+    ]
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant who answers in detail. " * 10},
+        {"role": "user", "content": "Tell me about the history of tea."},
+    ]
+    for stream in (True, False):
+        body = {"model": cluster.model, "messages": messages, "max_tokens": 40, "stream": stream}
+        async with http.post(f"http://{router.address}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            pod = resp.headers["x-slorouter-endpoint"]
+            raw = await resp.read()
+        if stream:
+            events = [
+                json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")
+            ]
+            reply = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        else:
+            reply = json.loads(raw)["choices"][0]["message"]["content"]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And then?"},
+        ]
+        compact = json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode()
+        request_hashes = prefix_block_hashes(compact, prefix_seed(cluster.model), 64, 256)
+        answered = json.dumps(messages[:-1], separators=(",", ":"), ensure_ascii=False).encode()[:-1]
+        await eventually(lambda: int(router.pool.columns["inflight_requests"].sum()) == 0)
+        # Every full block of the history up to the reply is on the pod that answered.
+        assert producer.index.match(request_hashes) == {pod: len(answered) // 64}
+        assert len(answered) // 64 < len(request_hashes)

@@ -215,10 +215,12 @@ def test_request_control_lists_are_in_declaration_order():
 # --- data producers --------------------------------------------------------------------------------------
 
 
-def test_token_load_scorer_gets_the_inflight_load_producer():
+def test_token_load_scorer_gets_the_inflight_load_and_prefix_producers():
+    """The in-flight counts, and the prefix match for the request's own uncached prompt (the prefix producer
+    also makes the in-flight prefill counts uncached, through its pre-request hook)."""
     setup = build({"plugins": [{"type": "token-load-scorer"}]})
-    assert setup.auto_created[-1] == "inflight-load-producer"
-    assert [type(p) for p in setup.data_producers] == [InflightLoadProducer]
+    assert setup.auto_created[-2:] == ["inflight-load-producer", "approx-prefix-cache-producer"]
+    assert [type(p) for p in setup.data_producers] == [InflightLoadProducer, ApproxPrefixCacheProducer]
 
 
 def test_declared_producer_is_not_duplicated():

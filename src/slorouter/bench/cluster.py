@@ -49,6 +49,7 @@ from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestRejected, Step
 from slorouter.sim.profiles import Profile
+from slorouter.sim.text import output_text
 from slorouter.tokenizer import BYTES_PER_TOKEN, encode_bytes
 
 # Request outcomes (``RunRecords.status``): HTTP-like codes, plus UNFINISHED for requests still running
@@ -289,11 +290,17 @@ class ClusterSimulator:
                 i = finished.request_id  # type: ignore[assignment]
                 lifecycle = lifecycles.pop(i, None)
                 if lifecycle is not None:
+                    wanted = lifecycle.request.reply_chars_wanted
+                    history = None
+                    if wanted > 0:  # the engine's reply is output_text(0, n): ASCII, BYTES_PER_TOKEN a token
+                        tokens = min(finished.output_tokens, -(-wanted // BYTES_PER_TOKEN))
+                        history = requests[i].prompt + output_text(0, tokens)
                     lifecycle.on_complete(
                         {
                             "prompt_tokens": finished.prompt_tokens,
                             "completion_tokens": finished.output_tokens,
-                        }
+                        },
+                        history_text=history,
                     )
                     rec.status[i] = OK
                     rec.e2e_s[i] = now - rec.arrival[i]

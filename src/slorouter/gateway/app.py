@@ -21,6 +21,7 @@ from slorouter.config import GatewayConfig
 from slorouter.director import Director, RequestLifecycle
 from slorouter.gateway.errors import RequestError, sse_error_event
 from slorouter.gateway.headers import parse_routing_headers
+from slorouter.gateway.history import ReplyCollector, history_text, reply_from_body
 from slorouter.gateway.openai import ParsedRequest, parse_chat_completion, parse_completion
 from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error, json_response
 from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
@@ -233,7 +234,7 @@ class Gateway:
             lifecycle = self.director.dispatch(request, result)
             address = result.target.address
             try:
-                return await self._proxy(http, lifecycle, path, raw, forward_head)
+                return await self._proxy(http, lifecycle, path, raw, forward_head, parsed.history_form)
             except asyncio.CancelledError:
                 self.metrics.client_disconnects.inc()
                 lifecycle.response.error = "client disconnected"
@@ -249,7 +250,13 @@ class Gateway:
         return json_error(502, f"the model server failed before responding ({last_failure})")
 
     async def _proxy(
-        self, http: HttpRequest, lifecycle: RequestLifecycle, path: str, raw: bytes, forward_head: bytes
+        self,
+        http: HttpRequest,
+        lifecycle: RequestLifecycle,
+        path: str,
+        raw: bytes,
+        forward_head: bytes,
+        history_form: str,
     ) -> Response | None:
         address = lifecycle.response.endpoint.address
         assert self._client is not None
@@ -261,13 +268,17 @@ class Gateway:
         try:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
             lifecycle.on_headers(upstream.status, streaming)
+            wanted = lifecycle.request.reply_chars_wanted if history_form else 0
             if streaming and upstream.status == 200:
-                return await self._relay_stream(http, lifecycle, upstream)
-            return await self._relay_whole(lifecycle, upstream)
+                collector = ReplyCollector(history_form, wanted) if wanted > 0 else None
+                return await self._relay_stream(http, lifecycle, upstream, collector)
+            return await self._relay_whole(lifecycle, upstream, history_form if wanted > 0 else "")
         finally:
             upstream.release()
 
-    async def _relay_whole(self, lifecycle: RequestLifecycle, upstream: UpstreamResponse) -> Response:
+    async def _relay_whole(
+        self, lifecycle: RequestLifecycle, upstream: UpstreamResponse, history_form: str
+    ) -> Response:
         address = lifecycle.response.endpoint.address
         try:
             body = await upstream.read()
@@ -275,13 +286,22 @@ class Gateway:
             lifecycle.response.error = f"read: {exc.__class__.__name__}"
             raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
-        lifecycle.on_complete(error=error)
+        history = None
+        if history_form and error is None:
+            reply = reply_from_body(body, history_form)
+            if reply:
+                history = history_text(lifecycle.request.prompt_text, reply, history_form)
+        lifecycle.on_complete(error=error, history_text=history)
         self._observe(lifecycle)
         head = self._response_head(upstream, lifecycle)
         return Response(upstream.status, body, raw_headers=head)
 
     async def _relay_stream(
-        self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse
+        self,
+        http: HttpRequest,
+        lifecycle: RequestLifecycle,
+        upstream: UpstreamResponse,
+        collector: ReplyCollector | None,
     ) -> None:
         address = lifecycle.response.endpoint.address
         # Hold the client's headers back until the first chunk arrives, so that an upstream that dies
@@ -303,6 +323,8 @@ class Gateway:
                 events = chunk.count(_SSE_EVENT) - chunk.count(_SSE_DONE)
                 if events > 0:
                     lifecycle.on_tokens(events)
+                if collector is not None and not collector.full:
+                    collector.feed(chunk)
                 tail = (tail + chunk)[-_USAGE_TAIL_BYTES:]
                 await writer.write(chunk)
                 try:
@@ -312,7 +334,10 @@ class Gateway:
                     lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
                     await writer.write(sse_error_event(502, f"the model server {address} failed mid-stream"))
                     break
-            lifecycle.on_complete(usage=_usage_from_tail(tail))
+            history = None
+            if collector is not None and collector.text:
+                history = history_text(lifecycle.request.prompt_text, collector.text, collector.form)
+            lifecycle.on_complete(usage=_usage_from_tail(tail), history_text=history)
             self._observe(lifecycle)
             await writer.write_eof()
         except ConnectionResetError:

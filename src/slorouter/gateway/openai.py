@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slorouter.gateway.errors import RequestError
+from slorouter.gateway.history import CHAT, TEXT
 from slorouter.tokenizer import chat_to_prompt, count_tokens
 
 # What the OpenAI API does when max_tokens is omitted: completions default to 16 tokens; chat completions
@@ -27,6 +28,9 @@ class ParsedRequest:
     max_tokens: int
     stream: bool
     cache_salt: str
+    history_form: str = (
+        ""  # how a reply continues prompt_text (gateway.history): chat, text, or "" (it cannot)
+    )
 
 
 def _require_int(body: dict[str, Any], key: str) -> int | None:
@@ -62,18 +66,19 @@ def _common(body: Any) -> tuple[str, bool, str]:
     return model, stream, salt
 
 
-def _prompt_text(prompt: Any) -> tuple[str, int]:
-    """Text and token count of a completions prompt: a string, a list of strings, or token ids."""
+def _prompt_text(prompt: Any) -> tuple[str, int, str]:
+    """Text, token count and history form of a completions prompt: a string, a list of strings, or token
+    ids (only a single string prompt has a reply that continues it)."""
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("'prompt' must not be empty", param="prompt")
-        return prompt, count_tokens(prompt)
+        return prompt, count_tokens(prompt), TEXT
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             text = "".join(prompt)
-            return text, sum(count_tokens(p) for p in prompt)
+            return text, sum(count_tokens(p) for p in prompt), ""  # a batch: no one conversation
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return " ".join(map(str, prompt)), len(prompt)
+            return " ".join(map(str, prompt)), len(prompt), ""
     raise RequestError(
         "'prompt' is required and must be a non-empty string, list of strings or list of token ids",
         param="prompt",
@@ -83,9 +88,9 @@ def _prompt_text(prompt: Any) -> tuple[str, int]:
 def parse_completion(raw: bytes) -> ParsedRequest:
     body = _decode(raw)
     model, stream, salt = _common(body)
-    text, tokens = _prompt_text(body.get("prompt"))
+    text, tokens, form = _prompt_text(body.get("prompt"))
     max_tokens = _require_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
-    return ParsedRequest(model, text, tokens, max_tokens, stream, salt)
+    return ParsedRequest(model, text, tokens, max_tokens, stream, salt, form)
 
 
 def parse_chat_completion(raw: bytes) -> ParsedRequest:
@@ -112,7 +117,7 @@ def parse_chat_completion(raw: bytes) -> ParsedRequest:
         raise RequestError(f"'messages' could not be read: {exc}", param="messages") from exc
     # The prefix index hashes the messages' JSON, as the original EPP does, so prefixes follow turns.
     prompt_text = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
-    return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt)
+    return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt, CHAT)
 
 
 def _decode(raw: bytes) -> Any:

@@ -160,6 +160,9 @@ class ResponseInfo:
 
     ``tokens`` counts output tokens seen so far (SSE events carrying text, or ``usage`` at the end);
     ``first_token_at`` is the clock time of the first one; ``usage`` is the upstream's ``usage`` when known.
+    ``history_text``, set at the end when the request asked for it (``InferenceRequest.reply_chars_wanted``),
+    is what the next turn of the conversation is expected to send as its prompt text: this prompt text
+    followed by (at least the first ``reply_chars_wanted`` characters of) the reply, in the same form.
     """
 
     endpoint: Endpoint
@@ -171,6 +174,7 @@ class ResponseInfo:
     tokens: int = 0
     usage: dict[str, Any] | None = None
     error: str | None = None
+    history_text: str | None = None
 
 
 class ResponseHeaderProcessor(ABC):

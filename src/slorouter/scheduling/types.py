@@ -20,6 +20,8 @@ class InferenceRequest:
     ``state`` carries per-request data from a plugin's produce step to its later hooks.
     ``cached_prompt_tokens`` is set at dispatch (pre-request) by the prefix producer: how much of the prompt
     the chosen endpoint is expected to hold in its cache; the in-flight prefill accounting leaves it out.
+    ``reply_chars_wanted``, also set at dispatch, asks the front end for that many characters of the reply
+    (as ``ResponseInfo.history_text``), so that the prefix index can follow the conversation; 0: none.
     """
 
     request_id: str
@@ -37,6 +39,7 @@ class InferenceRequest:
     cache_salt: str = ""
     received_at: float = 0.0
     cached_prompt_tokens: int = 0
+    reply_chars_wanted: int = 0
     state: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -8,12 +8,19 @@ dispatched (PreRequest): it never sees the real cache, it models it. At dispatch
 request's ``cached_prompt_tokens`` (the share of the prompt the chosen endpoint held), which the in-flight
 accounting leaves out of the endpoint's pending prefill.
 
+With ``indexResponses`` (default on) the index also follows the reply: when a response ends, the blocks of
+the prompt followed by the generated text (``ResponseInfo.history_text``, built by the front end in the
+prompt's own form) are recorded on the endpoint that generated it, as vLLM caches generated tokens too. A
+conversation's next turn, which sends that history back, then matches it in full on that endpoint instead
+of only up to the previous prompt.
+
 Deliberate differences from the original, both to model vLLM's cache more closely:
 - a candidate's match is its *strict* prefix: counting stops at the first block it does not hold (the
   original counts every block it holds within the run of blocks held by *any* server, which over-counts
   once early blocks were evicted);
 - a request's blocks enter a server's LRU last-block-first, so the shared leading blocks are the most
-  recently used and are evicted last (vLLM likewise evicts the tail of a sequence first).
+  recently used and are evicted last (vLLM likewise evicts the tail of a sequence first);
+- replies are indexed (above); the original indexes prompts only.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from slorouter.scheduling.plugin import (
     PluginContext,
     PluginParams,
     PreRequest,
+    ResponseBodyProcessor,
+    ResponseInfo,
 )
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest, SchedulingResult
@@ -58,14 +67,21 @@ def prefix_block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: in
     Input shorter than one block gives no hashes. Input beyond ``max_blocks`` blocks is ignored; otherwise a
     trailing partial block is hashed like a full one.
     """
-    if len(data) < block_chars or max_blocks <= 0:
+    if len(data) < block_chars:
+        return []
+    return _chain_hashes(data, seed, block_chars, max_blocks)
+
+
+def _chain_hashes(data: bytes, previous: int, block_chars: int, max_blocks: int) -> list[int]:
+    """The chain over ``data`` (at most ``max_blocks`` blocks, a trailing partial one included) after
+    ``previous``."""
+    if max_blocks <= 0:
         return []
     limit = max_blocks * block_chars
     if len(data) > limit:
         data = data[:limit]
     hashes: list[int] = []
     append = hashes.append
-    previous = seed
     # The chain is sequential; plain slicing and concatenation measured faster than a reused buffer or a
     # streaming hasher for 64-byte blocks.
     for start in range(0, len(data), block_chars):
@@ -199,6 +215,7 @@ class ApproxPrefixCacheParams(PluginParams):
     max_prefix_blocks_to_match: int = Field(256, alias="maxPrefixBlocksToMatch", gt=0)
     max_prefix_tokens_to_match: int = Field(0, alias="maxPrefixTokensToMatch", ge=0)
     lru_capacity_per_server: int = Field(31_250, alias="lruCapacityPerServer", gt=0)
+    index_responses: bool = Field(True, alias="indexResponses")
     deprecated_block_size_chars: int | None = Field(None, alias="blockSize")
 
     @model_validator(mode="after")
@@ -214,6 +231,7 @@ class PrefixRequestState:
 
     hashes: list[int]
     block_size_tokens: int
+    prompt_bytes: int = 0  # UTF-8 length of the prompt text
     matched: dict[str, int] = field(default_factory=dict)  # server address → leading blocks held
     pool: PoolState | None = None
 
@@ -225,8 +243,9 @@ class PrefixRequestState:
 
 
 @register_plugin(default_producer=True)
-class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
-    """Attaches each candidate's prefix match (in blocks) and records dispatched requests in the index."""
+class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcessor):
+    """Attaches each candidate's prefix match (in blocks) and records dispatched requests (and, with
+    ``indexResponses``, their replies) in the index."""
 
     type_name = "approx-prefix-cache-producer"
     Params = ApproxPrefixCacheParams
@@ -272,6 +291,10 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
         if state is None:  # the producer did not run for this request
             reported = pool.columns["block_size"] if pool is not None else np.zeros(0, dtype=np.int64)
             state = self._request_state(request, self._block_size_tokens(reported))
+        if self.params.index_responses:
+            block_chars = state.block_size_tokens * CHARS_PER_TOKEN
+            hashed_chars = self._max_blocks(state.block_size_tokens) * block_chars
+            request.reply_chars_wanted = max(0, hashed_chars - state.prompt_bytes)
         if not state.hashes:
             return
         # Before the insert: what the target held of this prompt, for the in-flight prefill accounting.
@@ -283,6 +306,21 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
             targets.append(prefill.targets[0])
         for endpoint in targets:
             self.index.insert(endpoint.address, state.hashes, self._lru_capacity(endpoint.address, pool))
+
+    # --- ResponseBodyProcessor ------------------------------------------------------------------------
+    def on_response_body(
+        self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
+    ) -> None:
+        if not end_of_stream or response.error is not None or not response.history_text:
+            return
+        state: PrefixRequestState | None = request.state.get(self.state_key)
+        if state is None or not self.params.index_responses:
+            return
+        hashes = self._history_hashes(request, state, response.history_text.encode())
+        if hashes and hashes != state.hashes:
+            address = response.endpoint.address
+            pool = self.ctx.pool if self.ctx.pool is not None else state.pool
+            self.index.insert(address, hashes, self._lru_capacity(address, pool))
 
     # --- housekeeping ---------------------------------------------------------------------------------
     def drop_departed_servers(self, pool: PoolState | None = None) -> list[str]:
@@ -304,6 +342,27 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
                 return int(reported_block_sizes[known[0]])
         return self.params.block_size_tokens
 
+    def _history_hashes(
+        self, request: InferenceRequest, state: PrefixRequestState, history: bytes
+    ) -> list[int]:
+        """Block hashes of the history, reusing the prompt's hashes of the full blocks it shares with it."""
+        block_chars = state.block_size_tokens * CHARS_PER_TOKEN
+        prompt = request.prompt_text.encode()
+        shared = len(prompt) // block_chars
+        # A chat history differs from the prompt's JSON at its closing bracket: at most one block back.
+        if shared and not history.startswith(prompt[: shared * block_chars]):
+            shared -= 1
+            if shared and not history.startswith(prompt[: shared * block_chars]):
+                shared = 0
+        shared = min(shared, len(state.hashes))
+        seed = state.hashes[shared - 1] if shared else self._seed(request.target_model, request.cache_salt)
+        max_blocks = self._max_blocks(state.block_size_tokens)
+        if not shared and len(history) < block_chars:
+            return []
+        return state.hashes[:shared] + _chain_hashes(
+            history[shared * block_chars :], seed, block_chars, max_blocks - shared
+        )
+
     def _max_blocks(self, block_tokens: int) -> int:
         if self.params.max_prefix_tokens_to_match > 0:
             return self.params.max_prefix_tokens_to_match // block_tokens
@@ -313,13 +372,14 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest):
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is not None and state.block_size_tokens == block_tokens:
             return state
+        prompt = request.prompt_text.encode()
         hashes = prefix_block_hashes(
-            request.prompt_text.encode(),
+            prompt,
             self._seed(request.target_model, request.cache_salt),
             block_tokens * CHARS_PER_TOKEN,
             self._max_blocks(block_tokens),
         )
-        state = PrefixRequestState(hashes=hashes, block_size_tokens=block_tokens)
+        state = PrefixRequestState(hashes=hashes, block_size_tokens=block_tokens, prompt_bytes=len(prompt))
         request.state[self.state_key] = state
         return state
 

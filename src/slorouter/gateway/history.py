@@ -1,0 +1,103 @@
+"""The conversation history a response creates, for the prefix index (``ResponseInfo.history_text``).
+
+A client continuing a conversation sends the reply back: a completions client appends it to its prompt, a
+chat client appends ``{"role": "assistant", "content": reply}`` to its messages. The history text is that
+next prompt's start in the form the gateway hashes (``ParsedRequest.prompt_text``): the prompt followed by
+the reply, or for chat the messages' compact JSON with the assistant message appended. Only the first
+``wanted`` characters of the reply are collected (the prefix index hashes a bounded prefix), so a long
+reply costs nothing once that budget is reached.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+CHAT = "chat"
+TEXT = "text"
+_DATA = b"data: "
+
+
+class ReplyCollector:
+    """Collects the text of choice 0 from an OpenAI SSE stream (chunks split anywhere), up to a budget."""
+
+    __slots__ = ("_chat", "_parts", "_pending", "_size", "_wanted", "form")
+
+    def __init__(self, form: str, wanted: int) -> None:
+        self.form = form
+        self._chat = form == CHAT
+        self._wanted = wanted
+        self._parts: list[str] = []
+        self._size = 0
+        self._pending = b""
+
+    @property
+    def full(self) -> bool:
+        return self._size >= self._wanted
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._size >= self._wanted:
+            return
+        data = self._pending + chunk if self._pending else chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._pending = data
+            return
+        self._pending = data[end + 1 :]
+        for line in data[: end + 1].splitlines():
+            if line.startswith(_DATA) and line[6:7] == b"{":
+                self._add(_choice_text(_loads(line[6:]), self._chat, delta=True))
+                if self._size >= self._wanted:
+                    return
+
+    def _add(self, text: str | None) -> None:
+        if text:
+            self._parts.append(text)
+            self._size += len(text)
+
+
+def reply_from_body(body: bytes, form: str) -> str | None:
+    """The reply of choice 0 in a whole (non-streaming) response body, or None."""
+    return _choice_text(_loads(body), form == CHAT, delta=False)
+
+
+def history_text(prompt_text: str, reply: str, form: str) -> str:
+    """What the next turn's prompt text starts with (see the module docstring)."""
+    if form == CHAT:
+        if not prompt_text.endswith("]"):
+            return ""
+        content = json.dumps(reply, ensure_ascii=False)
+        return f'{prompt_text[:-1]},{{"role":"assistant","content":{content}}}'
+    return prompt_text + reply
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _choice_text(event: Any, chat: bool, *, delta: bool) -> str | None:
+    if not isinstance(event, dict):
+        return None
+    choices = event.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            break
+    else:
+        return None
+    if chat:
+        message = choice.get("delta" if delta else "message")
+        text = message.get("content") if isinstance(message, dict) else None
+    else:
+        text = choice.get("text")
+    return text if isinstance(text, str) else None
