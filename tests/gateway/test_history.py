@@ -7,14 +7,15 @@ import json
 import pytest
 
 from slorouter.gateway.history import CHAT, TEXT, ReplyCollector, history_text, reply_from_body
+from slorouter.gateway.openai import parse_chat_completion, parse_completion
 
 
 def sse(*events: object) -> bytes:
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
-def chat_delta(text: str, index: int = 0) -> dict:
-    return {"object": "chat.completion.chunk", "choices": [{"index": index, "delta": {"content": text}}]}
+def chat_delta(text: str) -> dict:
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
 
 
 def text_delta(text: str) -> dict:
@@ -27,18 +28,22 @@ def test_collector_reads_chat_deltas_split_anywhere(split):
         {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
         chat_delta("Hel"),
         chat_delta("lo, wörld"),
-        chat_delta("ignored", index=1),  # another choice of an n > 1 request
+        chat_delta(' "quoted"\n'),
+        {"choices": [{"index": 0, "delta": {"content": None}, "finish_reason": "stop"}]},
         {"choices": [], "usage": {"completion_tokens": 3}},
     )
     collector = ReplyCollector(CHAT, 1000)
     for start in range(0, len(stream), split):
         collector.feed(stream[start : start + split])
-    assert collector.text == "Hello, wörld"
+    assert collector.text == 'Hello, wörld "quoted"\n'
 
 
 def test_collector_reads_completion_text_and_skips_what_is_not_json():
     collector = ReplyCollector(TEXT, 1000)
-    collector.feed(b": keep-alive comment\n\ndata: {not json}\n\n" + sse(text_delta("a"), text_delta("b")))
+    collector.feed(
+        b': keep-alive\n\ndata: {not json}\n\ndata: {"text": "\\x"}\n\n'
+        + sse(text_delta("a"), text_delta("b"))
+    )
     assert collector.text == "ab"
 
 
@@ -68,3 +73,20 @@ def test_history_text_continues_the_prompt_as_the_next_turn_would_send_it():
     history = history_text(prompt, reply, CHAT)
     assert json.dumps(follow_up, separators=(",", ":"), ensure_ascii=False).startswith(history)
     assert history_text("not a JSON array", reply, CHAT) == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "form"),
+    [
+        ("chat", {"messages": [{"role": "user", "content": "hi"}]}, CHAT),
+        ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 1}, CHAT),
+        ("chat", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, ""),
+        ("completions", {"prompt": "hi"}, TEXT),
+        ("completions", {"prompt": "hi", "n": 3}, ""),
+        ("completions", {"prompt": ["a", "b"]}, ""),
+        ("completions", {"prompt": [1, 2, 3]}, ""),
+    ],
+)
+def test_which_requests_get_a_history(path, body, form):
+    parse = parse_chat_completion if path == "chat" else parse_completion
+    assert parse(json.dumps({"model": "m", **body}).encode()).history_form == form

@@ -11,23 +11,31 @@ reply costs nothing once that budget is reached.
 from __future__ import annotations
 
 import json
+import re
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import orjson
 
 CHAT = "chat"
 TEXT = "text"
-_DATA = b"data: "
+_CHAT_TEXT = re.compile(r'"content":\s*"')
+_COMPLETION_TEXT = re.compile(r'"text":\s*"')
 
 
 class ReplyCollector:
-    """Collects the text of choice 0 from an OpenAI SSE stream (chunks split anywhere), up to a budget."""
+    """Collects the reply text from an OpenAI SSE stream (chunks split anywhere), up to a budget.
 
-    __slots__ = ("_chat", "_parts", "_pending", "_size", "_wanted", "form")
+    Runs once per streamed chunk, so it does not parse the events: it finds each chunk's ``"content"``
+    (chat) or ``"text"`` (completions) string and decodes just that, with the JSON scanner's C string
+    decoder. Requests with several choices (``n`` > 1) are not collected (``ParsedRequest.history_form``).
+    """
+
+    __slots__ = ("_key", "_parts", "_pending", "_size", "_wanted", "form")
 
     def __init__(self, form: str, wanted: int) -> None:
         self.form = form
-        self._chat = form == CHAT
+        self._key = _CHAT_TEXT if form == CHAT else _COMPLETION_TEXT
         self._wanted = wanted
         self._parts: list[str] = []
         self._size = 0
@@ -45,21 +53,20 @@ class ReplyCollector:
         if self._size >= self._wanted:
             return
         data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(b"\n")
-        if end < 0:
-            self._pending = data
+        # JSON strings hold no raw newline, so everything up to the last one is whole events.
+        end = data.rfind(b"\n") + 1
+        self._pending = data[end:]
+        if not end:
             return
-        self._pending = data[end + 1 :]
-        for line in data[: end + 1].splitlines():
-            if line.startswith(_DATA) and line[6:7] == b"{":
-                self._add(_choice_text(_loads(line[6:]), self._chat, delta=True))
-                if self._size >= self._wanted:
-                    return
-
-    def _add(self, text: str | None) -> None:
-        if text:
-            self._parts.append(text)
-            self._size += len(text)
+        events = data[:end].decode("utf-8", "replace")
+        for match in self._key.finditer(events):
+            try:
+                text = scanstring(events, match.end())[0]
+            except ValueError:  # not a well-formed JSON string: not ours to read
+                continue
+            if text:
+                self._parts.append(text)
+                self._size += len(text)
 
 
 def reply_from_body(body: bytes, form: str) -> str | None:

@@ -85,12 +85,17 @@ def _prompt_text(prompt: Any) -> tuple[str, int, str]:
     )
 
 
+def _single_choice(body: dict[str, Any], form: str) -> str:
+    """``form``, unless the request asks for several choices (no single reply continues the prompt)."""
+    return form if body.get("n") in (None, 1) else ""
+
+
 def parse_completion(raw: bytes) -> ParsedRequest:
     body = _decode(raw)
     model, stream, salt = _common(body)
     text, tokens, form = _prompt_text(body.get("prompt"))
     max_tokens = _require_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
-    return ParsedRequest(model, text, tokens, max_tokens, stream, salt, form)
+    return ParsedRequest(model, text, tokens, max_tokens, stream, salt, _single_choice(body, form))
 
 
 def parse_chat_completion(raw: bytes) -> ParsedRequest:
@@ -117,7 +122,8 @@ def parse_chat_completion(raw: bytes) -> ParsedRequest:
         raise RequestError(f"'messages' could not be read: {exc}", param="messages") from exc
     # The prefix index hashes the messages' JSON, as the original EPP does, so prefixes follow turns.
     prompt_text = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
-    return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt, CHAT)
+    history_form = _single_choice(body, CHAT)
+    return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt, history_form)
 
 
 def _decode(raw: bytes) -> Any:
