@@ -172,3 +172,15 @@ def test_conformal_p90_covers_fresh_samples(tmp_path, clock: ManualClock) -> Non
     assert 0.85 <= float(np.mean(fresh_y <= p90)) <= 0.95
     point = booster_predict_ms(current.booster, fresh_x, "log", baseline=current.baseline)
     assert 0.35 <= float(np.mean(fresh_y <= point)) <= 0.65
+
+
+def test_boosting_loop_is_xgb_train() -> None:
+    import xgboost as xgb
+
+    from slorouter.predictor.trainer import _boost
+
+    x, y, _, _ = synthetic(2000, seed=4)
+    params = TrainerConfig(nthread=1).xgb_params()
+    dtrain = xgb.QuantileDMatrix(x, label=np.log(y).astype(np.float32), max_bin=256, nthread=1)
+    expected = xgb.train(params, dtrain, num_boost_round=30)
+    assert bytes(_boost(params, dtrain, 30).save_raw("ubj")) == bytes(expected.save_raw("ubj"))

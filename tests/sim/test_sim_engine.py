@@ -320,3 +320,32 @@ def test_commit_needs_the_planned_step(prompt):
     engine.commit_step(step)
     with pytest.raises(RuntimeError):
         engine.commit_step(step)
+
+
+class _UncachedLookupEngine(Engine):
+    """The engine with its remembered prefix lookups disabled: every lookup starts from the first block."""
+
+    def _lookup_prefix(self, req):  # type: ignore[no-untyped-def]
+        req.hit_blocks = None
+        return super()._lookup_prefix(req)
+
+
+def test_remembered_prefix_lookups_change_nothing_under_kv_pressure(drive_engine):
+    # Shared system prompts and chat turns on a small KV cache: requests wait for space at the head of the
+    # queue (their lookup resumed step after step) while blocks are evicted and preemptions happen.
+    import random
+
+    rng = random.Random(3)
+    systems = [[s * 7_000_001 + i for i in range(rng.randrange(200, 900))] for s in range(4)]
+    arrivals = []
+    for i in range(120):
+        system = systems[rng.randrange(len(systems))]
+        question = [i * 1_000_003 + k for k in range(rng.randrange(16, 400))]
+        arrivals.append((i, system + question, rng.randrange(1, 300), i * 0.01))
+    profile = replace(H100, num_gpu_blocks=360)
+    runs = [drive_engine(cls(profile, seed=5), arrivals) for cls in (Engine, _UncachedLookupEngine)]
+    assert runs[0].max_waiting > 0
+    assert runs[0].durations == runs[1].durations
+    assert runs[0].finished == runs[1].finished
+    assert any(f.num_preemptions for f in runs[0].finished.values())
+    assert any(f.cached_tokens for f in runs[0].finished.values())

@@ -32,6 +32,7 @@ Inputs must be finite (the schema guarantees it), so XGBoost's missing-value bra
 
 from __future__ import annotations
 
+import struct
 import sys
 import threading
 from collections.abc import Sequence
@@ -248,10 +249,21 @@ class CompiledForest:
     # ------------------------------------------------------------------------------------- building
 
     @classmethod
-    def from_booster(cls, booster: xgb.Booster, n_features: int) -> CompiledForest | None:
-        """Compile ``booster``; None if the model is outside what this evaluator covers or disagrees."""
+    def from_booster(
+        cls, booster: xgb.Booster, n_features: int, raw: bytes | None = None
+    ) -> CompiledForest | None:
+        """Compile ``booster``; None if the model is outside what this evaluator covers or disagrees.
+
+        ``raw`` may be the booster's UBJSON (``save_raw("ubj")``, what the model store holds), which saves
+        serialising it again. The model is read from UBJSON, whose typed arrays become numpy arrays without
+        a per-number parse; should that fail, from XGBoost's JSON."""
+        model = None if raw is None else _try_ubj(raw)  # None too if raw is JSON
+        if model is None:
+            model = _try_ubj(bytes(booster.save_raw("ubj")))
         try:
-            trees = _parse(orjson.loads(booster.save_raw("json")), n_features)
+            if model is None:
+                model = orjson.loads(booster.save_raw("json"))
+            trees = _parse(model, n_features)
         except (KeyError, ValueError, TypeError, IndexError, OverflowError, orjson.JSONDecodeError):
             return None
         if trees is None:
@@ -399,7 +411,10 @@ def _ones(n: int) -> np.ndarray:
 
 
 def _array(trees: list[dict[str, Any]], key: str, dtype: type) -> np.ndarray:
-    return np.array(list(chain.from_iterable(tree[key] for tree in trees)), dtype=dtype)
+    values = [tree[key] for tree in trees]
+    if all(isinstance(v, np.ndarray) for v in values):  # typed arrays read from UBJSON
+        return np.concatenate(values).astype(dtype)
+    return np.array(list(chain.from_iterable(values)), dtype=dtype)
 
 
 def _parse(model: dict[str, Any], n_features: int) -> _Trees | None:
@@ -420,7 +435,7 @@ def _parse(model: dict[str, Any], n_features: int) -> _Trees | None:
     if len(base_values) != 1:
         return None
     trees: list[dict[str, Any]] = booster["model"]["trees"]
-    if not trees or any(tree.get("categories_nodes") for tree in trees):
+    if not trees or any(len(tree.get("categories_nodes", ())) for tree in trees):
         return None
     split_type = _array(trees, "split_type", np.int64) if all("split_type" in t for t in trees) else None
     if split_type is not None and split_type.any():
@@ -528,3 +543,121 @@ def _pair(leaf_counts: list[int]) -> list[list[int]]:
             words.append([big])
         high -= 1
     return words
+
+
+# ------------------------------------------------------------------------------------------- UBJSON
+
+# Big-endian numbers by UBJSON type marker (XGBoost writes its typed arrays, e.g. a tree's split conditions
+# as float32, as "[$d#L<count>" followed by the raw values).
+_UBJ_NUMBERS = {
+    ord("i"): np.dtype(">i1"),
+    ord("U"): np.dtype(">u1"),
+    ord("I"): np.dtype(">i2"),
+    ord("l"): np.dtype(">i4"),
+    ord("L"): np.dtype(">i8"),
+    ord("d"): np.dtype(">f4"),
+    ord("D"): np.dtype(">f8"),
+}
+_UBJ_INTS = {ord(marker): struct.Struct(">" + code) for marker, code in ("ib", "UB", "Ih", "li", "Lq")}
+_UBJ_INT64 = _UBJ_INTS[ord("L")]
+_UBJ_CONSTANTS: dict[int, Any] = {ord("T"): True, ord("F"): False, ord("Z"): None}
+
+
+def _ubj_loads(data: bytes) -> Any:
+    """Decode UBJSON (draft 12, as XGBoost writes models): objects, arrays (with optional ``$`` type and
+    ``#`` count), strings, numbers, booleans and null. A typed numeric array becomes a read-only numpy
+    array over ``data`` (no copy, no per-number work); a scalar number a Python int or float. Raises
+    ``ValueError`` on anything else (e.g. JSON text)."""
+    if data[:1] != b"{" or data[1:2] in (b'"', b" ", b"\n", b"\t", b"\r"):
+        raise ValueError("not a UBJSON object")
+    value, end = _ubj_value(data, 1, data[0])
+    if end != len(data):
+        raise ValueError(f"trailing bytes after the UBJSON value at {end}")
+    return value
+
+
+def _try_ubj(data: bytes) -> Any:
+    """``_ubj_loads(data)``, or None if ``data`` is not UBJSON this decoder reads."""
+    try:
+        return _ubj_loads(data)
+    except (ValueError, IndexError, UnicodeDecodeError, struct.error):
+        return None
+
+
+def _ubj_int(data: bytes, pos: int, marker: int) -> tuple[int, int]:
+    """The integer of type ``marker`` at ``pos``, and the position after it."""
+    if marker == 0x4C:  # L, what XGBoost writes for every length and count
+        return _UBJ_INT64.unpack_from(data, pos)[0], pos + 8
+    number = _UBJ_INTS.get(marker)
+    if number is None:
+        raise ValueError(f"UBJSON: expected an integer marker at {pos - 1}, got {marker!r}")
+    return number.unpack_from(data, pos)[0], pos + number.size
+
+
+def _ubj_value(data: bytes, pos: int, marker: int) -> tuple[Any, int]:
+    """The value whose marker (already read) precedes ``pos``, and the position after it."""
+    if marker == 0x7B:  # {
+        return _ubj_container(data, pos, is_object=True)
+    if marker == 0x5B:  # [
+        return _ubj_container(data, pos, is_object=False)
+    if marker in _UBJ_INTS:
+        return _ubj_int(data, pos, marker)
+    if marker == 0x64:  # d
+        return struct.unpack_from(">f", data, pos)[0], pos + 4
+    if marker == 0x44:  # D
+        return struct.unpack_from(">d", data, pos)[0], pos + 8
+    if marker in (0x53, 0x48):  # S, H (a high-precision number, kept as its text)
+        length, pos = _ubj_int(data, pos + 1, data[pos])
+        if length < 0 or pos + length > len(data):
+            raise ValueError("UBJSON: string out of bounds")
+        return data[pos : pos + length].decode(), pos + length
+    if marker == 0x43:  # C
+        return chr(data[pos]), pos + 1
+    if marker in _UBJ_CONSTANTS:
+        return _UBJ_CONSTANTS[marker], pos
+    raise ValueError(f"UBJSON: unknown marker {marker!r} at {pos - 1}")
+
+
+def _ubj_container(data: bytes, pos: int, *, is_object: bool) -> tuple[Any, int]:
+    kind = None
+    count = -1
+    if data[pos] == 0x24:  # $: one type for every value (then a count is required)
+        kind = data[pos + 1]
+        pos += 2
+        if data[pos] != 0x23:
+            raise ValueError("UBJSON: a typed container needs a count")
+    if data[pos] == 0x23:  # #: the count
+        count, pos = _ubj_int(data, pos + 2, data[pos + 1])
+        if count < 0:
+            raise ValueError("UBJSON: negative count")
+    if not is_object and kind in _UBJ_NUMBERS:
+        dtype = _UBJ_NUMBERS[kind]
+        end = pos + count * dtype.itemsize
+        if end > len(data):
+            raise ValueError("UBJSON: typed array out of bounds")
+        return np.frombuffer(data, dtype=dtype, count=count, offset=pos), end
+    items: list[Any] = []
+    keys: list[str] = []
+    while True:
+        if count >= 0:
+            if len(items) == count:
+                break
+        elif data[pos] == (0x7D if is_object else 0x5D):  # } or ]
+            pos += 1
+            break
+        if is_object:
+            if data[pos] == 0x4C:
+                length = _UBJ_INT64.unpack_from(data, pos + 1)[0]
+                pos += 9
+            else:
+                length, pos = _ubj_int(data, pos + 1, data[pos])
+            keys.append(data[pos : pos + length].decode())
+            pos += length
+        if kind is None:
+            marker = data[pos]
+            pos += 1
+        else:
+            marker = kind
+        value, pos = _ubj_value(data, pos, marker)
+        items.append(value)
+    return (dict(zip(keys, items, strict=True)) if is_object else items), pos

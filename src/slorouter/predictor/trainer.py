@@ -363,7 +363,7 @@ class Trainer:
             max_bin=cfg.max_bin,
             nthread=cfg.nthread,
         )
-        booster = xgb.train(cfg.xgb_params(), dtrain, num_boost_round=cfg.n_estimators)
+        booster = _boost(cfg.xgb_params(), dtrain, cfg.n_estimators)
         booster.set_param({"nthread": 1})
         if baseline is not None:
             baseline = baseline.with_base_score(booster_base_score(booster))
@@ -528,6 +528,15 @@ class Trainer:
             "schema": self.schema.to_dict(),
             "models": models,
         }
+
+
+def _boost(params: dict[str, Any], dtrain: xgb.DMatrix, rounds: int) -> xgb.Booster:
+    """``xgb.train(params, dtrain, num_boost_round=rounds)`` without its callback machinery (an evaluation
+    monitor that has nothing to evaluate, called after every round): the same updates, the same model."""
+    booster = xgb.Booster(params, [dtrain])
+    for i in range(rounds):
+        booster.update(dtrain, iteration=i)
+    return booster.reset()  # as xgb.train: drop the training caches
 
 
 def _version(trained_at: float, raw: bytes) -> str:

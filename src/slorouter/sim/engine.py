@@ -139,6 +139,8 @@ class _Request:
         "dec_step",
         "finish_step",
         "first_token_time",
+        "hit_blocks",
+        "hit_mark",
         "max_tokens",
         "next_event",
         "num_cached_blocks",
@@ -176,6 +178,10 @@ class _Request:
         self.run_seq = 0  # admission order into the running set
         self.dec_step = self.dec_computed = self.dec_output = 0  # decode progress at step dec_step
         self.finish_step = self.next_event = -1
+        # While waiting: the cached blocks of its leading blocks found by the last lookup, valid while no
+        # block has left the prefix cache since (the engine's eviction count was hit_mark then).
+        self.hit_blocks: list[int] | None = None
+        self.hit_mark = -1
 
 
 class Engine:
@@ -226,6 +232,7 @@ class Engine:
         self._hash_of: list[int | None] = []
         self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, least recently freed first
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self._evictions = 0  # hashes ever removed from _cached (the only change that can shorten a hit run)
         # Bytes of a block of generated tokens, by the output position it starts at modulo the text's period.
         self._output_blocks = [output_bytes(k, k + self.block_size) for k in range(PERIOD)]
 
@@ -541,10 +548,12 @@ class Engine:
             computed = len(hits) * block_size
             n = min(req.num_tokens - computed, budget)
             needed = -(-(computed + n) // block_size) - len(hits)
-            revived = sum(1 for bid in hits if ref[bid] == 0)  # cached blocks taken off the free queue
+            # Cached blocks taken off the free queue (those no running request references).
+            revived = list(map(ref.__getitem__, hits)).count(0) if hits else 0
             if needed + revived > self.num_free_blocks:
-                break
+                break  # it waits for space: the next step's lookup resumes from the hits found now
             waiting.popleft()
+            req.hit_blocks = None  # the list becomes its block table
             for bid in hits:
                 if ref[bid] == 0:
                     del self._free[bid]
@@ -571,15 +580,29 @@ class Engine:
         return pairs
 
     def _lookup_prefix(self, req: _Request) -> list[int]:
-        """Blocks of the longest cached run of the request's leading full blocks (never all its tokens)."""
+        """Blocks of the longest cached run of the request's leading full blocks (never all its tokens).
+
+        The run is remembered on the request (``hit_blocks``): while it waits for KV space, each step looks
+        it up again, and as long as no block left the cache since, the run found then is still cached
+        (entries are only added or evicted, never remapped; a request's block hashes only grow), so the
+        lookup resumes where it stopped."""
         cached = self._cached
-        hits: list[int] = []
         hashes = req.block_hashes
-        for j in range(min(len(hashes), (req.num_tokens - 1) // self.block_size)):
-            bid = cached.get(hashes[j])
-            if bid is None:
+        limit = min(len(hashes), (req.num_tokens - 1) // self.block_size)
+        hits = req.hit_blocks
+        if hits is None or req.hit_mark != self._evictions or len(hits) > limit:
+            hits = []
+        j = len(hits)
+        get = cached.get
+        while j < limit:  # a chunk at a time: one C-level pass over the chunk's hashes
+            found = list(map(get, hashes[j : min(j + _LOOKUP_CHUNK, limit)]))
+            if None in found:
+                hits += found[: found.index(None)]
                 break
-            hits.append(bid)
+            hits += found
+            j += len(found)
+        req.hit_blocks = hits
+        req.hit_mark = self._evictions
         return hits
 
     def _preempt_newest(self, index: int, finishing: list[_Request]) -> _Request:
@@ -668,6 +691,7 @@ class Engine:
         if block_hash is not None:
             if self._cached.get(block_hash) == bid:
                 del self._cached[block_hash]
+                self._evictions += 1
             self._hash_of[bid] = None
         self._ref[bid] = 1
         return bid
@@ -691,6 +715,7 @@ class Engine:
                 if block_hash is not None:
                     if cached.get(block_hash) == bid:
                         del cached[block_hash]
+                        self._evictions += 1
                     hash_of[bid] = None
                 ref[bid] = 1
                 blocks.append(bid)
@@ -762,3 +787,4 @@ class Engine:
 
 
 _run_order = operator.attrgetter("run_seq")
+_LOOKUP_CHUNK = 64  # prefix-cache lookups read block hashes in chunks of this many
