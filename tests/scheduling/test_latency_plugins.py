@@ -332,10 +332,17 @@ def test_prediction_profile_handler_routes_by_the_request_flag():
 
 def test_shipped_pipeline_routes_requests_without_predictions_by_token_load_among_warm_pods():
     """The shipped heuristic profile is llm-d's token-aware one: among pods holding ≥ 80 % of the prompt, the
-    fewest in-flight tokens; with no warm pod, the fewest in-flight tokens overall — queue depth and KV-cache
-    usage play no part."""
+    fewest uncached prefill tokens in flight plus this request's own uncached prompt — and, unlike llm-d,
+    the decode tokens in flight; with no warm pod, the same over all pods — queue depth and KV-cache usage
+    play no part. The loose filter's gate, without predictions, compares uncached prefill tokens in flight /
+    15,928 tok/s against 18,000 ms."""
     from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
-    from slorouter.scheduling.datakeys import INFLIGHT_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
+    from slorouter.scheduling.datakeys import (
+        INFLIGHT_PREFILL_TOKENS,
+        INFLIGHT_TOKENS,
+        PREFIX_MATCH_BLOCKS,
+        PREFIX_TOTAL_BLOCKS,
+    )
 
     config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
     for plugin in config["plugins"]:
@@ -344,22 +351,29 @@ def test_shipped_pipeline_routes_requests_without_predictions_by_token_load_amon
     setup = build_scheduler_setup(config, make_ctx())
     pool = make_pool(4, waiting=[0, 0, 9, 0], kv_usage=[0.1, 0.2, 0.9, 0.1])
 
-    def schedule(matched: list[int], tokens: list[int]) -> str:
+    def schedule(matched: list[int], tokens: list[int], decode: list[int] | None = None) -> str:
         cands = candidates_of(pool)
         cands.attrs[PREFIX_MATCH_BLOCKS] = np.array(matched, dtype=np.float64)
         cands.attrs[PREFIX_TOTAL_BLOCKS] = np.full(4, 10.0)
-        cands.attrs[INFLIGHT_TOKENS] = np.array(tokens, dtype=np.float64)
-        warming = make_request(use_prediction=True)
+        cands.attrs[INFLIGHT_PREFILL_TOKENS] = np.array(tokens, dtype=np.float64)
+        cands.attrs[INFLIGHT_TOKENS] = np.array(tokens, dtype=np.float64) + np.array(decode or [0] * 4)
+        warming = make_request(use_prediction=True, prompt_tokens=1000)
         warming.state[PREDICTION_FALLBACK_STATE] = "warming-up"
         result = setup.scheduler.schedule(warming, cands)
         assert result.primary_profile == "default" and result.primary.route == "fallback"
         return result.primary.targets[0].address
 
     a = addresses(4)
-    # Pods 1 and 2 are warm (9/10 and 8/10 blocks); pod 2 has fewer tokens in flight despite its queue.
+    # Pods 1 and 2 are warm (9/10 and 8/10 blocks): 5000 + 100 vs 3000 + 200 tokens; pod 2 despite its queue.
     assert schedule([0, 9, 8, 0], [0, 5000, 3000, 0]) == a[2]
-    # Nobody warm: the fewest in-flight tokens wins (pod 3), not the emptiest queue or KV cache alone.
-    assert schedule([0, 5, 0, 0], [4000, 100, 9000, 50]) == a[3]
+    # Decode tokens count: 0 + 1000 + 100 vs 0 + 8000 + 200.
+    assert schedule([0, 9, 8, 0], [0, 0, 0, 0], decode=[0, 1000, 8000, 0]) == a[1]
+    # Nobody warm: 4000 + 1000, 100 + 500, 9000 + 1000, 50 + 1000 — the half-cached pod 1 wins.
+    assert schedule([0, 5, 0, 0], [4000, 100, 9000, 50]) == a[1]
+    # Warm pod 1 estimated 200,000 / 15,928 ≈ 12.6 s behind: within 18 s, it stays sticky.
+    assert schedule([0, 9, 0, 0], [0, 200_000, 0, 0]) == a[1]
+    # 300,000 tokens ≈ 18.8 s behind: the gate opens every pod, and the least loaded cold one wins.
+    assert schedule([0, 9, 0, 0], [10, 300_000, 0, 20]) == a[2]
 
 
 def test_prediction_profile_handler_requires_its_profiles():

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from slorouter.scheduling.datakeys import INFLIGHT_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.plugin import PluginParams
-from slorouter.scheduling.plugins.inflight import InflightLoadProducer, TokenLoadParams, TokenLoadScorer
+from slorouter.scheduling.datakeys import PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
 from slorouter.scheduling.plugins.prefix import PrefixCacheScorer
 from slorouter.scheduling.plugins.scorers import (
     KVCacheUtilizationScorer,
@@ -17,7 +14,7 @@ from slorouter.scheduling.plugins.scorers import (
 )
 from slorouter.scheduling.types import CycleState
 
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from .conftest import candidates_of, make_ctx, make_pool, make_request
 
 
 def score(scorer_cls, candidates, params=None):
@@ -70,37 +67,3 @@ def test_prefix_cache_scorer_zero_without_data_or_blocks():
     candidates.attrs[PREFIX_MATCH_BLOCKS] = np.array([0, 0])
     candidates.attrs[PREFIX_TOTAL_BLOCKS] = np.array([0, 0])
     np.testing.assert_allclose(score(PrefixCacheScorer, candidates), [0.0, 0.0])
-
-
-def test_token_load_scorer_formula():
-    candidates = candidates_of(make_pool(5))
-    candidates.attrs[INFLIGHT_TOKENS] = np.array([-5, 0, 1000, 4000, 9000])
-    params = TokenLoadParams(queueThresholdTokens=4000)
-    np.testing.assert_allclose(score(TokenLoadScorer, candidates, params), [1.0, 1.0, 0.75, 0.0, 0.0])
-
-
-def test_token_load_scorer_default_threshold():
-    assert TokenLoadParams().queue_threshold_tokens == 4_194_304
-    candidates = candidates_of(make_pool(1))
-    candidates.attrs[INFLIGHT_TOKENS] = np.array([1_048_576])
-    np.testing.assert_allclose(score(TokenLoadScorer, candidates), [0.75])
-
-
-def test_token_load_scorer_without_data_scores_one():
-    np.testing.assert_allclose(score(TokenLoadScorer, candidates_of(make_pool(2))), [1.0, 1.0])
-
-
-def test_token_load_threshold_must_be_positive():
-    with pytest.raises(ValueError, match="greater than 0"):
-        TokenLoadParams(queueThresholdTokens=0)
-
-
-def test_inflight_load_producer_reads_router_counters():
-    pool = make_pool(3)
-    a = addresses(3)
-    pool.add_inflight(a[0], requests=2, prefill_tokens=100, decode_tokens=50)
-    pool.add_inflight(a[2], requests=1, prefill_tokens=0, decode_tokens=7)
-    candidates = candidates_of(pool)
-    InflightLoadProducer("", PluginParams(), make_ctx()).produce(make_request(), candidates)
-    np.testing.assert_array_equal(candidates.attrs[INFLIGHT_TOKENS], [150, 0, 7])
-    np.testing.assert_array_equal(candidates.attrs["inflight_requests"], [2, 0, 1])

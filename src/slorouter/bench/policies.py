@@ -2,7 +2,8 @@
 
 Built in (``POLICY_NAMES``): ``random``, ``round-robin``, ``least-request``, ``heuristic`` (queue 2, KV 2,
 prefix 3 — the original's default), ``heuristic-tuned`` (3, 2, 2 — its best hand-tuned blend),
-``token-aware`` (prefix-affinity filter 0.8, token-load scorer, max-score picker — llm-d's newer default)
+``token-aware`` (prefix-affinity filter 0.8 with its throughput TTFT gate, token-load scorer on uncached
+prefill tokens, max-score picker — llm-d's current default, "Sticky Until Saturated")
 and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
 A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after the file); it uses the
 embedded predictor when it declares a ``predicted-latency-producer``.
@@ -64,6 +65,18 @@ def _predicted_latency() -> dict[str, Any]:
     return config
 
 
+# llm-d's optimized baseline as benchmarked in "Sticky Until Saturated" (blog 2026-08-17): affinity 0.8, the
+# TTFT gate on in-flight uncached tokens / peak prefill throughput (18 s penalty), no exploration. The
+# token-load scorer's defaults are llm-d's current ones (uncached in-flight prefill + this request's own
+# uncached prompt).
+TOKEN_AWARE_AFFINITY_PARAMETERS: dict[str, Any] = {
+    "affinityThreshold": 0.8,
+    "explorationProbability": 0.0,
+    "ttftSource": "peakPrefillThroughput",
+    "peakPrefillThroughput": 15928,
+    "maxTTFTPenaltyMs": 18000,
+}
+
 BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
     "random": _single_profile([{"type": "random-picker"}], [{"pluginRef": "random-picker"}]),
     "round-robin": _single_profile([{"type": "round-robin-picker"}], [{"pluginRef": "round-robin-picker"}]),
@@ -75,7 +88,7 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
     "heuristic-tuned": _weighted_heuristic(3, 2, 2),
     "token-aware": _single_profile(
         [
-            {"type": "prefix-cache-affinity-filter", "parameters": {"affinityThreshold": 0.8}},
+            {"type": "prefix-cache-affinity-filter", "parameters": TOKEN_AWARE_AFFINITY_PARAMETERS},
             {"type": "token-load-scorer"},
             {"type": "max-score-picker"},
         ],

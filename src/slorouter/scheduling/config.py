@@ -127,10 +127,15 @@ PREDICTION_PROFILE_NAME = "predicted-latency"
 # - requests that can meet their SLO go to the pod with the most headroom, not the least (the original's
 #   bin-packing): with a greedy picker and p90 predictions, "least" lands on pods that miss about one time in
 #   ten (sharegpt, TTFT SLO 200 ms: 92.9 % of admitted requests met it with "least", 99.8 % with "most");
-# - the heuristic profile is llm-d's token-aware one (the loose affinity filter, then the fewest in-flight
-#   tokens), not the original's queue/KV/prefix blend: at low request rates the predictor needs a minute or
-#   more to collect its first samples, and the blend is the worst policy on prefill-heavy traffic
-#   (code-generation at 3.4 QPS, TTFT p90 with each as the warm-up profile: 1,253 ms vs 285 ms);
+# - the heuristic profile is llm-d's token-aware one (the loose affinity filter, then the fewest uncached
+#   prefill tokens in flight counting this request's own), not the original's queue/KV/prefix blend: at low
+#   request rates the predictor needs a minute or more to collect its first samples, and the blend is the
+#   worst policy on prefill-heavy traffic (code-generation at 3.4 QPS, TTFT p90 with each as the warm-up
+#   profile: 1,253 ms vs 285 ms). Unlike llm-d's, its scorer counts the decode tokens in flight too: blind
+#   to decoding requests, it piled shared-prefix-a's groups onto a few pods (40 QPS: TTFT p90 13.2 s vs
+#   95 ms). The loose filter leaves maxTTFTPenaltyMs to its per-source default, so its gate compares
+#   predictions with 5,000 ms in the prediction profile (as the original) and, without predictions, llm-d's
+#   throughput estimate with 18,000 ms;
 # - the prediction profile adds prefix-cache-scorer (weight 1, as the latency scorer's): predictions rank pods
 #   by this request's latency only, while keeping a session's history on the pod that holds it saves prefill
 #   for its later turns, which is capacity when the pool is busy (maas-mix at 170 QPS: TTFT p90 2,780 →
@@ -139,7 +144,7 @@ AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "prediction-profile-handler"},
-        {"type": "token-load-scorer"},
+        {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
         {"type": "max-score-picker"},
         {"type": "predicted-latency-producer"},
         {"type": "latency-slo-admitter"},
@@ -152,7 +157,7 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {
             "name": "loose-affinity-filter",
             "type": "prefix-cache-affinity-filter",
-            "parameters": {"affinityThreshold": 0.80, "maxTTFTPenaltyMs": AFFINITY_TTFT_PENALTY_MS},
+            "parameters": {"affinityThreshold": 0.80},
         },
         {"type": "latency-scorer", "parameters": {"headroomSelectionStrategy": "most"}},
         {"type": "prefix-cache-scorer"},

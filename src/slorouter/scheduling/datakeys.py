@@ -12,7 +12,9 @@ PREFIX_TOTAL_BLOCKS = "prefix_total_blocks"  # blocks the request's prompt hashe
 PREFIX_BLOCK_SIZE_TOKENS = "prefix_block_size_tokens"  # tokens per block used for this request
 
 # inflight-load-producer: int64 arrays aligned with the candidates, from the router's own accounting.
-INFLIGHT_TOKENS = "inflight_tokens"  # prompt + context tokens of requests dispatched and not finished
+INFLIGHT_TOKENS = "inflight_tokens"  # prefill + decode tokens of requests dispatched and not finished
+# Uncached prompt tokens of requests not yet past their first token (llm-d's "uncached in-flight tokens").
+INFLIGHT_PREFILL_TOKENS = "inflight_prefill_tokens"
 INFLIGHT_REQUESTS = "inflight_requests"  # requests dispatched and not finished
 
 # predicted-latency-producer: float64 / bool arrays aligned with the candidates. Written for every candidate

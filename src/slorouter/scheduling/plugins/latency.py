@@ -3,7 +3,8 @@
 ``predicted-latency-producer`` (in ``latency_producer.py``) writes per-candidate predictions, headroom and
 validity into ``Candidates.attrs`` for every candidate or for none; these plugins consume them:
 
-- ``prefix-cache-affinity-filter``: keep cache-warm candidates (epsilon-greedy, with a TTFT load gate);
+- ``prefix-cache-affinity-filter``: keep cache-warm candidates (epsilon-greedy, with a TTFT load gate on the
+  predictions or, without them, on an in-flight-tokens throughput estimate);
 - ``slo-headroom-tier-filter``: keep the tier predicted to meet the SLO (epsilon-greedy);
 - ``latency-scorer``: score by headroom (or lowest predicted latency without an SLO), with a composite
   KV/queue/prefix fallback when there are no predictions;
@@ -18,6 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from slorouter.scheduling.datakeys import (
+    INFLIGHT_PREFILL_TOKENS,
     PREDICTED_TTFT_MS,
     PREFIX_MATCH_BLOCKS,
     TPOT_HEADROOM_MS,
@@ -95,10 +97,28 @@ def compute_headroom(
     }
 
 
+# The TTFT load gate's sources (llm-d's ``ttftSource``; "peakPrefillThroughput" is the blog's name for llm-d's
+# "prefillThroughput", accepted as a synonym) and its per-source penalty defaults: the original's 5,000 ms
+# (llm-d keeps it with the latency predictor) and llm-d's 18,000 ms with the throughput estimate.
+TTFT_SOURCE_AUTO = "auto"
+TTFT_SOURCE_PREDICTOR = "latencyPredictor"
+PREDICTOR_TTFT_PENALTY_MS = 5000.0
+THROUGHPUT_TTFT_PENALTY_MS = 18000.0
+PEAK_PREFILL_THROUGHPUT = 15928.0  # tok/s, llm-d's default: Qwen3-32B, 2× H100 (TP=2), one 8192-token chunk
+
+
 class AffinityParams(PluginParams):
     affinity_threshold: float = Field(0.80, alias="affinityThreshold", le=1.0)
     exploration_probability: float = Field(0.01, alias="explorationProbability", ge=0.0, le=1.0)
-    max_ttft_penalty_ms: float = Field(5000.0, alias="maxTTFTPenaltyMs", ge=0.0)
+    # None: PREDICTOR_TTFT_PENALTY_MS when the gate compares predictions, THROUGHPUT_TTFT_PENALTY_MS when it
+    # compares throughput estimates. 0 disables the gate.
+    max_ttft_penalty_ms: float | None = Field(None, alias="maxTTFTPenaltyMs", ge=0.0)
+    ttft_source: Literal["auto", "latencyPredictor", "prefillThroughput", "peakPrefillThroughput"] = Field(
+        TTFT_SOURCE_AUTO, alias="ttftSource"
+    )
+    peak_prefill_throughput: float = Field(
+        PEAK_PREFILL_THROUGHPUT, alias="peakPrefillThroughput", gt=0.0, allow_inf_nan=False
+    )
 
 
 @register_plugin
@@ -106,14 +126,33 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
     """Narrows the candidates to cache-warm ones (prefix match ≥ ``affinityThreshold``).
 
     With probability ``explorationProbability`` the filter steps aside (cold pods get cache entries seeded).
-    The TTFT load gate keeps every candidate when the best warm pod's predicted TTFT is worse than the best
-    cold pod's by more than ``maxTTFTPenaltyMs`` (0 disables the gate). A threshold ≤ 0 disables the filter.
+    The TTFT load gate keeps every candidate when the best warm pod's TTFT is worse than the best cold pod's
+    by more than ``maxTTFTPenaltyMs`` (0 disables the gate). TTFTs come from ``ttftSource``: the predictions
+    (``latencyPredictor``), or in-flight uncached prefill tokens / ``peakPrefillThroughput``
+    (``prefillThroughput``); ``auto`` uses the predictions when there are some, else the estimate. Without
+    its signal the gate is inert. A threshold ≤ 0 disables the filter.
     """
 
     type_name = "prefix-cache-affinity-filter"
     Params = AffinityParams
     params: AffinityParams
-    consumes = (PREFIX_MATCH_BLOCKS,)
+    consumes = (PREFIX_MATCH_BLOCKS, INFLIGHT_PREFILL_TOKENS)
+
+    def gate_ttft_ms(self, candidates: Candidates) -> tuple[np.ndarray, float] | None:
+        """Per-candidate TTFT (ms) the load gate compares and its penalty (ms); None without a signal."""
+        p = self.params
+        if p.ttft_source in (TTFT_SOURCE_AUTO, TTFT_SOURCE_PREDICTOR):
+            predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
+            if predicted is not None:
+                penalty = p.max_ttft_penalty_ms
+                return predicted, PREDICTOR_TTFT_PENALTY_MS if penalty is None else penalty
+            if p.ttft_source == TTFT_SOURCE_PREDICTOR:
+                return None
+        tokens = candidates.attrs.get(INFLIGHT_PREFILL_TOKENS)
+        if tokens is None:
+            return None
+        penalty = THROUGHPUT_TTFT_PENALTY_MS if p.max_ttft_penalty_ms is None else p.max_ttft_penalty_ms
+        return tokens / p.peak_prefill_throughput * 1000.0, penalty
 
     def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
         p = self.params
@@ -125,12 +164,11 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
         sticky = prefix_match_ratio(candidates) >= p.affinity_threshold
         if not sticky.any():
             return candidates
-        if p.max_ttft_penalty_ms > 0 and not sticky.all():
-            predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
-            if predicted is not None:
-                best_warm = predicted[sticky].min()
-                best_cold = predicted[~sticky].min()
-                if best_warm - best_cold > p.max_ttft_penalty_ms:
+        if p.max_ttft_penalty_ms != 0 and not sticky.all():
+            gate = self.gate_ttft_ms(candidates)
+            if gate is not None:
+                ttft_ms, penalty_ms = gate
+                if ttft_ms[sticky].min() - ttft_ms[~sticky].min() > penalty_ms:
                     return candidates
         return candidates.subset(sticky)
 
