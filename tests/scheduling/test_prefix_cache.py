@@ -250,19 +250,37 @@ def test_pre_request_records_what_the_target_held_of_the_prompt():
     pool = make_pool(3)
     a = addresses(3)
     prod = producer(pool=pool)
-    prompt = "z" * 256  # 4 blocks of 64 characters
+    prompt = "z" * 256  # 4 blocks of 64 characters (16 tokens each)
     prod.pre_request(make_request(prompt[:128] + "x" * 128), result_for(pool.get(a[1])))  # a[1] holds 2 of 4
 
-    for target, expected in ((a[1], 50), (a[2], 0)):
-        request = make_request(prompt, prompt_tokens=100)
+    for target, expected in ((a[1], 32), (a[2], 0)):
+        request = make_request(prompt, prompt_tokens=64)
         prod.produce(request, candidates_of(pool))
         prod.pre_request(request, result_for(pool.get(target)))
         assert request.cached_prompt_tokens == expected
     # a[2] now holds the whole prompt (the insert came after the estimate).
-    request = make_request(prompt, prompt_tokens=100)
+    request = make_request(prompt, prompt_tokens=64)
     prod.produce(request, candidates_of(pool))
     prod.pre_request(request, result_for(pool.get(a[2])))
-    assert request.cached_prompt_tokens == 100
+    assert request.cached_prompt_tokens == 64
+
+
+def test_cached_tokens_stop_at_the_hashed_cap():
+    pool = make_pool(1)
+    (a,) = addresses(1)
+    prod = producer(pool=pool, maxPrefixBlocksToMatch=4)
+    prompt = "z" * 4000  # 1,000 tokens, of which the index hashes the first 4 blocks = 64 tokens
+    for expected in (0, 64):
+        request = make_request(prompt, prompt_tokens=1000)
+        prod.produce(request, candidates_of(pool))
+        prod.pre_request(request, result_for(pool.get(a)))
+        assert request.cached_prompt_tokens == expected
+    short = make_request(
+        "z" * 70, prompt_tokens=17
+    )  # 2 blocks held (64 + 6 characters): never above the prompt
+    prod.produce(short, candidates_of(pool))
+    prod.pre_request(short, result_for(pool.get(a)))
+    assert short.cached_prompt_tokens == 17 * 64 // 70  # its partial block differs from the long prompt's
 
 
 def test_short_prompt_matches_nothing():

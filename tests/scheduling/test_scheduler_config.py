@@ -63,7 +63,7 @@ def test_default_config(config):
     (producer,) = setup.data_producers
     assert isinstance(producer, ApproxPrefixCacheProducer)
     assert setup.pre_request == [producer]
-    assert setup.admitters == [] and setup.response_body_processors == []
+    assert setup.admitters == [] and setup.response_body_processors == [producer]  # it indexes replies
     assert list(setup.plugins) == [
         "queue-scorer",
         "kv-cache-utilization-scorer",
@@ -209,7 +209,7 @@ def test_request_control_lists_are_in_declaration_order():
     assert [p.name for p in setup.admitters] == ["h2", "h1"]
     assert [p.name for p in setup.pre_request] == ["h2", "approx-prefix-cache-producer", "h1"]
     assert [p.name for p in setup.response_header_processors] == ["h2", "h1"]
-    assert [p.name for p in setup.response_body_processors] == ["h2", "h1"]
+    assert [p.name for p in setup.response_body_processors] == ["h2", "approx-prefix-cache-producer", "h1"]
 
 
 # --- data producers --------------------------------------------------------------------------------------
