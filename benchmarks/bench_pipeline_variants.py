@@ -3,7 +3,10 @@
 Each variant is the shipped ``predicted-latency`` policy with changes joined by ``+``:
 
 - ``picker=TYPE``: the prediction profile's picker (e.g. ``weighted-random-picker``, the original's);
-- ``scorer=TYPE:WEIGHT``: add a scorer to the prediction profile (the latency scorer has weight 1);
+- ``scorer=TYPE:WEIGHT``: add a scorer to the prediction profile (the latency scorer has weight 1); TYPE
+  may also be the name of a plugin declared with ``plugin=``;
+- ``plugin=NAME:TYPE[:JSON]``: declare a plugin of that type, named NAME, with JSON parameters;
+- ``drop=REF``: remove that plugin reference from the prediction profile;
 - ``gate=MS``: both affinity filters' ``maxTTFTPenaltyMs`` (the original: 5000; 0 disables the gate);
 - ``param=PLUGIN:KEY:JSON``: set a parameter of the plugins of that type or name, e.g.
   ``param=latency-scorer:headroomSelectionStrategy:"most"``;
@@ -73,6 +76,15 @@ def variant_config(name: str) -> tuple[dict[str, Any], TrainerConfig]:
                 plugins.append({"type": scorer})
             refs = prediction_profile["plugins"]
             refs.insert(len(refs) - 1, {"pluginRef": scorer, "weight": float(weight)})
+        elif key == "plugin":
+            plugin_name, plugin_type, *raw_params = value.split(":", 2)
+            parameters = json.loads(raw_params[0]) if raw_params else {}
+            plugins.append({"name": plugin_name, "type": plugin_type, "parameters": parameters})
+        elif key == "drop":
+            refs = prediction_profile["plugins"]
+            if not any(ref["pluginRef"] == value for ref in refs):
+                raise SystemExit(f"drop={value}: the prediction profile has no such plugin reference")
+            prediction_profile["plugins"] = [ref for ref in refs if ref["pluginRef"] != value]
         elif key == "gate":
             for plugin in plugins:
                 if plugin["type"] == "prefix-cache-affinity-filter":

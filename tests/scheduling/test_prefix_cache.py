@@ -265,22 +265,16 @@ def test_pre_request_records_what_the_target_held_of_the_prompt():
     assert request.cached_prompt_tokens == 64
 
 
-def test_cached_tokens_stop_at_the_hashed_cap():
+def test_cached_tokens_are_the_share_of_hashed_blocks_even_past_the_cap():
     pool = make_pool(1)
     (a,) = addresses(1)
     prod = producer(pool=pool, maxPrefixBlocksToMatch=4)
-    prompt = "z" * 4000  # 1,000 tokens, of which the index hashes the first 4 blocks = 64 tokens
-    for expected in (0, 64):
+    prompt = "z" * 4000  # 1,000 tokens, of which the index hashes the first 4 blocks
+    for expected in (0, 1000):
         request = make_request(prompt, prompt_tokens=1000)
         prod.produce(request, candidates_of(pool))
         prod.pre_request(request, result_for(pool.get(a)))
         assert request.cached_prompt_tokens == expected
-    short = make_request(
-        "z" * 70, prompt_tokens=17
-    )  # 2 blocks held (64 + 6 characters): never above the prompt
-    prod.produce(short, candidates_of(pool))
-    prod.pre_request(short, result_for(pool.get(a)))
-    assert short.cached_prompt_tokens == 17 * 64 // 70  # its partial block differs from the long prompt's
 
 
 def test_short_prompt_matches_nothing():

@@ -5,8 +5,8 @@ score.
 The producer hashes the prompt in blocks (a chain, so a block's hash names the whole prefix up to it) and
 looks the hashes up in an index of what the router has sent where. The index is updated when a request is
 dispatched (PreRequest): it never sees the real cache, it models it. At dispatch the producer also sets the
-request's ``cached_prompt_tokens`` (the share of the prompt's bytes the chosen endpoint held), which the
-in-flight accounting leaves out of the endpoint's pending prefill.
+request's ``cached_prompt_tokens`` (the share of the prompt the chosen endpoint held), which the in-flight
+accounting leaves out of the endpoint's pending prefill.
 
 With ``indexResponses`` (default on) the index also follows the reply: when a response ends, the blocks of
 the prompt followed by the generated text (``ResponseInfo.history_text``, built by the front end in the
@@ -299,12 +299,9 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
             return
         # Before the insert: what the target held of this prompt, for the in-flight prefill accounting.
         held = state.matched.get(result.target.address, 0)
-        # The share of the prompt's bytes in the held blocks, not of its hashed blocks: the part of a long
-        # prompt beyond the hashed cap is never known to be cached.
-        held_bytes = held * state.block_size_tokens * CHARS_PER_TOKEN
-        request.cached_prompt_tokens = min(
-            request.prompt_tokens, request.prompt_tokens * held_bytes // state.prompt_bytes
-        )
+        # The share of hashed blocks, even for a prompt longer than the hashed cap: its tail is usually the
+        # same shared context (counting it uncached made b2b-saas' TTFT MAPE 0.15 → 0.38 in the benchmark).
+        request.cached_prompt_tokens = request.prompt_tokens * held // len(state.hashes)
         targets = [result.target]
         prefill = result.profile_results.get(PREFILL_PROFILE)
         if prefill is not None and prefill.targets and prefill.targets[0] != result.target:
