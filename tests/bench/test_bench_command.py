@@ -235,3 +235,16 @@ def test_several_seeds_give_medians_with_the_runs_kept(tmp_path: Path) -> None:
     assert "median of seeds 0, 1, 2" in (out / "results.md").read_text()
     with pytest.raises(SystemExit):
         main(["bench", "--qps", "5", "--seeds", "a,b"])
+
+
+def test_baselines_index_prompts_only_and_the_shipped_pipeline_follows_replies() -> None:
+    """The originals' prefix index records prompts; slorouter's reply indexing is not given to them."""
+    for name in POLICY_NAMES:
+        setup = build_scheduler_setup(resolve_policy(name).config, PluginContext())
+        producers = [p for p in setup.plugins.values() if p.type_name == "approx-prefix-cache-producer"]
+        if name in ("heuristic", "heuristic-tuned", "token-aware"):
+            assert [p.params.index_responses for p in producers] == [False]
+        elif name == "predicted-latency":
+            assert [p.params.index_responses for p in producers] == [True]
+        else:
+            assert producers == []

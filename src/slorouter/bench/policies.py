@@ -5,8 +5,9 @@ prefix 3 — the original's default), ``heuristic-tuned`` (3, 2, 2 — its best 
 ``token-aware`` (prefix-affinity filter 0.8 with its throughput TTFT gate, token-load scorer on uncached
 prefill tokens, max-score picker — llm-d's current default, "Sticky Until Saturated")
 and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
-A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after the file); it uses the
-embedded predictor when it declares a ``predicted-latency-producer``.
+The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
+as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
+the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ def _weighted_heuristic(queue: float, kv: float, prefix: float) -> dict[str, Any
     )
 
 
+def _prompts_only(config: dict[str, Any]) -> dict[str, Any]:
+    """The policy with a prefix index of prompts only, as the original's: slorouter's also follows replies
+    (``indexResponses``), which the baselines should not get for free."""
+    config = copy.deepcopy(config)
+    config["plugins"].append(
+        {"type": "approx-prefix-cache-producer", "parameters": {"indexResponses": False}}
+    )
+    return config
+
+
 def _predicted_latency() -> dict[str, Any]:
     config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
     for plugin in config["plugins"]:
@@ -84,19 +95,21 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
         [{"type": "least-request-scorer"}, {"type": "max-score-picker"}],
         [{"pluginRef": "least-request-scorer"}, {"pluginRef": "max-score-picker"}],
     ),
-    "heuristic": copy.deepcopy(DEFAULT_SCHEDULER_CONFIG),
-    "heuristic-tuned": _weighted_heuristic(3, 2, 2),
-    "token-aware": _single_profile(
-        [
-            {"type": "prefix-cache-affinity-filter", "parameters": TOKEN_AWARE_AFFINITY_PARAMETERS},
-            {"type": "token-load-scorer"},
-            {"type": "max-score-picker"},
-        ],
-        [
-            {"pluginRef": "prefix-cache-affinity-filter"},
-            {"pluginRef": "token-load-scorer"},
-            {"pluginRef": "max-score-picker"},
-        ],
+    "heuristic": _prompts_only(DEFAULT_SCHEDULER_CONFIG),
+    "heuristic-tuned": _prompts_only(_weighted_heuristic(3, 2, 2)),
+    "token-aware": _prompts_only(
+        _single_profile(
+            [
+                {"type": "prefix-cache-affinity-filter", "parameters": TOKEN_AWARE_AFFINITY_PARAMETERS},
+                {"type": "token-load-scorer"},
+                {"type": "max-score-picker"},
+            ],
+            [
+                {"pluginRef": "prefix-cache-affinity-filter"},
+                {"pluginRef": "token-load-scorer"},
+                {"pluginRef": "max-score-picker"},
+            ],
+        )
     ),
     "predicted-latency": _predicted_latency(),
 }
