@@ -120,7 +120,7 @@ PREDICTION_PROFILE_NAME = "predicted-latency"
 # After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
 # filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter. Requests that do
 # not use prediction, or got none (warm-up, predictor down), run the heuristic default profile instead
-# (prediction-profile-handler). Differs from the original's Helm default in three settings, each measured
+# (prediction-profile-handler). Differs from the original's Helm default in these settings, each measured
 # in docs/benchmarks.md:
 # - the picker is max-score, not weighted-random: it cut TTFT p90 on most load points (sharegpt at 100 QPS
 #   106 → 83 ms, the mixed pool 222 → 157 ms) but not all;
@@ -139,7 +139,11 @@ PREDICTION_PROFILE_NAME = "predicted-latency"
 # - the prediction profile adds prefix-cache-scorer (weight 1, as the latency scorer's): predictions rank pods
 #   by this request's latency only, while keeping a session's history on the pod that holds it saves prefill
 #   for its later turns, which is capacity when the pool is busy (maas-mix at 170 QPS: TTFT p90 2,780 →
-#   2,039 ms; the mixed pool over seeds 0/1/2: 263/228/104 → 138/161/87 ms).
+#   2,039 ms; the mixed pool over seeds 0/1/2: 263/228/104 → 138/161/87 ms);
+# - the latency scorer ranks by TTFT alone (ttftWeight 1, tpotWeight 0, not 0.8/0.2; TPOT still takes the
+#   weight when TTFT does not vary, and the SLO filter and admitter still use both): the predicted TPOT
+#   differences between pods are mostly noise, and mixing them in cost TTFT without buying TPOT (mixed pool
+#   TTFT p90 184 → 97 ms, maas-mix 170: 2,020 → 1,643 ms with E2E p50 2,591 → 2,415 ms).
 AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
@@ -159,7 +163,10 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
             "type": "prefix-cache-affinity-filter",
             "parameters": {"affinityThreshold": 0.80},
         },
-        {"type": "latency-scorer", "parameters": {"headroomSelectionStrategy": "most"}},
+        {
+            "type": "latency-scorer",
+            "parameters": {"headroomSelectionStrategy": "most", "ttftWeight": 1.0, "tpotWeight": 0.0},
+        },
         {"type": "prefix-cache-scorer"},
     ],
     "schedulingProfiles": [
