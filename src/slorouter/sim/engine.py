@@ -592,15 +592,11 @@ class Engine:
         hits = req.hit_blocks
         if hits is None or req.hit_mark != self._evictions or len(hits) > limit:
             hits = []
-        j = len(hits)
-        get = cached.get
-        while j < limit:  # a chunk at a time: one C-level pass over the chunk's hashes
-            found = list(map(get, hashes[j : min(j + _LOOKUP_CHUNK, limit)]))
-            if None in found:
-                hits += found[: found.index(None)]
+        for j in range(len(hits), limit):
+            bid = cached.get(hashes[j])
+            if bid is None:
                 break
-            hits += found
-            j += len(found)
+            hits.append(bid)
         req.hit_blocks = hits
         req.hit_mark = self._evictions
         return hits
@@ -787,4 +783,3 @@ class Engine:
 
 
 _run_order = operator.attrgetter("run_seq")
-_LOOKUP_CHUNK = 64  # prefix-cache lookups read block hashes in chunks of this many
