@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
-from typing import Any
 
 import orjson
 
@@ -71,7 +70,22 @@ class ReplyCollector:
 
 def reply_from_body(body: bytes, form: str) -> str | None:
     """The reply of choice 0 in a whole (non-streaming) response body, or None."""
-    return _choice_text(_loads(body), form == CHAT, delta=False)
+    try:
+        response = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if not isinstance(choices, list):
+        return None
+    choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+    if choice is None:
+        return None
+    if form == CHAT:
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+    else:
+        text = choice.get("text")
+    return text if isinstance(text, str) else None
 
 
 def history_text(prompt_text: str, reply: str, form: str) -> str:
@@ -82,29 +96,3 @@ def history_text(prompt_text: str, reply: str, form: str) -> str:
         content = json.dumps(reply, ensure_ascii=False)
         return f'{prompt_text[:-1]},{{"role":"assistant","content":{content}}}'
     return prompt_text + reply
-
-
-def _loads(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _choice_text(event: Any, chat: bool, *, delta: bool) -> str | None:
-    if not isinstance(event, dict):
-        return None
-    choices = event.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return None
-    for choice in choices:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            break
-    else:
-        return None
-    if chat:
-        message = choice.get("delta" if delta else "message")
-        text = message.get("content") if isinstance(message, dict) else None
-    else:
-        text = choice.get("text")
-    return text if isinstance(text, str) else None
