@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
+from slorouter.api.replies import CHAT, TEXT
 from slorouter.clock import ManualClock
 from slorouter.director import Director
+from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.config import build_scheduler_setup
-from slorouter.scheduling.plugin import PluginContext, ResponseBodyProcessor, ResponseInfo
+from slorouter.scheduling.plugin import (
+    DataProducer,
+    PluginContext,
+    PreRequest,
+    PreRequestResult,
+    ResponseBodyProcessor,
+    ResponseInfo,
+    TargetPrediction,
+)
 from slorouter.scheduling.types import InferenceRequest, NoCandidatesError
 
 ADDRESSES = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
@@ -110,9 +123,154 @@ def test_a_repeated_prompt_is_pending_prefill_only_where_it_is_not_cached(direct
     result = director.schedule(again)
     lifecycle = director.dispatch(again, result)
     address = result.target.address
-    assert again.cached_prompt_tokens == 100
     assert director.pool.value(address, "inflight_prefill_tokens") == 0
     lifecycle.on_tokens(1)
     assert director.pool.value(address, "inflight_decode_tokens") == 120
     lifecycle.on_complete()
     assert director.tracker.outstanding() == 0
+
+
+class SlowProducer(DataProducer):
+    """Waits on "I/O" for ``delay_s``, then attaches its data."""
+
+    produces = ("slow",)
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.finished = False
+        self.cancelled = False
+
+    def produce(self, request, candidates):
+        return self._fetch(candidates)
+
+    async def _fetch(self, candidates) -> None:
+        try:
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        candidates.attrs["slow"] = np.ones(len(candidates))
+        self.finished = True
+
+
+class CountingProducer(DataProducer):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def produce(self, request, candidates):
+        self.calls += 1
+        return None
+
+
+async def test_an_async_producer_is_awaited_within_the_budget(director):
+    producer = SlowProducer(0.001)
+    director.setup.data_producers.append(producer)
+    result = await director.schedule_async(_request())
+    assert producer.finished and result.target.address in ADDRESSES
+
+
+async def test_a_producer_past_the_budget_is_cancelled_and_scheduling_goes_on(director):
+    director.latency_metrics = LatencyMetrics(CollectorRegistry())
+    director.setup.data_producer_timeout_s = 0.02
+    slow = SlowProducer(30.0)
+    director.setup.data_producers.append(slow)
+    result = await director.schedule_async(_request())
+    assert result.target.address in ADDRESSES
+    assert slow.cancelled and not slow.finished
+    assert director.latency_metrics.producer_skips.labels(repr(slow))._value.get() == 1
+
+
+async def test_producers_after_a_spent_budget_are_skipped(director):
+    clock: ManualClock = director.clock  # type: ignore[assignment]
+    director.setup.data_producer_timeout_s = 0.4
+
+    class TimeEater(DataProducer):
+        def produce(self, request, candidates):
+            clock.advance(0.5)  # a synchronous producer that took longer than the whole budget
+            return None
+
+    later = CountingProducer()
+    director.setup.data_producers[:] = [TimeEater(), later]
+    assert (await director.schedule_async(_request())).target.address in ADDRESSES
+    assert later.calls == 0
+
+
+def test_schedule_without_a_loop_refuses_a_producer_that_waits(director):
+    director.setup.data_producers.append(SlowProducer(0.001))
+    with pytest.raises(RuntimeError, match="waits on I/O"):
+        director.schedule(_request())
+
+
+class PredictingHook(PreRequest):
+    def __init__(self, result: PreRequestResult | None) -> None:
+        self.result = result
+
+    def pre_request(self, request, result):
+        return self.result
+
+
+def test_pre_request_results_reach_the_lifecycle(director):
+    """The prediction is the first one given; the cached prompt tokens the largest (bounded by the prompt)."""
+    director.setup.pre_request[:] = [
+        PredictingHook(None),
+        PredictingHook(PreRequestResult(cached_prompt_tokens=30, prediction=TargetPrediction(12.5, 3.0))),
+        PredictingHook(PreRequestResult(cached_prompt_tokens=500, prediction=TargetPrediction(99.0))),
+    ]
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    assert lifecycle.prediction == TargetPrediction(12.5, 3.0)
+    address = lifecycle.target.address
+    assert director.pool.value(address, "inflight_prefill_tokens") == 0  # min(500, prompt 100) cached
+
+
+class ReplyReader(ResponseBodyProcessor):
+    def __init__(self, wanted: int) -> None:
+        self.wanted = wanted
+        self.histories: list[str | None] = []
+
+    def reply_chars_wanted(self, request):
+        return self.wanted
+
+    def on_response_body(self, request, response: ResponseInfo, *, start_of_stream, end_of_stream):
+        if end_of_stream:
+            self.histories.append(response.history_text)
+
+
+def test_the_reply_is_collected_for_the_plugin_that_wants_most_and_becomes_the_history(director):
+    small, large = ReplyReader(10), ReplyReader(80)
+    director.setup.response_body_processors[:] = [small, large]
+    request = _request()
+    request.history_form = TEXT
+    lifecycle = director.dispatch(request, director.schedule(request))
+    assert lifecycle.reply_chars_wanted == 80
+    lifecycle.on_reply_text("Hello")
+    lifecycle.on_reply_text(", world")
+    lifecycle.on_complete()
+    assert small.histories == large.histories == [request.prompt_text + "Hello, world"]
+
+
+def test_chat_history_appends_the_assistant_message(director):
+    reader = ReplyReader(100)
+    director.setup.response_body_processors[:] = [reader]
+    request = InferenceRequest("c", "m", '[{"role":"user","content":"hi"}]', 5, 5, history_form=CHAT)
+    lifecycle = director.dispatch(request, director.schedule(request))
+    lifecycle.on_reply_text("yo")
+    lifecycle.on_complete()
+    # What the next turn's messages JSON starts with: it goes on with the next user message.
+    assert reader.histories == ['[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}']
+
+
+def test_no_reply_is_wanted_or_kept_when_the_prompt_cannot_be_continued_or_the_request_failed(director):
+    reader = ReplyReader(100)
+    director.setup.response_body_processors[:] = [reader]
+    request = _request()  # history_form "": e.g. n > 1
+    lifecycle = director.dispatch(request, director.schedule(request))
+    assert lifecycle.reply_chars_wanted == 0
+    lifecycle.on_reply_text("ignored")
+    lifecycle.on_complete()
+    failed = _request(1)
+    failed.history_form = TEXT
+    broken = director.dispatch(failed, director.schedule(failed))
+    broken.on_reply_text("partial")
+    broken.on_complete(error="stream: reset")
+    assert reader.histories == [None, None]

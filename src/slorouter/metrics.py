@@ -310,6 +310,13 @@ class LatencyMetrics:
             "Requests routed by an epsilon-greedy exploration instead of the exploit path.",
             registry=r,
         )
+        self.producer_skips = Counter(
+            "slorouter_data_producer_skips",
+            "Data producers that scheduling went on without: still waiting (or not started) when the "
+            "producers' time budget ran out.",
+            ("producer",),
+            registry=r,
+        )
         self.training_samples = Counter(
             "slorouter_training_samples",
             "Training samples recorded from completed requests, by model.",

@@ -18,8 +18,7 @@ from slorouter.scheduling.plugin import (
     Scorer,
 )
 from slorouter.scheduling.registry import register_plugin
-from slorouter.scheduling.scheduler import ROUTE_KEY
-from slorouter.scheduling.types import NoEndpointPickedError, SchedulingResult
+from slorouter.scheduling.types import NoEndpointPickedError, Route, SchedulingResult
 
 
 class FixedScoresParams(PluginParams):
@@ -56,7 +55,7 @@ class RouteScorer(Plugin, Scorer):
     type_name = "test-route-scorer"
 
     def score(self, cycle, request, candidates):
-        cycle[ROUTE_KEY] = "predicted"
+        cycle.route = Route.PREDICTED
         return np.zeros(len(candidates))
 
 

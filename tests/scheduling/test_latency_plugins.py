@@ -27,8 +27,7 @@ from slorouter.scheduling.plugins.latency import (
     compute_headroom,
     headroom_bucket_scores,
 )
-from slorouter.scheduling.scheduler import ROUTE_KEY
-from slorouter.scheduling.types import AdmissionDeniedError, CycleState
+from slorouter.scheduling.types import AdmissionDeniedError, CycleState, Route
 from tests.scheduling.conftest import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
@@ -211,7 +210,7 @@ def test_scorer_least_packs_and_most_spreads_within_the_positive_tier():
     cands = _with_predictions(candidates_of(make_pool(3)), [150.0, 50.0, 250.0], ttft=200)
     cycle = CycleState()
     least = _plugin(LatencyScorer).score(cycle, make_request(), cands)
-    assert cycle[ROUTE_KEY] == "predicted"
+    assert cycle.route is Route.PREDICTED
     assert least[0] > least[1] and least[2] == 0  # closest fit to the SLO wins; misses score 0
     most = _plugin(LatencyScorer, headroomSelectionStrategy="most").score(CycleState(), make_request(), cands)
     assert most[1] > most[0] and most[2] == 0
@@ -247,7 +246,7 @@ def test_scorer_composite_fallback_without_predictions():
     cands = _with_prefix(candidates_of(pool), [0, 0, 10])
     cycle = CycleState()
     scores = _plugin(LatencyScorer).score(cycle, make_request(), cands)
-    assert cycle[ROUTE_KEY] == "fallback"
+    assert cycle.route is Route.FALLBACK
     # thirds of free KV, relative queue ((4 − q)/4) and prefix match
     expected = [(0.5 + 1.0 + 0) / 3, (1.0 + 0.5 + 0) / 3, (0.75 + 0.0 + 1.0) / 3]
     assert scores.tolist() == pytest.approx([round(v * 100) / 100 for v in expected])
@@ -255,9 +254,10 @@ def test_scorer_composite_fallback_without_predictions():
 
 def test_scorer_marks_explored_routes():
     cands = _with_predictions(candidates_of(make_pool(2)), [1.0, 2.0], ttft=200)
-    cycle = CycleState({EXPLORED_KEY: True})
+    cycle = CycleState()
+    cycle[EXPLORED_KEY] = True
     _plugin(LatencyScorer).score(cycle, make_request(), cands)
-    assert cycle[ROUTE_KEY] == "explore"
+    assert cycle.route is Route.EXPLORE
 
 
 # --- latency-slo-admitter --------------------------------------------------------------------------

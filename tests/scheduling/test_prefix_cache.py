@@ -256,13 +256,13 @@ def test_pre_request_records_what_the_target_held_of_the_prompt():
     for target, expected in ((a[1], 32), (a[2], 0)):
         request = make_request(prompt, prompt_tokens=64)
         prod.produce(request, candidates_of(pool))
-        prod.pre_request(request, result_for(pool.get(target)))
-        assert request.cached_prompt_tokens == expected
+        outcome = prod.pre_request(request, result_for(pool.get(target)))
+        assert outcome is not None and outcome.cached_prompt_tokens == expected
     # a[2] now holds the whole prompt (the insert came after the estimate).
     request = make_request(prompt, prompt_tokens=64)
     prod.produce(request, candidates_of(pool))
-    prod.pre_request(request, result_for(pool.get(a[2])))
-    assert request.cached_prompt_tokens == 64
+    outcome = prod.pre_request(request, result_for(pool.get(a[2])))
+    assert outcome is not None and outcome.cached_prompt_tokens == 64
 
 
 def test_cached_tokens_are_the_share_of_hashed_blocks_even_past_the_cap():
@@ -273,8 +273,8 @@ def test_cached_tokens_are_the_share_of_hashed_blocks_even_past_the_cap():
     for expected in (0, 1000):
         request = make_request(prompt, prompt_tokens=1000)
         prod.produce(request, candidates_of(pool))
-        prod.pre_request(request, result_for(pool.get(a)))
-        assert request.cached_prompt_tokens == expected
+        outcome = prod.pre_request(request, result_for(pool.get(a)))
+        assert outcome is not None and outcome.cached_prompt_tokens == expected
 
 
 def test_short_prompt_matches_nothing():

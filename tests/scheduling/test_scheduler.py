@@ -9,8 +9,8 @@ from slorouter.scheduling.config import build_scheduler_setup
 from slorouter.scheduling.plugin import Plugin, PluginParams, Scorer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams
 from slorouter.scheduling.plugins.profile_handlers import SingleProfileHandler
-from slorouter.scheduling.scheduler import HEURISTIC_ROUTE, Scheduler, SchedulerProfile, WeightedScorer
-from slorouter.scheduling.types import CycleState, NoCandidatesError, NoEndpointPickedError
+from slorouter.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from slorouter.scheduling.types import CycleState, NoCandidatesError, NoEndpointPickedError, Route
 
 from . import fake_plugins
 from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
@@ -60,7 +60,7 @@ def test_result_carries_targets_scores_and_route():
     assert result.primary_profile == "default"
     assert [e.address for e in result.primary.targets] == [addresses(3)[1], addresses(3)[2]]
     np.testing.assert_allclose(result.primary.scores, [1.8, 1.0])
-    assert result.primary.route == HEURISTIC_ROUTE == "heuristic"
+    assert result.primary.route is Route.HEURISTIC and result.primary.route == "heuristic"
 
 
 def test_a_plugin_can_name_the_route():

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from slorouter.api.replies import TEXT
 from slorouter.bench.workloads import BenchRequest
 from slorouter.clock import ManualClock
 from slorouter.director import Director, RequestLifecycle
@@ -44,7 +45,6 @@ from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.config import build_scheduler_setup
-from slorouter.scheduling.datakeys import TARGET_PREDICTION_STATE
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestRejected, Step
@@ -290,17 +290,15 @@ class ClusterSimulator:
                 i = finished.request_id  # type: ignore[assignment]
                 lifecycle = lifecycles.pop(i, None)
                 if lifecycle is not None:
-                    wanted = lifecycle.request.reply_chars_wanted
-                    history = None
+                    wanted = lifecycle.reply_chars_wanted
                     if wanted > 0:  # the engine's reply is output_text(0, n): ASCII, BYTES_PER_TOKEN a token
                         tokens = min(finished.output_tokens, -(-wanted // BYTES_PER_TOKEN))
-                        history = requests[i].prompt + output_text(0, tokens)
+                        lifecycle.on_reply_text(output_text(0, tokens))
                     lifecycle.on_complete(
                         {
                             "prompt_tokens": finished.prompt_tokens,
                             "completion_tokens": finished.output_tokens,
-                        },
-                        history_text=history,
+                        }
                     )
                     rec.status[i] = OK
                     rec.e2e_s[i] = now - rec.arrival[i]
@@ -362,6 +360,7 @@ class ClusterSimulator:
             slo_ttft_ms=request.slo_ttft_ms,
             slo_tpot_ms=request.slo_tpot_ms,
             received_at=now,
+            history_form=TEXT,  # completions: the next turn's prompt is this prompt followed by the reply
         )
         try:
             result = self.director.schedule(inference)
@@ -371,9 +370,9 @@ class ClusterSimulator:
         lifecycle = self.director.dispatch(inference, result)
         pod = self._pod_of[result.target.address]
         rec.pod[i] = pod
-        prediction = inference.state.get(TARGET_PREDICTION_STATE)
+        prediction = lifecycle.prediction
         if prediction is not None and self.predictor is not None:
-            ttft, tpot = prediction
+            ttft, tpot = prediction.ttft_ms, prediction.tpot_ms
             rec.predicted[i] = True
             rec.predicted_ttft_ms[i] = ttft
             rec.point_ttft_ms[i] = ttft * self.predictor.predictor.point_factor("ttft")

@@ -67,7 +67,7 @@ class Router:
                 scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
         setup = build_scheduler_setup(scheduler_config, ctx)
         tracker = InFlightTracker(pool)
-        director = Director(pool, setup, tracker, clock)
+        director = Director(pool, setup, tracker, clock, latency_metrics=ctx.metrics)
         tracker.register_metrics(metrics.registry)
         gateway = Gateway(
             config.gateway,
@@ -76,7 +76,6 @@ class Router:
             clock,
             objectives=config.objective_priorities(),
             prediction_by_default=bool(config.predictor and config.predictor.prediction_by_default),
-            latency_metrics=ctx.metrics,
         )
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
         return cls(config, pool, director, gateway, scraper, metrics, predictor)

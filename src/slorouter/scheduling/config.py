@@ -20,6 +20,7 @@ from slorouter.scheduling.plugin import (
     Admitter,
     DataProducer,
     Filter,
+    LatencyPredicting,
     Picker,
     Plugin,
     PluginContext,
@@ -37,6 +38,7 @@ DEFAULT_PROFILE_NAME = "default"
 DEFAULT_PROFILE_HANDLER = "single-profile-handler"
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_SCORER_WEIGHT = 1.0
+DEFAULT_DATA_PRODUCER_TIMEOUT_MS = 400.0  # the original director's shared budget for all producers
 CONFIG_KIND = "EndpointPickerConfig"
 
 
@@ -79,6 +81,10 @@ class SchedulerConfig(_ConfigModel):
     kind: str | None = None
     plugins: list[PluginSpec] = Field(default_factory=list)
     scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list, alias="schedulingProfiles")
+    # One budget shared by the data producers of a request; past it, scheduling goes on without them.
+    data_producer_timeout_ms: float | None = Field(
+        None, alias="dataProducerTimeoutMs", gt=0, allow_inf_nan=False
+    )
 
     @field_validator("kind")
     @classmethod
@@ -208,6 +214,9 @@ class SchedulerSetup:
     response_body_processors: list[ResponseBodyProcessor] = field(default_factory=list)
     auto_created: list[str] = field(default_factory=list)  # names of plugins the loader added
     effective_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    data_producer_timeout_s: float = DEFAULT_DATA_PRODUCER_TIMEOUT_MS / 1000.0
+    # Whether the latency predictions' "TTFT" is the end-to-end latency (a producer in non-streaming mode).
+    predicts_end_to_end: bool = False
 
 
 # --- parsing ------------------------------------------------------------------------------------------
@@ -465,6 +474,10 @@ class _Builder:
             done.add(ready[0])
         return [producers[i] for i in ordered]
 
+    def data_producer_timeout_ms(self) -> float:
+        timeout = self.config.data_producer_timeout_ms
+        return DEFAULT_DATA_PRODUCER_TIMEOUT_MS if timeout is None else timeout
+
     def effective_config(self, profiles: list[SchedulerProfile]) -> SchedulerConfig:
         plugin_specs = [
             PluginSpec(
@@ -488,6 +501,7 @@ class _Builder:
             kind=self.config.kind,
             plugins=plugin_specs,
             schedulingProfiles=profile_specs,
+            dataProducerTimeoutMs=self.data_producer_timeout_ms(),
         )
 
 
@@ -518,4 +532,6 @@ def build_scheduler_setup(
         response_body_processors=[p for p in plugins if isinstance(p, ResponseBodyProcessor)],
         auto_created=list(builder.auto_created),
         effective_config=builder.effective_config(profiles),
+        data_producer_timeout_s=builder.data_producer_timeout_ms() / 1000.0,
+        predicts_end_to_end=any(p.predicts_end_to_end for p in plugins if isinstance(p, LatencyPredicting)),
     )

@@ -26,10 +26,6 @@ TPOT_HEADROOM_MS = "tpot_headroom_ms"
 TTFT_VALID = "ttft_valid"  # predicted to meet the TTFT SLO
 TPOT_VALID = "tpot_valid"  # predicted to meet the TPOT SLO
 
-# Request state (``InferenceRequest.state``) set by predicted-latency-producer once the target is known:
-# (predicted TTFT ms, predicted TPOT ms or None) of the chosen endpoint, for response headers.
-TARGET_PREDICTION_STATE = "target_prediction"
-
 # Request state set by predicted-latency-producer when it could not predict for this request (the reason:
 # "warming-up", "unavailable", "invalid-prediction"); the prediction-profile-handler then routes the request
 # with the heuristic profile.

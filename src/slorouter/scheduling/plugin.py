@@ -8,6 +8,7 @@ kind it implements. Plugins get their time and randomness from the ``PluginConte
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -133,13 +134,20 @@ class ProfileHandler(ABC):
 
 
 class DataProducer(ABC):
-    """Runs before admission and scheduling; attaches per-candidate arrays to ``candidates.attrs``."""
+    """Runs before admission and scheduling; attaches per-candidate arrays to ``candidates.attrs``.
+
+    ``produce`` either does its work at once and returns None, or, when its data needs I/O (a remote
+    latency predictor), returns an awaitable that attaches the data when it completes. The Director awaits
+    it within the producers' shared time budget; past the budget it is cancelled and scheduling goes on
+    without its data. Front-ends without an event loop (the discrete-event benchmark) accept only producers
+    that return None.
+    """
 
     produces: ClassVar[tuple[str, ...]] = ()
     consumes: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
-    def produce(self, request: InferenceRequest, candidates: Candidates) -> None: ...
+    def produce(self, request: InferenceRequest, candidates: Candidates) -> Awaitable[None] | None: ...
 
 
 class Admitter(ABC):
@@ -148,10 +156,40 @@ class Admitter(ABC):
         """Raise ``AdmissionDeniedError`` to reject the request."""
 
 
+@dataclass(frozen=True, slots=True)
+class TargetPrediction:
+    """The latency predicted for the chosen endpoint (served to clients as response headers)."""
+
+    ttft_ms: float  # E2E latency when the predictor models it instead of TTFT (streamingMode false)
+    tpot_ms: float | None = None  # None when TPOT is not modelled
+
+
+@dataclass(frozen=True, slots=True)
+class PreRequestResult:
+    """What a pre-request hook tells the framework about the dispatch; None fields: nothing to say.
+
+    ``cached_prompt_tokens``: how much of the prompt the chosen endpoint is expected to hold in its prefix
+    cache; the in-flight prefill accounting leaves it out. ``prediction``: the chosen endpoint's predicted
+    latency.
+    """
+
+    cached_prompt_tokens: int | None = None
+    prediction: TargetPrediction | None = None
+
+
 class PreRequest(ABC):
     @abstractmethod
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> PreRequestResult | None:
         """Runs after the pick, before the request is forwarded."""
+
+
+class LatencyPredicting(ABC):
+    """A plugin whose predictions some front-end output depends on declares what it predicts."""
+
+    @property
+    @abstractmethod
+    def predicts_end_to_end(self) -> bool:
+        """True when its "TTFT" is the end-to-end latency (non-streaming mode), as the original does."""
 
 
 @dataclass(slots=True)
@@ -160,9 +198,11 @@ class ResponseInfo:
 
     ``tokens`` counts output tokens seen so far (SSE events carrying text, or ``usage`` at the end);
     ``first_token_at`` is the clock time of the first one; ``usage`` is the upstream's ``usage`` when known.
-    ``history_text``, set at the end when the request asked for it (``InferenceRequest.reply_chars_wanted``),
-    is what the next turn of the conversation is expected to send as its prompt text: this prompt text
-    followed by (at least the first ``reply_chars_wanted`` characters of) the reply, in the same form.
+    ``reply_text`` is the start of the generated reply (choice 0), collected by the front-end only when a
+    response body processor asked for it (``ResponseBodyProcessor.reply_chars_wanted``).
+    ``history_text``, set by the framework at a successful end when a reply was collected and the request's
+    ``history_form`` allows it, is what the next turn of the conversation is expected to send as its prompt
+    text: this prompt text followed by the reply, in the same form.
     """
 
     endpoint: Endpoint
@@ -174,6 +214,7 @@ class ResponseInfo:
     tokens: int = 0
     usage: dict[str, Any] | None = None
     error: str | None = None
+    reply_text: str | None = None
     history_text: str | None = None
 
 
@@ -190,6 +231,14 @@ class ResponseBodyProcessor(ABC):
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None: ...
 
+    def reply_chars_wanted(self, request: InferenceRequest) -> int:
+        """How many characters of the reply this plugin needs (``ResponseInfo.reply_text``); 0: none.
+
+        Asked once per request, after the pre-request hooks; every front-end collects the largest amount
+        asked for, so a plugin never depends on how a front-end reads responses.
+        """
+        return 0
+
 
 KIND_CLASSES: dict[str, type] = {
     "ProfileHandler": ProfileHandler,
@@ -202,8 +251,3 @@ KIND_CLASSES: dict[str, type] = {
     "ResponseHeaderProcessor": ResponseHeaderProcessor,
     "ResponseBodyProcessor": ResponseBodyProcessor,
 }
-
-
-def kinds_of(plugin: Any) -> list[str]:
-    """The kind names a plugin instance implements."""
-    return [kind for kind, cls in KIND_CLASSES.items() if isinstance(plugin, cls)]

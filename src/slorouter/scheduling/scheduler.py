@@ -19,15 +19,11 @@ from slorouter.scheduling.types import (
     NoCandidatesError,
     NoEndpointPickedError,
     ProfileRunResult,
+    Route,
     SchedulingError,
     SchedulingResult,
 )
 
-# A plugin that decides *how* a profile picks (e.g. predicted latency vs. its heuristic fallback) stores the
-# route name under this cycle-state key while its profile runs; the profile copies it into its result.
-ROUTE_KEY = "route"
-HEURISTIC_ROUTE = "heuristic"
-FALLBACK_ROUTE = "fallback"  # prediction was wanted but unavailable: heuristics decided
 # Up to this many candidates, a profile whose scorers and picker all have plain-Python twins (ListScorer,
 # ListPicker) runs those: on a few candidates numpy's per-call overhead dominates. Both paths give identical
 # results; beyond this size numpy is the faster one.
@@ -80,7 +76,7 @@ class SchedulerProfile:
         self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
     ) -> ProfileRunResult | str:
         """The picked targets, or why there are none."""
-        cycle.pop(ROUTE_KEY, None)
+        cycle.route = None
         for filt in self.filters:
             candidates = filt.filter(cycle, request, candidates)
             if len(candidates) == 0:
@@ -95,7 +91,7 @@ class SchedulerProfile:
         return ProfileRunResult(
             targets=[candidates.endpoint(i) for i in chosen_list],
             scores=total[chosen].tolist(),
-            route=cycle.pop(ROUTE_KEY, HEURISTIC_ROUTE),
+            route=cycle.route or Route.HEURISTIC,
         )
 
     def _run_list(
@@ -110,7 +106,7 @@ class SchedulerProfile:
         return ProfileRunResult(
             targets=[candidates.endpoint(i) for i in chosen],
             scores=[total[i] for i in chosen],
-            route=cycle.pop(ROUTE_KEY, HEURISTIC_ROUTE),
+            route=cycle.route or Route.HEURISTIC,
         )
 
     def total_scores_list(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,10 @@ class InferenceRequest:
 
     ``prompt_text`` is what the approximate prefix index hashes: the plain prompt for completions, the JSON
     of the ``messages`` array for chat completions. ``prompt_tokens`` is the router's token estimate.
-    ``state`` carries per-request data from a plugin's produce step to its later hooks.
-    ``cached_prompt_tokens`` is set at dispatch (pre-request) by the prefix producer: how much of the prompt
-    the chosen endpoint is expected to hold in its cache; the in-flight prefill accounting leaves it out.
-    ``reply_chars_wanted``, also set at dispatch, asks the front end for that many characters of the reply
-    (as ``ResponseInfo.history_text``), so that the prefix index can follow the conversation; 0: none.
+    ``history_form`` says how a reply continues ``prompt_text`` in the next turn of a conversation
+    (``slorouter.api.replies``: ``chat``, ``text``, or empty when it cannot, e.g. ``n`` > 1).
+    ``state`` carries one plugin's per-request data from its produce step to its later hooks; what plugins
+    tell the framework travels in typed results (``PreRequestResult``), never through ``state``.
     """
 
     request_id: str
@@ -38,8 +38,7 @@ class InferenceRequest:
     use_prediction: bool = True  # x-prediction-based-scheduling: false routes by the heuristic fallback
     cache_salt: str = ""
     received_at: float = 0.0
-    cached_prompt_tokens: int = 0
-    reply_chars_wanted: int = 0
+    history_form: str = ""
     state: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -114,8 +113,27 @@ class Candidates:
         )
 
 
+class Route(StrEnum):
+    """How a profile's pick was made (the ``x-slorouter-route`` response header)."""
+
+    HEURISTIC = "heuristic"  # by the profile's heuristic scorers
+    PREDICTED = "predicted"  # by predicted latency
+    EXPLORE = "explore"  # predicted latency, but an exploration pick (to learn about an endpoint)
+    FALLBACK = "fallback"  # prediction was wanted but unavailable: heuristics decided
+
+
 class CycleState(dict[str, Any]):
-    """Scratch space shared by the plugins of one scheduling cycle."""
+    """Scratch space shared by the plugins of one scheduling cycle.
+
+    ``route``: a plugin that decides how its profile picks (the latency scorer) sets it while the profile
+    runs; the profile copies it into its result (``Route.HEURISTIC`` when nobody set it).
+    """
+
+    __slots__ = ("route",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.route: Route | None = None
 
 
 @dataclass(slots=True)
@@ -124,7 +142,7 @@ class ProfileRunResult:
 
     targets: list[Endpoint]
     scores: list[float] = field(default_factory=list)
-    route: str = ""  # how the pick was made, for observability (e.g. "heuristic", "predicted")
+    route: Route = Route.HEURISTIC
 
 
 @dataclass(slots=True)
@@ -139,6 +157,10 @@ class SchedulingResult:
     @property
     def target(self) -> Endpoint:
         return self.primary.targets[0]
+
+    @property
+    def route(self) -> Route:
+        return self.primary.route
 
 
 class SchedulingError(Exception):

@@ -30,13 +30,10 @@ from slorouter.scheduling.datakeys import (
 from slorouter.scheduling.plugin import Admitter, Filter, Plugin, PluginParams, Scorer
 from slorouter.scheduling.plugins.prefix import prefix_match_ratio
 from slorouter.scheduling.registry import register_plugin
-from slorouter.scheduling.scheduler import FALLBACK_ROUTE, ROUTE_KEY
-from slorouter.scheduling.types import AdmissionDeniedError, Candidates, CycleState, InferenceRequest
+from slorouter.scheduling.types import AdmissionDeniedError, Candidates, CycleState, InferenceRequest, Route
 
 # Cycle-state key: set when an epsilon-greedy plugin explored instead of exploiting.
 EXPLORED_KEY = "explored"
-PREDICTED_ROUTE = "predicted"
-EXPLORE_ROUTE = "explore"
 DROPPED_REASON_HEADER = "x-slorouter-dropped-reason"
 # A pod whose KV cache is this empty is "cold": its predictions are unreliable, and it can take load.
 COLD_KV_USAGE = 0.02
@@ -284,11 +281,11 @@ class LatencyScorer(Plugin, Scorer):
         p = self.params
         ttft_headroom = candidates.attrs.get(TTFT_HEADROOM_MS)
         if ttft_headroom is None:
-            cycle[ROUTE_KEY] = FALLBACK_ROUTE
+            cycle.route = Route.FALLBACK
             return composite_scores(
                 candidates, p.composite_kv_weight, p.composite_queue_weight, p.composite_prefix_weight
             )
-        cycle[ROUTE_KEY] = EXPLORE_ROUTE if cycle.get(EXPLORED_KEY) else PREDICTED_ROUTE
+        cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
         tpot_headroom = candidates.attrs[TPOT_HEADROOM_MS]
         ttft_miss = ttft_headroom < 0
         tpot_miss = tpot_headroom < 0

@@ -39,7 +39,6 @@ from slorouter.scheduling.datakeys import (
     PREDICTED_TTFT_MS,
     PREDICTION_FALLBACK_STATE,
     PREFIX_MATCH_BLOCKS,
-    TARGET_PREDICTION_STATE,
     TPOT_HEADROOM_MS,
     TPOT_VALID,
     TTFT_HEADROOM_MS,
@@ -47,12 +46,15 @@ from slorouter.scheduling.datakeys import (
 )
 from slorouter.scheduling.plugin import (
     DataProducer,
+    LatencyPredicting,
     Plugin,
     PluginContext,
     PluginParams,
     PreRequest,
+    PreRequestResult,
     ResponseBodyProcessor,
     ResponseInfo,
+    TargetPrediction,
 )
 from slorouter.scheduling.plugins.latency import compute_headroom
 from slorouter.scheduling.plugins.prefix import prefix_match_ratio
@@ -98,7 +100,7 @@ class _RequestState:
 
 
 @register_plugin
-class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcessor):
+class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcessor, LatencyPredicting):
     type_name = "predicted-latency-producer"
     Params = PredictedLatencyParams
     params: PredictedLatencyParams
@@ -122,6 +124,10 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         # TPOT SLOs of the requests running on each endpoint (streaming mode): the strictest is protected.
         self._running_tpot_slos: dict[str, Counter[float]] = {}
         self._served = False  # whether the predictor has been ready at least once
+
+    @property
+    def predicts_end_to_end(self) -> bool:
+        return not self.params.streaming_mode
 
     # --- produce -------------------------------------------------------------------------------------
     def produce(self, request: InferenceRequest, candidates: Candidates) -> Awaitable[None] | None:
@@ -235,19 +241,20 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             self.ctx.metrics.fallbacks.labels(reason).inc()
 
     # --- pre-request ---------------------------------------------------------------------------------
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> PreRequestResult | None:
         state: _RequestState | None = request.state.get(self.name)
         if state is None:
-            return
+            return None
         address = result.target.address
         state.target_address = address
         try:
             state.target = state.addresses.index(address)
         except ValueError:
-            return
+            return None
+        prediction = None
         if state.corrected_ttft is not None and state.corrected_tpot is not None:
             tpot = float(state.corrected_tpot[state.target]) if self.params.streaming_mode else None
-            request.state[TARGET_PREDICTION_STATE] = (float(state.corrected_ttft[state.target]), tpot)
+            prediction = TargetPrediction(float(state.corrected_ttft[state.target]), tpot)
         if state.corrected_ttft is not None and self.ctx.metrics is not None:
             labels = (request.model, request.target_model)
             self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
@@ -258,6 +265,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if self.params.streaming_mode and request.slo_tpot_ms is not None:
             self._running_tpot_slos.setdefault(address, Counter())[request.slo_tpot_ms] += 1
             state.tpot_slo_registered = True
+        return None if prediction is None else PreRequestResult(prediction=prediction)
 
     # --- response ------------------------------------------------------------------------------------
     def on_response_body(

@@ -7,12 +7,12 @@ from pydantic import Field
 from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.plugin import Plugin, PluginParams, ProfileHandler
 from slorouter.scheduling.registry import register_plugin
-from slorouter.scheduling.scheduler import FALLBACK_ROUTE
 from slorouter.scheduling.types import (
     CycleState,
     InferenceRequest,
     NoEndpointPickedError,
     ProfileRunResult,
+    Route,
     SchedulingResult,
 )
 
@@ -99,5 +99,5 @@ class PredictionProfileHandler(Plugin, ProfileHandler):
     ) -> SchedulingResult:
         result = only_result(self.type_name, results)
         if request.use_prediction and PREDICTION_FALLBACK_STATE in request.state:
-            result.primary.route = FALLBACK_ROUTE
+            result.primary.route = Route.FALLBACK
         return result

@@ -6,14 +6,13 @@ import json
 
 import pytest
 
-from slorouter.gateway.app import _usage_from_tail
-from slorouter.gateway.errors import RequestError
-from slorouter.gateway.openai import (
+from slorouter.api.requests import (
     CHAT_ASSUMED_MAX_TOKENS,
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     parse_chat_completion,
     parse_completion,
 )
+from slorouter.gateway.errors import RequestError
 from slorouter.tokenizer import count_tokens
 
 
@@ -70,14 +69,3 @@ def test_completion_errors_name_the_param(body, param):
         parse_completion(_raw(body))
     assert info.value.param == param
     assert info.value.status == 400
-
-
-def test_usage_is_read_from_the_stream_tail():
-    tail = (
-        b'data: {"choices":[{"text":"a"}]}\n\n'
-        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
-        b"data: [DONE]\n\n"
-    )
-    assert _usage_from_tail(tail) == {"prompt_tokens": 3, "completion_tokens": 2}
-    assert _usage_from_tail(b'data: {"choices":[]}\n\n') is None
-    assert _usage_from_tail(b'garbage "usage" here') is None

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from slorouter.gateway.history import CHAT, TEXT, ReplyCollector, history_text, reply_from_body
-from slorouter.gateway.openai import parse_chat_completion, parse_completion
+from slorouter.api.replies import CHAT, TEXT, ReplyCollector, history_text, reply_from_body
+from slorouter.api.requests import parse_chat_completion, parse_completion
 
 
 def sse(*events: object) -> bytes:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.gateway.errors import RequestError
-from slorouter.gateway.headers import parse_routing_headers
 
 OBJECTIVES = {"premium": 10, "batch": -1}
 

@@ -1,0 +1,164 @@
+"""Relaying one dispatched request to its endpoint and the response back to the client.
+
+The request body goes upstream unchanged; the response comes back chunk by chunk, observed on the way
+(``slorouter.api.stream``) so the Director's lifecycle sees the first token, the tokens, the reply text
+and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``,
+so the gateway can try another endpoint.
+"""
+
+from __future__ import annotations
+
+from slorouter.api.stream import StreamObserver, observe_body
+from slorouter.director import RequestLifecycle
+from slorouter.gateway.errors import sse_error_event
+from slorouter.gateway.server import HttpRequest, Response
+from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from slorouter.metrics import GatewayMetrics
+
+ENDPOINT_HEADER = "x-slorouter-endpoint"
+ROUTE_HEADER = "x-slorouter-route"
+PREDICTED_TTFT_HEADER = b"x-slorouter-predicted-ttft-ms"
+PREDICTED_TPOT_HEADER = b"x-slorouter-predicted-tpot-ms"
+# Hop-by-hop headers (RFC 9110 §7.6.1) and those computed per hop are never copied across.
+NOT_FORWARDED = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",  # answered by the gateway's server; the body is sent whole upstream
+    }
+)
+# The gateway's server writes its own Date; the upstream's would be a duplicate.
+_NOT_RETURNED = NOT_FORWARDED | {b"date"}
+
+
+class UpstreamFailedError(Exception):
+    """The upstream failed before any byte reached the client; another endpoint may be tried."""
+
+
+class Relay:
+    """Proxies dispatched requests over one pooled upstream client and records their outcome."""
+
+    def __init__(self, client: UpstreamClient, metrics: GatewayMetrics, *, e2e_as_ttft: bool) -> None:
+        self._client = client
+        self._metrics = metrics
+        # With streamingMode false the predictor models E2E latency, and the TTFT histograms hold E2E
+        # latency, as in the original, so that actual and predicted series compare like with like.
+        self._e2e_as_ttft = e2e_as_ttft
+        self._own_headers: dict[tuple[str, str], bytes] = {}
+
+    async def relay(
+        self,
+        http: HttpRequest,
+        lifecycle: RequestLifecycle,
+        path: str,
+        body: bytes,
+        forward_head: bytes,
+    ) -> Response | None:
+        """The response (None when it was streamed to the client). Raises ``UpstreamFailedError``."""
+        address = lifecycle.target.address
+        try:
+            upstream = await self._client.request(address, "POST", path, forward_head, body)
+        except UpstreamError as exc:
+            lifecycle.response.error = f"connect: {exc.__class__.__name__}"
+            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+        try:
+            streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
+            lifecycle.on_headers(upstream.status, streaming)
+            if streaming and upstream.status == 200:
+                return await self._relay_stream(http, lifecycle, upstream)
+            return await self._relay_whole(lifecycle, upstream)
+        finally:
+            upstream.release()
+
+    async def _relay_whole(self, lifecycle: RequestLifecycle, upstream: UpstreamResponse) -> Response:
+        address = lifecycle.target.address
+        try:
+            body = await upstream.read()
+        except UpstreamError as exc:
+            lifecycle.response.error = f"read: {exc.__class__.__name__}"
+            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+        error = None if upstream.status < 400 else f"upstream status {upstream.status}"
+        if error is None:
+            observe_body(lifecycle, body, lifecycle.request.history_form)
+        lifecycle.on_complete(error=error)
+        self._observe(lifecycle)
+        return Response(upstream.status, body, raw_headers=self._response_head(upstream, lifecycle))
+
+    async def _relay_stream(
+        self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse
+    ) -> None:
+        address = lifecycle.target.address
+        # Hold the client's headers back until the first chunk arrives, so that an upstream that dies
+        # before sending anything can still be retried elsewhere.
+        try:
+            first = await upstream.next_chunk()
+        except UpstreamError as exc:
+            lifecycle.response.error = f"read: {exc.__class__.__name__}"
+            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+        if not first:
+            lifecycle.response.error = "empty stream"
+            raise UpstreamFailedError(f"{address}: closed the stream before sending anything")
+        observer = StreamObserver(lifecycle, lifecycle.request.history_form)
+        chunk = first
+        try:
+            writer = await http.start_stream(upstream.status, self._response_head(upstream, lifecycle))
+            while chunk:
+                observer.feed(chunk)
+                await writer.write(chunk)
+                try:
+                    chunk = await upstream.next_chunk()
+                except UpstreamError as exc:
+                    self._metrics.upstream_failures.labels(address, "stream").inc()
+                    lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
+                    await writer.write(sse_error_event(502, f"the model server {address} failed mid-stream"))
+                    break
+            lifecycle.on_complete(usage=observer.finish())
+            self._observe(lifecycle)
+            await writer.write_eof()
+        except ConnectionResetError:
+            self._metrics.client_disconnects.inc()
+            lifecycle.on_complete(error="client disconnected")
+        return None
+
+    def _observe(self, lifecycle: RequestLifecycle) -> None:
+        response = lifecycle.response
+        request = lifecycle.request
+        self._metrics.count_request(response.endpoint.address, response.status)
+        if response.status != 200 or response.error or response.first_token_at is None:
+            return
+        ttft, tpot = self._metrics.latency_children(request.model, request.target_model)
+        end = (
+            response.completed_at if self._e2e_as_ttft and response.completed_at else response.first_token_at
+        )
+        ttft.observe(end - request.received_at)
+        if response.streaming and response.tokens > 1 and response.completed_at is not None:
+            tpot.observe((response.completed_at - response.first_token_at) / (response.tokens - 1))
+
+    def _response_head(self, upstream: UpstreamResponse, lifecycle: RequestLifecycle) -> bytes:
+        """The upstream's end-to-end headers, then the gateway's own, as preformatted lines."""
+        address = lifecycle.target.address
+        route = lifecycle.route
+        own = self._own_headers.get((address, route))
+        if own is None:
+            own = f"{ENDPOINT_HEADER}: {address}\r\n{ROUTE_HEADER}: {route}\r\n".encode("latin-1")
+            self._own_headers[(address, route)] = own
+        parts = [upstream_headers(upstream), own]
+        predicted = lifecycle.prediction
+        if predicted is not None:
+            parts.append(b"%s: %.1f\r\n" % (PREDICTED_TTFT_HEADER, predicted.ttft_ms))
+            if predicted.tpot_ms is not None:
+                parts.append(b"%s: %.2f\r\n" % (PREDICTED_TPOT_HEADER, predicted.tpot_ms))
+        return b"".join(parts)
+
+
+def upstream_headers(upstream: UpstreamResponse) -> bytes:
+    """The upstream's end-to-end response headers, preformatted."""
+    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in _NOT_RETURNED)
