@@ -1,0 +1,107 @@
+"""Lower layers never import higher ones (docs/architecture.md).
+
+Every ``import`` in ``src/slorouter`` (``TYPE_CHECKING`` ones included) is checked against the layer order
+below: a module may import its own component and components of lower layers only. Components in one layer
+(the front-ends) do not import each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "slorouter"
+
+# Lowest first. A component is a top-level module or sub-package of slorouter.
+LAYERS: list[set[str]] = [
+    {"clock", "validation", "tokenizer", "yamlfile"},  # ground
+    {"http"},  # HTTP/1.1 server, upstream client, OpenAI-style error bodies
+    {"api"},  # the OpenAI API: request parsing, routing headers, reading responses
+    {"pool"},  # endpoints, scraping, in-flight accounting
+    {"metrics"},  # Prometheus series
+    {"sim"},  # engine model and simulated model servers
+    {"predictor"},  # features, samples, training, models, prediction, servers, client
+    {"scheduling"},  # framework and plugins
+    {"config"},  # the router's YAML
+    {"director"},  # the request lifecycle
+    {"gateway"},  # front-ends
+    {"bench"},  # workloads, discrete-event cluster runner, reports
+    {"cli"},
+]
+LAYER_OF = {component: i for i, layer in enumerate(LAYERS) for component in layer}
+
+
+def _component(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "slorouter" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _module_name(path: Path) -> str:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(relative.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(text: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a module's source."""
+    package = module if is_package else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                for alias in node.names if node.module is None else [None]:
+                    names = [node.module] if alias is None else [alias.name]
+                    found.append((node.lineno, ".".join(base + names)))
+            else:
+                found.append((node.lineno, node.module or ""))
+    return found
+
+
+def _violations(text: str, module: str, is_package: bool = False) -> list[str]:
+    own = _component(module)
+    if own is None:  # slorouter/__init__.py
+        return []
+    found = []
+    for line, target in _imports(text, module, is_package):
+        component = _component(target)
+        if component is None or component == own:
+            continue
+        if component not in LAYER_OF or LAYER_OF[component] >= LAYER_OF[own]:
+            found.append(f"line {line}: {own} imports {target} ({component} is not below it)")
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_component_has_a_layer():
+    components = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in SOURCES}
+    components.discard("__init__")
+    assert components - set(LAYER_OF) == set()
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_respect_the_layers(path: Path):
+    text = path.read_text(encoding="utf-8")
+    assert _violations(text, _module_name(path), path.name == "__init__.py") == []
+
+
+def test_the_check_catches_upward_and_relative_imports():
+    assert _violations("from slorouter.director import Director\n", "slorouter.pool.state") == [
+        "line 1: pool imports slorouter.director (director is not below it)"
+    ]
+    assert _violations("from ..gateway import app\n", "slorouter.sim.server") == [
+        "line 1: sim imports slorouter.gateway (gateway is not below it)"
+    ]
+    assert _violations("import slorouter.predictor.features\n", "slorouter.scheduling.types") == []
+    assert _violations("from . import state\n", "slorouter.pool.scraper") == []
