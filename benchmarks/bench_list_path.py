@@ -19,7 +19,7 @@ import numpy as np
 
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling import scheduler as scheduler_module
-from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import Candidates, InferenceRequest
 

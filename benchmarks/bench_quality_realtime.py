@@ -358,7 +358,7 @@ def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> d
     """``heuristic``: the default profile (queue, KV-cache and prefix scorers). ``predicted``: the built-in
     predicted-latency pipeline in streaming mode, embedded predictor. ``predicted-most``: the same with
     ``headroomSelectionStrategy: most`` (spreading instead of bin-packing)."""
-    from slorouter.scheduling.config import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
+    from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
 
     config: dict[str, Any] = {
         "gateway": {"host": "127.0.0.1", "port": port},

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
-from slorouter.scheduling.config import SchedulerSetup, build_scheduler_setup
+from slorouter.scheduling.loader import SchedulerSetup, build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import Candidates, InferenceRequest
 

@@ -14,7 +14,7 @@ from slorouter.director import Director
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
-from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import (
     DataProducer,
     PluginContext,

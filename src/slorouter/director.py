@@ -22,7 +22,7 @@ from slorouter.clock import Clock
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
 from slorouter.pool.state import Endpoint, PoolState
-from slorouter.scheduling.config import SchedulerSetup
+from slorouter.scheduling.loader import SchedulerSetup
 from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction
 from slorouter.scheduling.types import (
     AdmissionDeniedError,

@@ -15,7 +15,8 @@ from slorouter.bench.pool import PoolSpecError, describe_pool, parse_pool
 from slorouter.bench.report import markdown_tables
 from slorouter.bench.results import summarize_run
 from slorouter.cli import main
-from slorouter.scheduling.config import SchedulerConfigError, build_scheduler_setup
+from slorouter.scheduling.config_schema import SchedulerConfigError
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 
 

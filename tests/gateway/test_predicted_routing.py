@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG
+from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 from tests.gateway.conftest import eventually, start_router
 
 FAST_TRAINING = {"min_samples": 30, "retrain_interval_s": 0.2, "n_estimators": 30, "max_depth": 4}

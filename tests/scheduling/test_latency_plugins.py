@@ -303,7 +303,7 @@ def test_admitter_counts_idle_pods_as_able():
 
 # --- prediction-profile-handler --------------------------------------------------------------------
 def test_prediction_profile_handler_routes_by_the_request_flag():
-    from slorouter.scheduling.config import build_scheduler_setup
+    from slorouter.scheduling.loader import build_scheduler_setup
 
     config = {
         "plugins": [
@@ -336,13 +336,14 @@ def test_shipped_pipeline_routes_requests_without_predictions_by_token_load_amon
     the decode tokens in flight; with no warm pod, the same over all pods — queue depth and KV-cache usage
     play no part. The loose filter's gate, without predictions, compares uncached prefill tokens in flight /
     15,928 tok/s against 18,000 ms."""
-    from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
     from slorouter.scheduling.datakeys import (
         INFLIGHT_PREFILL_TOKENS,
         INFLIGHT_TOKENS,
         PREFIX_MATCH_BLOCKS,
         PREFIX_TOTAL_BLOCKS,
     )
+    from slorouter.scheduling.loader import build_scheduler_setup
+    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 
     config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
     for plugin in config["plugins"]:
@@ -377,7 +378,8 @@ def test_shipped_pipeline_routes_requests_without_predictions_by_token_load_amon
 
 
 def test_prediction_profile_handler_requires_its_profiles():
-    from slorouter.scheduling.config import SchedulerConfigError, build_scheduler_setup
+    from slorouter.scheduling.config_schema import SchedulerConfigError
+    from slorouter.scheduling.loader import build_scheduler_setup
 
     config = {
         "plugins": [{"type": "prediction-profile-handler"}, {"type": "queue-scorer"}],
@@ -393,7 +395,8 @@ def test_the_shipped_example_is_the_built_in_predicted_latency_pipeline():
     import yaml
 
     from slorouter.config import load_config
-    from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
+    from slorouter.scheduling.loader import build_scheduler_setup
+    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 
     path = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency.yaml"
     config = load_config(path)

@@ -14,8 +14,8 @@ from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.predictor.client import PredictionUnavailable
 from slorouter.predictor.features import TPOT_FEATURES, TTFT_FEATURES
-from slorouter.scheduling.config import build_scheduler_setup
 from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
 from tests.scheduling.conftest import addresses, candidates_of, make_pool

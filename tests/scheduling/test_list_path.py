@@ -11,8 +11,8 @@ import pytest
 
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling import scheduler as scheduler_module
-from slorouter.scheduling.config import build_scheduler_setup
 from slorouter.scheduling.datakeys import INFLIGHT_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import ListScorer, Plugin, PluginContext, PluginParams, Scorer
 from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams

@@ -9,8 +9,8 @@ import pytest
 import xxhash
 
 from slorouter.pool.state import Endpoint
-from slorouter.scheduling.config import build_scheduler_setup
 from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugins.prefix import (
     ApproxPrefixCacheParams,
     ApproxPrefixCacheProducer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import Plugin, PluginParams, Scorer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams
 from slorouter.scheduling.plugins.profile_handlers import SingleProfileHandler

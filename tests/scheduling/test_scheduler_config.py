@@ -6,13 +6,13 @@ import re
 
 import pytest
 
-from slorouter.scheduling.config import (
-    DEFAULT_SCHEDULER_CONFIG,
+from slorouter.scheduling.config_schema import (
     SchedulerConfig,
     SchedulerConfigError,
-    build_scheduler_setup,
     load_scheduler_config_file,
 )
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG
 from slorouter.scheduling.plugins.inflight import InflightLoadProducer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker
 from slorouter.scheduling.plugins.prefix import ApproxPrefixCacheProducer

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.loader import build_scheduler_setup
 
 from .conftest import make_ctx
 

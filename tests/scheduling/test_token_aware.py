@@ -10,11 +10,7 @@ import numpy as np
 import pytest
 
 from slorouter.bench.policies import resolve_policy
-from slorouter.scheduling.config import (
-    PREDICTED_LATENCY_SCHEDULER_CONFIG,
-    SchedulerConfigError,
-    build_scheduler_setup,
-)
+from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.scheduling.datakeys import (
     INFLIGHT_PREFILL_TOKENS,
     INFLIGHT_REQUESTS,
@@ -25,6 +21,8 @@ from slorouter.scheduling.datakeys import (
     PREFIX_MATCH_BLOCKS,
     PREFIX_TOTAL_BLOCKS,
 )
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import PluginParams
 from slorouter.scheduling.plugins.inflight import InflightLoadProducer, TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.latency import AffinityParams, PrefixCacheAffinityFilter

@@ -44,7 +44,7 @@ from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.trainer import TrainerConfig
-from slorouter.scheduling.config import build_scheduler_setup
+from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestRejected, Step

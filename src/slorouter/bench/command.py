@@ -16,7 +16,7 @@ from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
 from slorouter.bench.workloads import workload_defaults, workload_names
-from slorouter.scheduling.config import SchedulerConfigError
+from slorouter.scheduling.config_schema import SchedulerConfigError
 
 # --quick: maas-mix at one load point with every built-in policy, short enough for about a minute.
 QUICK = {

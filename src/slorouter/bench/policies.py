@@ -17,11 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slorouter.scheduling.config import (
-    DEFAULT_SCHEDULER_CONFIG,
-    PREDICTED_LATENCY_SCHEDULER_CONFIG,
-    load_scheduler_config_file,
-)
+from slorouter.scheduling.config_schema import load_scheduler_config_file
+from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
 

@@ -14,7 +14,7 @@ import uvloop
 from slorouter.config import Config, ConfigError, PredictorConfig, load_config
 from slorouter.gateway.runtime import Router
 from slorouter.pool.config import PoolConfig
-from slorouter.scheduling.config import SchedulerConfigError
+from slorouter.scheduling.config_schema import SchedulerConfigError
 
 log = logging.getLogger("slorouter")
 

@@ -27,7 +27,8 @@ from slorouter.predictor.client import (
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.store import StoreConfig
 from slorouter.predictor.trainer import TrainerConfig
-from slorouter.scheduling.config import PREDICTED_LATENCY_SCHEDULER_CONFIG, build_scheduler_setup
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import PluginContext
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,7 @@
-"""The scheduler's configuration (the original's ``EndpointPickerConfig`` shape) and the loader that turns it
-into plugins, profiles and a ``Scheduler``.
+"""The loader: turns a validated ``SchedulerConfig`` into plugins, profiles and a ``Scheduler``.
 
-The loader applies the original's defaulting (reference §1.3): names default to types, a ``default`` profile
-is synthesized when none is configured, a profile handler and a picker are added when missing, scorer weights
+It applies the original's defaulting (reference §1.3): names default to types, a ``default`` profile is
+synthesized when none is configured, a profile handler and a picker are added when missing, scorer weights
 default to 1.0, and producers are auto-created for consumed data keys and ordered producer-before-consumer.
 Every error names the place in the config it comes from.
 """
@@ -10,12 +9,24 @@ Every error names the place in the config it comes from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
+from slorouter.scheduling.config_schema import (
+    DEFAULT_DATA_PRODUCER_TIMEOUT_MS,
+    DEFAULT_PICKER,
+    DEFAULT_PROFILE_HANDLER,
+    DEFAULT_PROFILE_NAME,
+    DEFAULT_SCORER_WEIGHT,
+    PluginSpec,
+    ProfilePluginRef,
+    SchedulerConfig,
+    SchedulerConfigError,
+    SchedulingProfileSpec,
+    parse_scheduler_config,
+)
+from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import (
     Admitter,
     DataProducer,
@@ -33,170 +44,6 @@ from slorouter.scheduling.plugin import (
 from slorouter.scheduling.registry import UnknownPluginTypeError, default_producer_type, plugin_class
 from slorouter.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from slorouter.validation import format_validation_error, join_location
-
-DEFAULT_PROFILE_NAME = "default"
-DEFAULT_PROFILE_HANDLER = "single-profile-handler"
-DEFAULT_PICKER = "max-score-picker"
-DEFAULT_SCORER_WEIGHT = 1.0
-DEFAULT_DATA_PRODUCER_TIMEOUT_MS = 400.0  # the original director's shared budget for all producers
-CONFIG_KIND = "EndpointPickerConfig"
-
-
-class SchedulerConfigError(ValueError):
-    """The scheduler configuration is invalid; the message names the offending field."""
-
-
-class _ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class PluginSpec(_ConfigModel):
-    """One plugin instance: its registered type, a unique name (default: the type), its parameters."""
-
-    type: str = Field(min_length=1)
-    name: str = ""
-    parameters: dict[str, Any] | None = None
-
-    @property
-    def effective_name(self) -> str:
-        return self.name or self.type
-
-
-class ProfilePluginRef(_ConfigModel):
-    """A plugin used by a profile; ``weight`` only matters for scorers (default 1.0)."""
-
-    plugin_ref: str = Field(alias="pluginRef", min_length=1)
-    weight: float | None = Field(None, ge=0, allow_inf_nan=False)
-
-
-class SchedulingProfileSpec(_ConfigModel):
-    name: str = Field(min_length=1)
-    plugins: list[ProfilePluginRef] = Field(default_factory=list)
-
-
-class SchedulerConfig(_ConfigModel):
-    """The ``EndpointPickerConfig`` shape (only its scheduling part)."""
-
-    api_version: str | None = Field(None, alias="apiVersion")
-    kind: str | None = None
-    plugins: list[PluginSpec] = Field(default_factory=list)
-    scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list, alias="schedulingProfiles")
-    # One budget shared by the data producers of a request; past it, scheduling goes on without them.
-    data_producer_timeout_ms: float | None = Field(
-        None, alias="dataProducerTimeoutMs", gt=0, allow_inf_nan=False
-    )
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, kind: str | None) -> str | None:
-        if kind is not None and kind != CONFIG_KIND:
-            raise ValueError(f"must be {CONFIG_KIND!r}")
-        return kind
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.plugins and not self.scheduling_profiles
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True)
-
-
-# The original's built-in configuration (GIE PR #1827 weights); picker and profile handler are auto-added,
-# and so is approx-prefix-cache-producer, for the data prefix-cache-scorer consumes.
-DEFAULT_SCHEDULER_CONFIG: dict[str, Any] = {
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "prefix-cache-scorer"},
-    ],
-    "schedulingProfiles": [
-        {
-            "name": DEFAULT_PROFILE_NAME,
-            "plugins": [
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3},
-            ],
-        }
-    ],
-}
-
-
-PREDICTION_PROFILE_NAME = "predicted-latency"
-# After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
-# filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter. Requests that do
-# not use prediction, or got none (warm-up, predictor down), run the heuristic default profile instead
-# (prediction-profile-handler). Differs from the original's Helm default in these settings, each measured
-# in docs/benchmarks.md:
-# - the picker is max-score, not weighted-random: it cut TTFT p90 on most load points (sharegpt at 100 QPS
-#   106 → 83 ms, the mixed pool 222 → 157 ms) but not all;
-# - requests that can meet their SLO go to the pod with the most headroom, not the least (the original's
-#   bin-packing): with a greedy picker and p90 predictions, "least" lands on pods that miss about one time in
-#   ten (sharegpt, TTFT SLO 200 ms: 92.9 % of admitted requests met it with "least", 99.8 % with "most");
-# - the heuristic profile is llm-d's token-aware one (the loose affinity filter, then the fewest uncached
-#   prefill tokens in flight counting this request's own), not the original's queue/KV/prefix blend: at low
-#   request rates the predictor needs a minute or more to collect its first samples, and the blend is the
-#   worst policy on prefill-heavy traffic (code-generation at 3.4 QPS, TTFT p90 with each as the warm-up
-#   profile: 1,253 ms vs 285 ms). Unlike llm-d's, its scorer counts the decode tokens in flight too: blind
-#   to decoding requests, it piled shared-prefix-a's groups onto a few pods (40 QPS: TTFT p90 13.2 s vs
-#   95 ms). The loose filter leaves maxTTFTPenaltyMs to its per-source default, so its gate compares
-#   predictions with 5,000 ms in the prediction profile (as the original) and, without predictions, llm-d's
-#   throughput estimate with 18,000 ms;
-# - the prediction profile adds prefix-cache-scorer (weight 1, as the latency scorer's): predictions rank pods
-#   by this request's latency only, while keeping a session's history on the pod that holds it saves prefill
-#   for its later turns, which is capacity when the pool is busy (maas-mix at 170 QPS: TTFT p90 2,780 →
-#   2,039 ms; the mixed pool over seeds 0/1/2: 263/228/104 → 138/161/87 ms);
-# - the latency scorer ranks by TTFT alone (ttftWeight 1, tpotWeight 0, not 0.8/0.2; TPOT still takes the
-#   weight when TTFT does not vary, and the SLO filter and admitter still use both): the predicted TPOT
-#   differences between pods are mostly noise, and mixing them in cost TTFT without buying TPOT (mixed pool
-#   TTFT p90 184 → 97 ms, maas-mix 170: 2,020 → 1,643 ms with E2E p50 2,591 → 2,415 ms).
-AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
-PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
-    "plugins": [
-        {"type": "prediction-profile-handler"},
-        {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
-        {"type": "max-score-picker"},
-        {"type": "predicted-latency-producer"},
-        {"type": "latency-slo-admitter"},
-        {
-            "name": "strict-affinity-filter",
-            "type": "prefix-cache-affinity-filter",
-            "parameters": {"affinityThreshold": 0.99, "maxTTFTPenaltyMs": AFFINITY_TTFT_PENALTY_MS},
-        },
-        {"type": "slo-headroom-tier-filter"},
-        {
-            "name": "loose-affinity-filter",
-            "type": "prefix-cache-affinity-filter",
-            "parameters": {"affinityThreshold": 0.80},
-        },
-        {
-            "type": "latency-scorer",
-            "parameters": {"headroomSelectionStrategy": "most", "ttftWeight": 1.0, "tpotWeight": 0.0},
-        },
-        {"type": "prefix-cache-scorer"},
-    ],
-    "schedulingProfiles": [
-        {
-            "name": DEFAULT_PROFILE_NAME,
-            "plugins": [
-                {"pluginRef": "loose-affinity-filter"},
-                {"pluginRef": "token-load-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        },
-        {
-            "name": PREDICTION_PROFILE_NAME,
-            "plugins": [
-                {"pluginRef": "strict-affinity-filter"},
-                {"pluginRef": "slo-headroom-tier-filter"},
-                {"pluginRef": "loose-affinity-filter"},
-                {"pluginRef": "latency-scorer", "weight": 1},
-                {"pluginRef": "prefix-cache-scorer", "weight": 1},
-                {"pluginRef": "max-score-picker"},
-            ],
-        },
-    ],
-}
 
 
 @dataclass
@@ -218,55 +65,6 @@ class SchedulerSetup:
     # Whether the latency predictions' "TTFT" is the end-to-end latency (a producer in non-streaming mode).
     predicts_end_to_end: bool = False
 
-
-# --- parsing ------------------------------------------------------------------------------------------
-
-
-def parse_scheduler_config(
-    data: dict[str, Any] | SchedulerConfig, location: str = "scheduler"
-) -> SchedulerConfig:
-    """Validate the config's shape (not yet its plugins); errors are prefixed with ``location``."""
-    if isinstance(data, SchedulerConfig):
-        return data
-    if not isinstance(data, dict):
-        raise SchedulerConfigError(
-            f"{location or 'scheduler config'}: must be a mapping, got {type(data).__name__}"
-        )
-    try:
-        return SchedulerConfig.model_validate(data)
-    except ValidationError as exc:
-        raise SchedulerConfigError(format_validation_error(exc, location)) from None
-
-
-def load_scheduler_config_file(path: str | Path) -> SchedulerConfig:
-    """Read a YAML file holding one ``EndpointPickerConfig``; errors name the file (and line, for YAML)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SchedulerConfigError(
-            f"{path}: cannot read the scheduler config: {exc.strerror or exc}"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SchedulerConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    if data is None:
-        raise SchedulerConfigError(f"{path}: the file is empty (omit the file to use the built-in default)")
-    if not isinstance(data, dict):
-        raise SchedulerConfigError(
-            f"{path}: must hold a mapping (an EndpointPickerConfig), got {type(data).__name__}"
-        )
-    try:
-        return SchedulerConfig.model_validate(data)
-    except ValidationError as exc:
-        raise SchedulerConfigError(f"{path}: {format_validation_error(exc, '')}") from None
-
-
-# --- building -----------------------------------------------------------------------------------------
 
 SCHEDULING_KINDS = (Filter, Scorer, Picker)
 
