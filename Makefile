@@ -1,4 +1,4 @@
-# The two commands of the README: `make run` and `make test`.
+# The two commands of the README: `make run` and `make test` (ruff, mypy, then pytest).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,6 +25,7 @@ run: $(STAMP_RUN)
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest

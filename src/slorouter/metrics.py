@@ -7,15 +7,18 @@ Names follow the original EPP where it has one (``inference_objective_*``), with
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
 
 from slorouter.pool.state import PoolState
+
+# How Prometheus formats a bucket bound ("0.005", "+Inf"); the library ships it without annotations.
+_float_to_go_string = cast(Callable[[float], str], _untyped_float_to_go_string)
 
 MODEL_LABELS = ("model_name", "target_model_name")
 
@@ -79,7 +82,7 @@ class LoopHistogram(Collector):
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
-        self._le = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        self._le = [_float_to_go_string(b) for b in self.bounds] + ["+Inf"]
         self._series: dict[tuple[str, ...], _HistogramSeries] = {}
         if registry is not None:
             registry.register(self)

@@ -138,10 +138,10 @@ def write_plots(outputs: Sequence[RunOutput], out_dir: Path, cdf_qps: float | No
         for output in group:
             if output.summary["qps"] != load or not len(output.ttft_ms):
                 continue
-            values = np.sort(output.ttft_ms) / 1000
-            shares = np.arange(1, len(values) + 1) / len(values)
-            finite = np.isfinite(values)
-            ax.plot(values[finite], shares[finite], label=output.summary["policy"])
+            ttft_s = np.sort(output.ttft_ms) / 1000
+            shares = np.arange(1, len(ttft_s) + 1) / len(ttft_s)
+            measured = np.isfinite(ttft_s)
+            ax.plot(ttft_s[measured], shares[measured], label=output.summary["policy"])
         ax.set(xlabel="TTFT (s)", ylabel="share of requests", title=f"{workload}: TTFT CDF at {load:g} QPS")
         ax.set_xscale("log")
         written.append(_finish(plt, fig, ax, out_dir / f"{workload}-ttft-cdf-{load:g}qps.png"))

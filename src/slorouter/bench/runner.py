@@ -108,8 +108,8 @@ def median_over_seeds(outputs: list[RunOutput]) -> list[RunOutput]:
     (``seeds`` lists them, ``per_seed`` keeps each run's summary), TTFTs pooled for the CDF."""
     groups: dict[tuple[str, float, str], list[RunOutput]] = {}
     for output in outputs:
-        key = (output.summary["workload"], output.summary["qps"], output.summary["policy"])
-        groups.setdefault(key, []).append(output)
+        group_key = (output.summary["workload"], output.summary["qps"], output.summary["policy"])
+        groups.setdefault(group_key, []).append(output)
     merged: list[RunOutput] = []
     for group in groups.values():
         if len(group) == 1:

@@ -22,7 +22,7 @@ EMBEDDED_PODS = 4
 EMBEDDED_PROFILE = "llama3-8b-h100"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the gateway",

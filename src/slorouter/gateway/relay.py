@@ -73,7 +73,8 @@ class Relay:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
             lifecycle.on_headers(upstream.status, streaming)
             if streaming and upstream.status == 200:
-                return await self._relay_stream(http, lifecycle, upstream)
+                await self._relay_stream(http, lifecycle, upstream)
+                return None
             return await self._relay_whole(lifecycle, upstream)
         finally:
             upstream.release()
@@ -126,7 +127,6 @@ class Relay:
         except ConnectionResetError:
             self._metrics.client_disconnects.inc()
             lifecycle.on_complete(error="client disconnected")
-        return None
 
     def _observe(self, lifecycle: RequestLifecycle) -> None:
         response = lifecycle.response

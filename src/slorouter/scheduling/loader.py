@@ -140,7 +140,7 @@ class _Builder:
             has_picker = False
             for name, plugin in self.plugins.items():
                 if isinstance(plugin, Filter | Scorer) or (isinstance(plugin, Picker) and not has_picker):
-                    refs.append(ProfilePluginRef(pluginRef=name))
+                    refs.append(ProfilePluginRef(plugin_ref=name))
                     has_picker = has_picker or isinstance(plugin, Picker)
             return [(DEFAULT_PROFILE_NAME, refs)]
         seen: dict[str, int] = {}
@@ -211,11 +211,12 @@ class _Builder:
                     sub, f"profile {profile_name!r} has more than one picker: {', '.join(pickers)}"
                 )
             if pickers:
-                picker = self.plugins[pickers[0]]
+                chosen = self.plugins[pickers[0]]
+                assert isinstance(chosen, Picker)
+                picker: Picker = chosen
             else:
                 fallback_picker = fallback_picker or self._first_picker()
                 picker = fallback_picker
-            assert isinstance(picker, Picker)
             profiles.append(SchedulerProfile(profile_name, filters, scorers, picker))
         return profiles
 
@@ -292,14 +293,14 @@ class _Builder:
             for weighted in profile.scorers:
                 weights[name_of[id(weighted.scorer)]] = weighted.weight
             weights.setdefault(name_of[id(profile.picker)], None)
-            refs = [ProfilePluginRef(pluginRef=name, weight=weight) for name, weight in weights.items()]
+            refs = [ProfilePluginRef(plugin_ref=name, weight=weight) for name, weight in weights.items()]
             profile_specs.append(SchedulingProfileSpec(name=profile.name, plugins=refs))
         return SchedulerConfig(
-            apiVersion=self.config.api_version,
+            api_version=self.config.api_version,
             kind=self.config.kind,
             plugins=plugin_specs,
-            schedulingProfiles=profile_specs,
-            dataProducerTimeoutMs=self.data_producer_timeout_ms(),
+            scheduling_profiles=profile_specs,
+            data_producer_timeout_ms=self.data_producer_timeout_ms(),
         )
 
 

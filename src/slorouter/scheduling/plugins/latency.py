@@ -97,7 +97,7 @@ def compute_headroom(
 # The TTFT load gate's sources (llm-d's ``ttftSource``; "peakPrefillThroughput" is the blog's name for llm-d's
 # "prefillThroughput", accepted as a synonym) and its per-source penalty defaults: the original's 5,000 ms
 # (llm-d keeps it with the latency predictor) and llm-d's 18,000 ms with the throughput estimate.
-TTFT_SOURCE_AUTO = "auto"
+TTFT_SOURCE_AUTO: Literal["auto"] = "auto"
 TTFT_SOURCE_PREDICTOR = "latencyPredictor"
 PREDICTOR_TTFT_PENALTY_MS = 5000.0
 THROUGHPUT_TTFT_PENALTY_MS = 18000.0

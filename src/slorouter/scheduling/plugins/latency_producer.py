@@ -131,7 +131,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
 
     # --- produce -------------------------------------------------------------------------------------
     def produce(self, request: InferenceRequest, candidates: Candidates) -> Awaitable[None] | None:
-        columns = {
+        columns: dict[str, np.ndarray | float] = {
             "kv_cache_percentage": candidates.column("kv_usage"),
             "input_token_length": float(request.prompt_tokens),
             "num_request_waiting": candidates.column("waiting"),
@@ -258,7 +258,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if state.corrected_ttft is not None and self.ctx.metrics is not None:
             labels = (request.model, request.target_model)
             self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
-            if self.params.streaming_mode:
+            if self.params.streaming_mode and state.corrected_tpot is not None:
                 self.ctx.metrics.predicted_tpot.labels(*labels).observe(
                     state.corrected_tpot[state.target] / 1000
                 )
