@@ -208,7 +208,7 @@ class Gateway:
                 return await self._relay.relay(http, lifecycle, path, raw, forward_head)
             except asyncio.CancelledError:
                 self.metrics.client_disconnects.inc()
-                lifecycle.response.error = "client disconnected"
+                lifecycle.on_complete(error="client disconnected")
                 raise
             except UpstreamFailedError as exc:
                 last_failure = str(exc)
@@ -216,7 +216,7 @@ class Gateway:
                 self.metrics.upstream_failures.labels(address, "connect").inc()
                 log.warning("upstream %s failed before responding: %s", address, exc)
             finally:
-                lifecycle.on_complete(error=lifecycle.response.error or "aborted")
+                lifecycle.on_complete(error="aborted")  # a no-op when the relay completed it
         self.metrics.count_request(tried[-1] if tried else "none", 502)
         return json_error(502, f"the model server failed before responding ({last_failure})")
 

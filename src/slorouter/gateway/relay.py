@@ -67,7 +67,7 @@ class Relay:
         try:
             upstream = await self._client.request(address, "POST", path, forward_head, body)
         except UpstreamError as exc:
-            lifecycle.response.error = f"connect: {exc.__class__.__name__}"
+            lifecycle.on_complete(error=f"connect: {exc.__class__.__name__}")
             raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
         try:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
@@ -84,7 +84,7 @@ class Relay:
         try:
             body = await upstream.read()
         except UpstreamError as exc:
-            lifecycle.response.error = f"read: {exc.__class__.__name__}"
+            lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
         if error is None:
@@ -102,10 +102,10 @@ class Relay:
         try:
             first = await upstream.next_chunk()
         except UpstreamError as exc:
-            lifecycle.response.error = f"read: {exc.__class__.__name__}"
+            lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
         if not first:
-            lifecycle.response.error = "empty stream"
+            lifecycle.on_complete(error="empty stream")
             raise UpstreamFailedError(f"{address}: closed the stream before sending anything")
         observer = StreamObserver(lifecycle, lifecycle.request.history_form)
         chunk = first
