@@ -45,7 +45,7 @@ def _label(plugin: object) -> str:
 class SchedulerProfile:
     """Filters (in order), weighted scorers and one picker."""
 
-    __slots__ = ("_list_scorers", "filters", "name", "picker", "scorers")
+    __slots__ = ("_list_picker", "_list_scorers", "filters", "name", "picker", "scorers")
 
     def __init__(
         self, name: str, filters: list[Filter], scorers: list[WeightedScorer], picker: Picker
@@ -54,10 +54,14 @@ class SchedulerProfile:
         self.filters = filters
         self.scorers = scorers
         self.picker = picker
-        # (list twin, weight) per scorer when the small-set path can run; None when some plugin has no twin.
+        # (list twin, weight) per scorer and the picker's twin when the small-set path can run; None when some
+        # plugin has no twin.
         self._list_scorers: list[tuple[ListScorer, float]] | None = None
-        if isinstance(picker, ListPicker) and all(isinstance(w.scorer, ListScorer) for w in scorers):
-            self._list_scorers = [(w.scorer, w.weight) for w in scorers]  # type: ignore[misc]
+        self._list_picker: ListPicker | None = None
+        list_scorers = [(w.scorer, w.weight) for w in scorers if isinstance(w.scorer, ListScorer)]
+        if isinstance(picker, ListPicker) and len(list_scorers) == len(scorers):
+            self._list_scorers = list_scorers
+            self._list_picker = picker
 
     def __repr__(self) -> str:
         parts = [_label(f) for f in self.filters]
@@ -81,8 +85,8 @@ class SchedulerProfile:
             candidates = filt.filter(cycle, request, candidates)
             if len(candidates) == 0:
                 return f"filter {_label(filt)} removed every candidate"
-        if self._list_scorers is not None and len(candidates) <= LIST_PATH_MAX_CANDIDATES:
-            return self._run_list(cycle, request, candidates)
+        if self._list_picker is not None and len(candidates) <= LIST_PATH_MAX_CANDIDATES:
+            return self._run_list(cycle, request, candidates, self._list_picker)
         total = self.total_scores(cycle, request, candidates)
         chosen = self.picker.pick(cycle, request, candidates, total)
         if len(chosen) == 0:
@@ -95,11 +99,10 @@ class SchedulerProfile:
         )
 
     def _run_list(
-        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, picker: ListPicker
     ) -> ProfileRunResult | str:
         """The small-set path of ``run_or_explain`` after the filters: the same result, in plain Python."""
         total = self.total_scores_list(cycle, request, candidates)
-        picker: ListPicker = self.picker  # type: ignore[assignment]
         chosen = picker.pick_list(cycle, request, candidates, total)
         if not chosen:
             return f"picker {_label(picker)} chose nothing"

@@ -14,7 +14,7 @@ are ``users / qps`` seconds apart on average.
 from __future__ import annotations
 
 import copy
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, create_model
 
@@ -38,12 +38,12 @@ class SharedPrefixParams(WorkloadParams):
 
 def scenario(model_name: str, **defaults: int | float) -> type[SharedPrefixParams]:
     """``SharedPrefixParams`` with other defaults (and the same constraints)."""
-    fields = {}
+    fields: dict[str, Any] = {}
     for key, value in defaults.items():
         info = copy.copy(SharedPrefixParams.model_fields[key])
         info.default = value
         fields[key] = (info.annotation, info)
-    return create_model(model_name, __base__=SharedPrefixParams, **fields)  # type: ignore[call-overload]
+    return create_model(model_name, __base__=SharedPrefixParams, **fields)
 
 
 SCENARIOS: dict[str, type[SharedPrefixParams]] = {

@@ -44,7 +44,9 @@ def iter_elements(text: str) -> Any:
         return
     index += 1
     while True:
-        index = _SEPARATORS.match(text, index).end()  # type: ignore[union-attr]
+        separators = _SEPARATORS.match(text, index)
+        assert separators is not None  # the pattern matches the empty string
+        index = separators.end()
         if index >= len(text) or text[index] == "]":
             return
         try:
