@@ -190,8 +190,7 @@ class Engine:
         self.block_size = profile.block_size
         self.num_gpu_blocks = profile.num_gpu_blocks
         self.max_model_len = profile.max_model_len
-        self._random = random.Random(seed).random
-        self._gauss_next: float | None = None
+        self._gauss = random.Random(seed).gauss
         self._sigma = profile.jitter_sigma if jitter_sigma is None else jitter_sigma
         self._jitter_shift = 0.5 * self._sigma**2
         self._report_tokens = report_tokens
@@ -419,17 +418,7 @@ class Engine:
             + profile.c_step_ms
         )
         if self._sigma > 0.0:
-            # A standard normal draw as random.Random.gauss makes it (Box-Muller pairs: the same numbers
-            # from the same seed), inlined: this runs once per step.
-            z = self._gauss_next
-            if z is None:
-                x2pi = self._random() * math.tau
-                g2rad = math.sqrt(-2.0 * math.log(1.0 - self._random()))
-                self._gauss_next = math.sin(x2pi) * g2rad
-                z = math.cos(x2pi) * g2rad
-            else:
-                self._gauss_next = None
-            duration_ms *= math.exp(self._sigma * z - self._jitter_shift)
+            duration_ms *= math.exp(self._gauss(0.0, self._sigma) - self._jitter_shift)
         step = Step(
             index, now, duration_ms / 1000.0, num_decodes, prefill_tokens, preempted, chunks, finishing
         )
