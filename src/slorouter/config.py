@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slorouter.pool.config import PoolConfig
 from slorouter.validation import format_validation_error
+from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 
 class ConfigError(ValueError):
@@ -108,13 +108,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_config(data, str(path))
+        data = load_yaml_mapping(path, "serve config")
+    except YAMLFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return parse_config(data, str(Path(path)))
