@@ -5,19 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from slorouter.pool.config import PoolConfig
-from slorouter.validation import format_validation_error
+from slorouter.validation import StrictModel, format_validation_error
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the offending key."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class GatewayConfig(StrictModel):

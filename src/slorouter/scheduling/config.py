@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from slorouter.scheduling.plugin import (
     Admitter,
@@ -30,7 +30,7 @@ from slorouter.scheduling.plugin import (
 )
 from slorouter.scheduling.registry import UnknownPluginTypeError, default_producer_type, plugin_class
 from slorouter.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
-from slorouter.validation import format_validation_error, join_location
+from slorouter.validation import StrictModel, format_validation_error, join_location
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 DEFAULT_PROFILE_NAME = "default"
@@ -44,8 +44,8 @@ class SchedulerConfigError(ValueError):
     """The scheduler configuration is invalid; the message names the offending field."""
 
 
-class _ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _ConfigModel(StrictModel):
+    model_config = ConfigDict(frozen=False, populate_by_name=True)
 
 
 class PluginSpec(_ConfigModel):
