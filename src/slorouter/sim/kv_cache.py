@@ -21,7 +21,7 @@ import xxhash
 from slorouter.sim.text import PERIOD, output_bytes
 from slorouter.tokenizer import BYTES_PER_TOKEN
 
-ROOT_HASH = 0x5EED_0F_B10C  # parent of a request's first block in the hash chain
+_ROOT_HASH = 0x5EED_0F_B10C  # parent of a request's first block in the hash chain
 
 
 class KVSequence:
@@ -74,7 +74,7 @@ class KVBlockManager:
         """The hash chain of the prompt's full blocks (``prompt``: packed uint32 token ids)."""
         stride = self.block_size * BYTES_PER_TOKEN
         hashes: list[int] = []
-        parent = ROOT_HASH
+        parent = _ROOT_HASH
         digest = xxhash.xxh3_64_intdigest
         for offset in range(0, len(prompt) - stride + 1, stride):
             parent = digest(prompt[offset : offset + stride], parent)
@@ -202,7 +202,7 @@ class KVBlockManager:
         if full == start + 1 and len(hashes) == start and first >= prompt_len:
             # The usual case while decoding: one more full block, all generated tokens.
             block_hash = xxhash.xxh3_64_intdigest(
-                self._output_blocks[(first - prompt_len) % PERIOD], hashes[start - 1] if start else ROOT_HASH
+                self._output_blocks[(first - prompt_len) % PERIOD], hashes[start - 1] if start else _ROOT_HASH
             )
             hashes.append(block_hash)
             if block_hash not in self._cached:
@@ -214,7 +214,7 @@ class KVBlockManager:
         if j < full:  # blocks holding generated tokens
             output_blocks = self._output_blocks
             digest = xxhash.xxh3_64_intdigest
-            parent = hashes[j - 1] if j else ROOT_HASH
+            parent = hashes[j - 1] if j else _ROOT_HASH
             while j < full:
                 first = j * block_size
                 if first >= prompt_len:  # all generated: one of the precomputed blocks
