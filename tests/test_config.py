@@ -53,7 +53,7 @@ def test_top_level_must_be_a_mapping():
 def test_bad_yaml_and_missing_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("gateway: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: invalid YAML \(line 2, column 1\)"):
         load_config(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")

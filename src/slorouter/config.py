@@ -5,19 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from slorouter.pool.config import PoolConfig
-from slorouter.validation import format_validation_error
+from slorouter.validation import StrictModel, format_validation_error
+from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the offending key."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class GatewayConfig(StrictModel):
@@ -108,13 +104,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_config(data, str(path))
+        data = load_yaml_mapping(path, "serve config")
+    except YAMLFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return parse_config(data, str(Path(path)))

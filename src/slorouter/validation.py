@@ -1,8 +1,16 @@
-"""Turning pydantic validation errors into one-line messages that name the offending key."""
+"""The strict pydantic base of every configuration model, and its errors as one-line messages that name the
+offending key."""
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors and a validated model is immutable; a subclass may add to ``model_config``
+    (it is merged with this one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def join_location(location: str, sub: str) -> str:

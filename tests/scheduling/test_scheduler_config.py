@@ -513,7 +513,7 @@ def test_file_errors(tmp_path):
     with pytest.raises(SchedulerConfigError, match="the file is empty"):
         load_scheduler_config_file(path)
     path.write_text("- type: queue-scorer\n")
-    with pytest.raises(SchedulerConfigError, match=r"must hold a mapping .* got list"):
+    with pytest.raises(SchedulerConfigError, match="the scheduler config must be a mapping, got list"):
         load_scheduler_config_file(path)
     path.write_text("plugins:\n- tipe: queue-scorer\n")
     with pytest.raises(SchedulerConfigError) as info:

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from slorouter.sim.engine import Engine, RequestRejected
+from slorouter.sim.kv_cache import KVBlockManager, KVSequence
 from slorouter.sim.profiles import INSTANT, LLAMA3_8B_H100
 from slorouter.sim.text import output_text
 from slorouter.tokenizer import chat_to_prompt, encode
@@ -322,15 +323,7 @@ def test_commit_needs_the_planned_step(prompt):
         engine.commit_step(step)
 
 
-class _UncachedLookupEngine(Engine):
-    """The engine with its remembered prefix lookups disabled: every lookup starts from the first block."""
-
-    def _lookup_prefix(self, req):  # type: ignore[no-untyped-def]
-        req.hit_blocks = None
-        return super()._lookup_prefix(req)
-
-
-def test_remembered_prefix_lookups_change_nothing_under_kv_pressure(drive_engine):
+def test_remembered_prefix_lookups_change_nothing_under_kv_pressure(drive_engine, monkeypatch):
     # Shared system prompts and chat turns on a small KV cache: requests wait for space at the head of the
     # queue (their lookup resumed step after step) while blocks are evicted and preemptions happen.
     import random
@@ -343,7 +336,15 @@ def test_remembered_prefix_lookups_change_nothing_under_kv_pressure(drive_engine
         question = [i * 1_000_003 + k for k in range(rng.randrange(16, 400))]
         arrivals.append((i, system + question, rng.randrange(1, 300), i * 0.01))
     profile = replace(H100, num_gpu_blocks=360)
-    runs = [drive_engine(cls(profile, seed=5), arrivals) for cls in (Engine, _UncachedLookupEngine)]
+    remembered = drive_engine(Engine(profile, seed=5), arrivals)
+    lookup_prefix = KVBlockManager.lookup_prefix
+
+    def uncached_lookup(self: KVBlockManager, seq: KVSequence, num_tokens: int) -> list[int]:
+        seq.hit_blocks = None  # every lookup starts from the first block
+        return lookup_prefix(self, seq, num_tokens)
+
+    monkeypatch.setattr(KVBlockManager, "lookup_prefix", uncached_lookup)
+    runs = [remembered, drive_engine(Engine(profile, seed=5), arrivals)]
     assert runs[0].max_waiting > 0
     assert runs[0].durations == runs[1].durations
     assert runs[0].finished == runs[1].finished

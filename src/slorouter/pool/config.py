@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from slorouter.pool.state import Endpoint
+from slorouter.validation import StrictModel
 
 
 def validate_address(address: str) -> str:
@@ -30,10 +31,8 @@ def validate_address(address: str) -> str:
     return address
 
 
-class EndpointConfig(BaseModel):
+class EndpointConfig(StrictModel):
     """One model server: a bare ``"host:port"`` in YAML, or this mapping to add a name and labels."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     address: str
     name: str = ""
@@ -45,10 +44,8 @@ class EndpointConfig(BaseModel):
         return validate_address(value)
 
 
-class PoolConfig(BaseModel):
+class PoolConfig(StrictModel):
     """Static pool membership and the scraper's settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     endpoints: list[EndpointConfig] = Field(min_length=1)
     scrape_interval_ms: float = Field(default=50, gt=0)

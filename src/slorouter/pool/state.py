@@ -40,10 +40,6 @@ class Endpoint:
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
-    def display_name(self) -> str:
-        return self.name or self.address
-
-    @property
     def url(self) -> str:
         return f"http://{self.address}"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from slorouter.validation import format_validation_error
+from slorouter.validation import StrictModel, format_validation_error
+from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 DEFAULT_PROFILE_NAME = "default"
 DEFAULT_PROFILE_HANDLER = "single-profile-handler"
@@ -26,8 +26,8 @@ class SchedulerConfigError(ValueError):
     """The scheduler configuration is invalid; the message names the offending field."""
 
 
-class _ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _ConfigModel(StrictModel):
+    model_config = ConfigDict(frozen=False, populate_by_name=True)
 
 
 class PluginSpec(_ConfigModel):
@@ -101,24 +101,11 @@ def load_scheduler_config_file(path: str | Path) -> SchedulerConfig:
     """Read a YAML file holding one ``EndpointPickerConfig``; errors name the file (and line, for YAML)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SchedulerConfigError(
-            f"{path}: cannot read the scheduler config: {exc.strerror or exc}"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SchedulerConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+        data = load_yaml_mapping(path, "scheduler config")
+    except YAMLFileError as exc:
+        raise SchedulerConfigError(str(exc)) from None
     if data is None:
         raise SchedulerConfigError(f"{path}: the file is empty (omit the file to use the built-in default)")
-    if not isinstance(data, dict):
-        raise SchedulerConfigError(
-            f"{path}: must hold a mapping (an EndpointPickerConfig), got {type(data).__name__}"
-        )
     try:
         return SchedulerConfig.model_validate(data)
     except ValidationError as exc:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from slorouter.clock import Clock, MonotonicClock
+from slorouter.validation import StrictModel
 
 if TYPE_CHECKING:
     from slorouter.metrics import LatencyMetrics
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
     )
 
 
-class PluginParams(BaseModel):
+class PluginParams(StrictModel):
     """Base of every plugin's parameter model: unknown parameters are errors."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(populate_by_name=True)
 
 
 @dataclass

@@ -11,11 +11,9 @@ What it models, after vLLM V1's scheduler and KV-cache manager:
 - **Chunked prefill**: a prompt is computed over as many steps as the budget needs. Decodes are scheduled
   first (the budget always covers them since it is at least ``max_num_seqs``), then running prefills in
   admission order, then waiting requests.
-- **Paged KV cache** of ``num_gpu_blocks`` blocks of ``block_size`` tokens, allocated as tokens are scheduled.
-- **Automatic prefix caching**: full blocks are registered under a hash chain of their token ids; a new
-  request reuses the longest cached run of its leading full blocks (at most ``num_tokens - 1`` tokens, as in
-  vLLM) and skips computing them. Blocks nobody references stay cached until evicted, least recently freed
-  first (a request's blocks are freed tail first). Generated tokens fill blocks that get cached too.
+- **Paged KV cache** of ``num_gpu_blocks`` blocks of ``block_size`` tokens, allocated as tokens are scheduled,
+  with **automatic prefix caching**: a new request reuses the longest cached run of its leading full blocks
+  and skips computing them (``slorouter.sim.kv_cache`` keeps the blocks; this module decides who gets them).
 - **Preemption by recompute**: when a running request needs a block and none is free, the most recently
   admitted running request loses all its blocks and goes back to the front of the waiting queue.
 - **Output length** is exactly ``max_tokens`` (as with ``ignore_eos``).
@@ -32,23 +30,20 @@ import heapq
 import math
 import operator
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import xxhash
 
+from slorouter.sim.kv_cache import KVBlockManager, KVSequence
 from slorouter.sim.profiles import Profile
-from slorouter.sim.text import PERIOD, output_bytes
 from slorouter.tokenizer import BYTES_PER_TOKEN, token_ids_to_bytes
 
 RequestId = Hashable
 
 # Request states.
 PENDING, WAITING, PREFILL, DECODE, FINISHED, ABORTED = range(6)
-
-_ROOT_HASH = 0x5EED_0F_B10C  # parent of a request's first block in the hash chain
 
 
 class RequestRejected(ValueError):
@@ -128,28 +123,21 @@ class Step:
         return self.start + self.duration
 
 
-class _Request:
+class _Request(KVSequence):
     __slots__ = (
         "arrival",
-        "block_hashes",
-        "blocks",
         "cached_tokens",
         "dec_computed",
         "dec_output",
         "dec_step",
         "finish_step",
         "first_token_time",
-        "hit_blocks",
-        "hit_mark",
         "max_tokens",
         "next_event",
-        "num_cached_blocks",
         "num_computed",
         "num_output",
         "num_preemptions",
         "num_tokens",
-        "prompt_bytes",
-        "prompt_len",
         "queued",
         "request_id",
         "run_seq",
@@ -157,10 +145,16 @@ class _Request:
         "state",
     )
 
-    def __init__(self, request_id: RequestId, prompt_bytes: bytes, max_tokens: int, arrival: float) -> None:
+    def __init__(
+        self,
+        request_id: RequestId,
+        prompt_bytes: bytes,
+        block_hashes: list[int],
+        max_tokens: int,
+        arrival: float,
+    ) -> None:
+        super().__init__(prompt_bytes, block_hashes)
         self.request_id = request_id
-        self.prompt_bytes = prompt_bytes
-        self.prompt_len = len(prompt_bytes) // BYTES_PER_TOKEN
         self.max_tokens = max_tokens
         self.arrival = arrival
         self.queued = arrival
@@ -168,9 +162,6 @@ class _Request:
         self.num_tokens = self.prompt_len  # prompt + output tokens known so far
         self.num_computed = 0  # KV-computed tokens (stale while decoding: see _sync_decode)
         self.num_output = 0
-        self.blocks: list[int] = []
-        self.block_hashes: list[int] = []
-        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
         self.cached_tokens = -1
         self.scheduled_time = -1.0
         self.first_token_time = -1.0
@@ -178,10 +169,6 @@ class _Request:
         self.run_seq = 0  # admission order into the running set
         self.dec_step = self.dec_computed = self.dec_output = 0  # decode progress at step dec_step
         self.finish_step = self.next_event = -1
-        # While waiting: the cached blocks of its leading blocks found by the last lookup, valid while no
-        # block has left the prefix cache since (the engine's eviction count was hit_mark then).
-        self.hit_blocks: list[int] | None = None
-        self.hit_mark = -1
 
 
 class Engine:
@@ -203,8 +190,7 @@ class Engine:
         self.block_size = profile.block_size
         self.num_gpu_blocks = profile.num_gpu_blocks
         self.max_model_len = profile.max_model_len
-        self._random = random.Random(seed).random
-        self._gauss_next: float | None = None
+        self._gauss = random.Random(seed).gauss
         self._sigma = profile.jitter_sigma if jitter_sigma is None else jitter_sigma
         self._jitter_shift = 0.5 * self._sigma**2
         self._report_tokens = report_tokens
@@ -225,16 +211,7 @@ class Engine:
         self._steps_done = 0
         self._inflight: Step | None = None
 
-        # KV blocks. Never-used blocks are handed out in id order before any freed one, as vLLM's free queue
-        # starts with all blocks in id order and appends freed blocks at its tail.
-        self._next_fresh = 0
-        self._ref: list[int] = []
-        self._hash_of: list[int | None] = []
-        self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, least recently freed first
-        self._cached: dict[int, int] = {}  # block hash -> block id
-        self._evictions = 0  # hashes ever removed from _cached (the only change that can shorten a hit run)
-        # Bytes of a block of generated tokens, by the output position it starts at modulo the text's period.
-        self._output_blocks = [output_bytes(k, k + self.block_size) for k in range(PERIOD)]
+        self._kv = KVBlockManager(self.num_gpu_blocks, self.block_size)
 
         self.prefix_cache_queries = 0  # tokens looked up (vLLM counts tokens)
         self.prefix_cache_hits = 0
@@ -260,7 +237,7 @@ class Engine:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.num_gpu_blocks - self._next_fresh + len(self._free)
+        return self._kv.num_free_blocks
 
     @property
     def kv_usage(self) -> float:
@@ -317,8 +294,7 @@ class Engine:
             )
         if -(-(prompt_len + max_tokens) // self.block_size) > self.num_gpu_blocks:
             raise RequestRejected("the request needs more KV blocks than the engine has")
-        req = _Request(request_id, prompt, max_tokens, now)
-        req.block_hashes = self._prompt_block_hashes(prompt)
+        req = _Request(request_id, prompt, self._kv.prompt_block_hashes(prompt), max_tokens, now)
         req.queued = now + self._api_pre
         self._requests[request_id] = req
         self._pending_seq += 1
@@ -340,7 +316,7 @@ class Engine:
             else:
                 self._prefilling.remove(req)
             del self._running[request_id]
-            self._free_blocks(req)  # an in-flight step skips it: its state is no longer PREFILL/DECODE
+            self._kv.free(req)  # an in-flight step skips it: its state is no longer PREFILL/DECODE
         req.state = ABORTED  # a pending request stays in the heap until popped
         return True
 
@@ -364,15 +340,13 @@ class Engine:
         chunks: list[tuple[_Request, int]] = []
         pairs = 0.0
 
-        # This loop runs for every decoding request every block_size steps: _sync_decode,
-        # num_free_blocks and _schedule_decode_event are inlined.
+        kv = self._kv
+        # This loop runs for every decoding request every block_size steps: _sync_decode and
+        # _schedule_decode_event are inlined.
         due = self._due.pop(index, None)
         if due:
             if len(due) > 1:
                 due.sort(key=_run_order)
-            digest = xxhash.xxh3_64_intdigest
-            output_blocks = self._output_blocks
-            cached = self._cached
             for req in due:
                 if req.state != DECODE or req.next_event != index:  # preempted, or a stale duplicate
                     continue
@@ -383,28 +357,13 @@ class Engine:
                 req.num_tokens = req.prompt_len + num_output
                 blocks = req.blocks
                 if computed >= len(blocks) * block_size:  # the token computed now opens a new block
-                    start = req.num_cached_blocks
-                    hashes = req.block_hashes
-                    first = start * block_size
-                    if computed - first == block_size and len(hashes) == start and first >= req.prompt_len:
-                        # The usual case of _cache_full_blocks: one more full block, all generated tokens.
-                        block_hash = digest(
-                            output_blocks[(first - req.prompt_len) % PERIOD],
-                            hashes[start - 1] if start else _ROOT_HASH,
-                        )
-                        hashes.append(block_hash)
-                        if block_hash not in cached:
-                            cached[block_hash] = bid = blocks[start]
-                            self._hash_of[bid] = block_hash
-                        req.num_cached_blocks = start + 1
-                    else:
-                        self._cache_full_blocks(req, computed)
-                    while self.num_gpu_blocks - self._next_fresh + len(self._free) == 0:
+                    kv.cache_full_blocks(req, computed)
+                    while kv.num_free_blocks == 0:
                         if self._preempt_newest(index, finishing) is req:
                             break
                     if req.state != DECODE:
                         continue
-                    blocks.append(self._allocate_block())
+                    kv.append_block(req)
                 if index == req.finish_step:
                     finishing.append(req)
                 else:
@@ -428,14 +387,14 @@ class Engine:
                 computed = req.num_computed
                 n = min(req.num_tokens - computed, budget)
                 needed = -(-(computed + n) // block_size) - len(req.blocks)
-                while needed > self.num_free_blocks:
+                while needed > kv.num_free_blocks:
                     if self._preempt_newest(index, finishing) is req:
                         break
                 if req.state != PREFILL:
                     continue
                 if needed:
-                    req.blocks += self._allocate_blocks(needed)
-                self._cache_full_blocks(req, computed + n)
+                    kv.append_blocks(req, needed)
+                kv.cache_full_blocks(req, computed + n)
                 chunks.append((req, n))
                 pairs += n * (computed + n / 2)
                 budget -= n
@@ -459,17 +418,7 @@ class Engine:
             + profile.c_step_ms
         )
         if self._sigma > 0.0:
-            # A standard normal draw as random.Random.gauss makes it (Box-Muller pairs: the same numbers
-            # from the same seed), inlined: this runs once per step.
-            z = self._gauss_next
-            if z is None:
-                x2pi = self._random() * math.tau
-                g2rad = math.sqrt(-2.0 * math.log(1.0 - self._random()))
-                self._gauss_next = math.sin(x2pi) * g2rad
-                z = math.cos(x2pi) * g2rad
-            else:
-                self._gauss_next = None
-            duration_ms *= math.exp(self._sigma * z - self._jitter_shift)
+            duration_ms *= math.exp(self._gauss(0.0, self._sigma) - self._jitter_shift)
         step = Step(
             index, now, duration_ms / 1000.0, num_decodes, prefill_tokens, preempted, chunks, finishing
         )
@@ -517,7 +466,7 @@ class Engine:
                     FirstToken(req.request_id, time, req.arrival, req.prompt_len, req.cached_tokens)
                 )
             if req.num_output >= req.max_tokens:
-                self._cache_full_blocks(req, req.num_computed)
+                self._kv.cache_full_blocks(req, req.num_computed)
                 finished.append(self._finish(req, time))
             else:
                 self._start_decoding(req, index)
@@ -540,35 +489,25 @@ class Engine:
         block_size = self.block_size
         max_seqs = self.profile.max_num_seqs
         waiting = self._waiting
-        ref = self._ref
+        kv = self._kv
         pairs = 0.0
         while waiting and budget > 0 and len(self._running) < max_seqs:
             req = waiting[0]
-            hits = self._lookup_prefix(req)
+            hits = kv.lookup_prefix(req, req.num_tokens)
             computed = len(hits) * block_size
             n = min(req.num_tokens - computed, budget)
             needed = -(-(computed + n) // block_size) - len(hits)
-            # Cached blocks taken off the free queue (those no running request references).
-            revived = list(map(ref.__getitem__, hits)).count(0) if hits else 0
-            if needed + revived > self.num_free_blocks:
+            if not kv.can_admit(hits, needed):
                 break  # it waits for space: the next step's lookup resumes from the hits found now
             waiting.popleft()
-            req.hit_blocks = None  # the list becomes its block table
-            for bid in hits:
-                if ref[bid] == 0:
-                    del self._free[bid]
-                ref[bid] += 1
-            req.blocks = hits
-            req.num_cached_blocks = len(hits)
-            if needed:
-                hits += self._allocate_blocks(needed)
+            kv.admit(req, hits, needed)
             req.num_computed = computed
             if req.scheduled_time < 0:
                 req.scheduled_time = now
                 req.cached_tokens = computed
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += computed
-            self._cache_full_blocks(req, computed + n)
+            kv.cache_full_blocks(req, computed + n)
             req.state = PREFILL
             self._run_seq += 1
             req.run_seq = self._run_seq
@@ -579,40 +518,18 @@ class Engine:
             budget -= n
         return pairs
 
-    def _lookup_prefix(self, req: _Request) -> list[int]:
-        """Blocks of the longest cached run of the request's leading full blocks (never all its tokens).
-
-        The run is remembered on the request (``hit_blocks``): while it waits for KV space, each step looks
-        it up again, and as long as no block left the cache since, the run found then is still cached
-        (entries are only added or evicted, never remapped; a request's block hashes only grow), so the
-        lookup resumes where it stopped."""
-        cached = self._cached
-        hashes = req.block_hashes
-        limit = min(len(hashes), (req.num_tokens - 1) // self.block_size)
-        hits = req.hit_blocks
-        if hits is None or req.hit_mark != self._evictions or len(hits) > limit:
-            hits = []
-        for j in range(len(hits), limit):
-            bid = cached.get(hashes[j])
-            if bid is None:
-                break
-            hits.append(bid)
-        req.hit_blocks = hits
-        req.hit_mark = self._evictions
-        return hits
-
     def _preempt_newest(self, index: int, finishing: list[_Request]) -> _Request:
         victim = self._running.pop(next(reversed(self._running)))
         if victim.state == DECODE:
             computed = self._sync_decode(victim, index)
             del self._decoding[victim.request_id]
             self._decode_context -= computed
-            self._cache_full_blocks(victim, computed)
+            self._kv.cache_full_blocks(victim, computed)
             if victim in finishing:
                 finishing.remove(victim)
         else:
             self._prefilling.remove(victim)
-        self._free_blocks(victim)
+        self._kv.free(victim)
         victim.num_computed = 0
         victim.num_preemptions += 1
         victim.state = WAITING
@@ -653,7 +570,7 @@ class Engine:
     def _finish(self, req: _Request, time: float) -> Finished:
         del self._running[req.request_id]
         del self._requests[req.request_id]
-        self._free_blocks(req)
+        self._kv.free(req)
         req.state = FINISHED
         self.num_finished_total += 1
         done = time + self._api_post + self._api_per_token * req.num_output
@@ -670,116 +587,6 @@ class Engine:
             done_time=done,
             num_preemptions=req.num_preemptions,
         )
-
-    # ------------------------------------------------------------------------------------ KV blocks
-
-    def _allocate_block(self) -> int:
-        """Take a free block (the caller checked there is one): a never-used one if any is left, else the
-        least recently freed one, evicting it from the prefix cache."""
-        bid = self._next_fresh
-        if bid < self.num_gpu_blocks:
-            self._next_fresh = bid + 1
-            self._ref.append(1)
-            self._hash_of.append(None)
-            return bid
-        bid = self._free.popitem(last=False)[0]
-        block_hash = self._hash_of[bid]
-        if block_hash is not None:
-            if self._cached.get(block_hash) == bid:
-                del self._cached[block_hash]
-                self._evictions += 1
-            self._hash_of[bid] = None
-        self._ref[bid] = 1
-        return bid
-
-    def _allocate_blocks(self, n: int) -> list[int]:
-        fresh = min(n, self.num_gpu_blocks - self._next_fresh)
-        start = self._next_fresh
-        blocks = list(range(start, start + fresh))
-        if fresh:
-            self._next_fresh = start + fresh
-            self._ref += [1] * fresh
-            self._hash_of += [None] * fresh
-        if fresh < n:  # the loop of _allocate_block, inlined: this runs for every block of every prompt
-            popitem = self._free.popitem
-            ref = self._ref
-            hash_of = self._hash_of
-            cached = self._cached
-            for _ in range(n - fresh):
-                bid = popitem(last=False)[0]
-                block_hash = hash_of[bid]
-                if block_hash is not None:
-                    if cached.get(block_hash) == bid:
-                        del cached[block_hash]
-                        self._evictions += 1
-                    hash_of[bid] = None
-                ref[bid] = 1
-                blocks.append(bid)
-        return blocks
-
-    def _free_blocks(self, req: _Request) -> None:
-        ref = self._ref
-        free = self._free
-        for bid in reversed(req.blocks):
-            ref[bid] -= 1
-            if ref[bid] == 0:
-                free[bid] = None
-        req.blocks = []
-        req.num_cached_blocks = 0
-
-    def _cache_full_blocks(self, req: _Request, num_tokens: int) -> None:
-        """Register in the prefix cache the request's full blocks among its first ``num_tokens`` tokens."""
-        full = min(num_tokens, req.num_tokens) // self.block_size
-        start = req.num_cached_blocks
-        if full <= start:
-            return
-        hashes = req.block_hashes
-        j = len(hashes)
-        if j < full:  # blocks holding generated tokens
-            block_size = self.block_size
-            prompt_len = req.prompt_len
-            output_blocks = self._output_blocks
-            digest = xxhash.xxh3_64_intdigest
-            parent = hashes[j - 1] if j else _ROOT_HASH
-            while j < full:
-                first = j * block_size
-                if first >= prompt_len:  # all generated: one of the precomputed blocks
-                    data = output_blocks[(first - prompt_len) % PERIOD]
-                else:
-                    data = self._block_bytes(req, j)
-                parent = digest(data, parent)
-                hashes.append(parent)
-                j += 1
-        cached = self._cached
-        hash_of = self._hash_of
-        blocks = req.blocks
-        for j in range(start, full):
-            block_hash = hashes[j]
-            if block_hash not in cached:
-                bid = blocks[j]
-                cached[block_hash] = bid
-                hash_of[bid] = block_hash
-        req.num_cached_blocks = full
-
-    def _block_bytes(self, req: _Request, j: int) -> bytes:
-        block_size = self.block_size
-        first, last = j * block_size, (j + 1) * block_size
-        prompt_len = req.prompt_len
-        if last <= prompt_len:
-            return req.prompt_bytes[first * BYTES_PER_TOKEN : last * BYTES_PER_TOKEN]
-        if first >= prompt_len:
-            return self._output_blocks[(first - prompt_len) % PERIOD]
-        return req.prompt_bytes[first * BYTES_PER_TOKEN :] + output_bytes(0, last - prompt_len)
-
-    def _prompt_block_hashes(self, prompt: bytes) -> list[int]:
-        stride = self.block_size * BYTES_PER_TOKEN
-        hashes: list[int] = []
-        parent = _ROOT_HASH
-        digest = xxhash.xxh3_64_intdigest
-        for offset in range(0, len(prompt) - stride + 1, stride):
-            parent = digest(prompt[offset : offset + stride], parent)
-            hashes.append(parent)
-        return hashes
 
 
 _run_order = operator.attrgetter("run_seq")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 
-from slorouter.validation import format_validation_error
+from slorouter.validation import StrictModel, format_validation_error
 
 
 def _none_words(value: object) -> object:
@@ -24,10 +24,8 @@ PositiveInt = Annotated[int, Field(ge=1)]
 Positive = Annotated[float, Field(gt=0)]
 
 
-class WorkloadParams(BaseModel):
+class WorkloadParams(StrictModel):
     """Parameters every workload takes: the SLOs its requests carry and the share that is sheddable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     slo_ttft_ms: OptionalPositive = None  # x-slo-ttft-ms of every request
     slo_tpot_ms: OptionalPositive = None  # x-slo-tpot-ms of every request
