@@ -319,13 +319,13 @@ class Predictor:
     def predict_all(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``predict`` for rows of the union of the features, in ``schema.all_features()`` order (float32
         C-contiguous rows are used as they are), e.g. validated request rows."""
+        width = len(self.schema.all_features())
+        if x_all.ndim != 2 or x_all.shape[1] != width:
+            raise ValueError(f"rows must have {width} features, got shape {x_all.shape}")
         state = self._state
         if "ttft" not in state.models:
             raise PredictorNotReady("no TTFT model has been trained yet")
         joint = state.joint
-        width = len(self.schema.all_features())
-        if x_all.ndim != 2 or x_all.shape[1] != width:
-            raise ValueError(f"rows must have {width} features, got shape {x_all.shape}")
         if x_all.dtype != np.float32 or not x_all.flags.c_contiguous:
             x_all = np.ascontiguousarray(x_all, dtype=np.float32)
         if joint is not None and len(x_all):
