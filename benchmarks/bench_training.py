@@ -1,9 +1,10 @@
 """Training time for 200k samples, side by side for the trainer's objectives (issue 3: ≤ 5 s).
 
 Rows: simulator TTFT samples (``slorouter.bench.samples``), resampled to ``--rows`` with jittered KV usage
-and latency so that they spread over the store's buckets like a long-running pool's. Each objective trains the same store
-with the default hyper-parameters (200 trees, depth 6) through ``Trainer.train`` — hold-out and calibration
-split, XGBoost, hold-out metrics, model save — and reports the wall time and hold-out figures.
+and latency so that they spread over the store's buckets like a long-running pool's. Each objective trains
+the same store with the default hyper-parameters (200 trees, depth 6) through ``Trainer.train`` — hold-out
+and calibration split, XGBoost, hold-out metrics, model save — and reports the wall time and hold-out
+figures.
 
     .venv/bin/python benchmarks/bench_training.py [--rows 200000] [--nthread 2] [--repeats 3]
 """
