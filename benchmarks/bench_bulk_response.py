@@ -1,11 +1,12 @@
 """The prediction server's JSON bulk response, ``{"predictions": [{"ttft_ms": x, "tpot_ms": y}, ...],
 "model_versions": {...}}``, written two ways for the same predictions (the same bytes):
 
-- byte replacement: one orjson array of [ttft, tpot] pairs from numpy, turned into the objects by replacing
-  ``],[`` and ``,`` (no Python object per row);
-- plain: orjson of a list of dicts (rounded values from ``tolist()``; orjson writes a NaN TPOT as null).
+- byte replacement (shipped until issue 11, kept here for the comparison): one orjson array of [ttft, tpot]
+  pairs from numpy, turned into the objects by replacing ``],[`` and ``,`` (no Python object per row);
+- plain (what ``slorouter.predictor.wire.encode_predictions`` does): orjson of a list of dicts (rounded
+  values from ``tolist()``; orjson writes a NaN TPOT as null).
 
-Each is checked to give the bytes ``slorouter.predictor.wire.encode_predictions`` gives, then both are timed
+Each is checked to give the bytes ``encode_predictions`` gives, then both are timed
 in turn (median µs per call over ``--iterations`` calls), for ``--rows`` predictions with a third of the
 TPOTs NaN (no TPOT model yet) and without.
 
@@ -76,7 +77,7 @@ def main() -> None:
             if with_nan:
                 tpot[::3] = np.nan
             versions = VERSIONS if not with_nan else {"ttft": VERSIONS["ttft"]}
-            shipped = encode_predictions(ttft, tpot, orjson.dumps(versions))
+            shipped = encode_predictions(ttft, tpot, versions)
             variants = {
                 "byte replacement": lambda: byte_replacement(ttft, tpot, versions),  # noqa: B023
                 "plain": lambda: plain(ttft, tpot, versions),  # noqa: B023

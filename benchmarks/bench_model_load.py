@@ -1,14 +1,17 @@
 """Loading a trained model: what the predictor does with each new model (after every training round).
 
-Models: TTFT and TPOT, 200 trees, depth 6 (the trainer's defaults), trained on simulator samples. Timed, each
-on its own (median ms of ``--repeats`` calls after a warm-up), for each model:
+Models: TTFT and TPOT, 200 trees, depth 6 (the trainer's defaults), trained on simulator samples. Timed in
+turn (median ms of ``--repeats`` calls after a warm-up), for each model:
 
-- ``xgb.Booster.load_model`` of the stored UBJSON bytes: XGBoost's own loading, always done;
-- reading the trees' arrays for the compiler: this package's UBJSON reader over the stored bytes, or
-  XGBoost's JSON (``save_raw("json")``) parsed with orjson;
-- ``CompiledForest.from_booster`` (read, compile, self-check against XGBoost) with either reading;
-- and, for both models at once, ``Predictor.refresh`` of a fresh predictor (load, compile, combine), the
-  reload after a training round, with either reading.
+- ``xgb.Booster.load_model`` of the stored UBJSON bytes: XGBoost's own loading;
+- reading the trees for the compiler: XGBoost's JSON (``save_raw("json")``) parsed with orjson;
+- ``pack_booster`` (that reading, then packing the trees) and ``CompiledForest.from_booster`` (packing,
+  building the tables, and the self-check against XGBoost);
+- and, for both models at once, ``Predictor.refresh`` of a fresh predictor (load, compile, combine): the
+  reload after a training round.
+
+Until issue 11 the compiler read the stored UBJSON bytes with a reader of its own; this script's version in
+commit 0486fa3 compares both readings (docs/benchmarks.md, "Micro-optimisations kept or removed").
 
     .venv/bin/python benchmarks/bench_model_load.py [--repeats 30]
 """
@@ -22,7 +25,6 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable
-from unittest import mock
 
 import numpy as np
 import orjson
@@ -31,8 +33,9 @@ import xgboost as xgb
 from _harness import markdown_table
 from slorouter.bench.samples import generate_samples
 from slorouter.clock import ManualClock
-from slorouter.predictor import forest
 from slorouter.predictor.features import DEFAULT_SCHEMA, ModelKind
+from slorouter.predictor.forest import CompiledForest
+from slorouter.predictor.forest_compiler import pack_booster
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.store import SampleStore
@@ -52,31 +55,17 @@ def median_ms(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return {label: float(np.median(t)) * 1000.0 for label, t in times.items()}
 
 
-def via_json(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` with the compiler reading XGBoost's JSON: the UBJSON reader declines everything."""
-
-    def run() -> object:
-        with mock.patch.object(forest, "_try_ubj", lambda data: None):
-            return fn()
-
-    return run
-
-
 def model_steps(kind: ModelKind, raw: bytes, repeats: int) -> list[tuple[str, str, float]]:
     booster = xgb.Booster()
     booster.load_model(bytearray(raw))
     booster.set_param({"nthread": 1})
     n = len(DEFAULT_SCHEMA.features(kind))
 
-    def compile_forest() -> None:
-        assert forest.CompiledForest.from_booster(booster, n, raw) is not None
-
     steps = {
-        "xgb.Booster.load_model (XGBoost's own)": lambda: xgb.Booster().load_model(bytearray(raw)),
-        "read trees: UBJSON reader": lambda: forest._ubj_loads(raw),
+        "xgb.Booster.load_model": lambda: xgb.Booster().load_model(bytearray(raw)),
         "read trees: save_raw('json') + orjson": lambda: orjson.loads(booster.save_raw("json")),
-        "CompiledForest.from_booster via UBJSON": compile_forest,
-        "CompiledForest.from_booster via JSON": via_json(compile_forest),
+        "pack_booster (read + pack)": lambda: pack_booster(booster, n),
+        "CompiledForest.from_booster": lambda: CompiledForest.from_booster(booster, n),
     }
     return [(kind, label, ms) for label, ms in median_ms(steps, repeats).items()]
 
@@ -105,8 +94,9 @@ def main() -> None:
         predictor = Predictor(ModelStore(model_dir))
         assert predictor.refresh() and predictor.status()["evaluator"] == "compiled, both models in one pass"
 
-    refreshes = {"Predictor.refresh via UBJSON": refresh, "Predictor.refresh via JSON": via_json(refresh)}
-    rows += [("both", label, ms) for label, ms in median_ms(refreshes, args.repeats).items()]
+    rows += [
+        ("both", label, ms) for label, ms in median_ms({"Predictor.refresh": refresh}, args.repeats).items()
+    ]
 
     print(f"command: {' '.join([sys.executable.split('/')[-1], *sys.argv])}")
     calibration = min(timeit.repeat("sum(range(10000))", number=200, repeat=5)) / 200 * 1e6

@@ -534,7 +534,7 @@ def test_bulk_response_bytes_are_the_documented_json() -> None:
         ttft = rng.lognormal(5, 2, n) * rng.choice([1.0, 1e-9, 1e12], n)
         tpot = rng.lognormal(3, 1, n)
         tpot[:: max(1, n // 3)] = np.nan  # no TPOT model yet: null
-        body = encode_predictions(ttft, tpot, b"{}")
+        body = encode_predictions(ttft, tpot, {})
         predictions = [
             {"ttft_ms": a, "tpot_ms": None if b != b else b}
             for a, b in zip(np.round(ttft, 3).tolist(), np.round(tpot, 3).tolist(), strict=True)

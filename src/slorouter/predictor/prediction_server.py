@@ -248,7 +248,7 @@ class PredictionServer:
         self.metrics.rows.inc(n)
         if binary:
             return self._encode_binary(ttft, tpot)
-        body = encode_predictions(ttft, tpot, self._current_versions_json().encode())
+        body = encode_predictions(ttft, tpot, self.model_versions)
         return Response(200, body, content_type=JSON_TYPE.encode())
 
     def _rows(self, data: Any) -> list[Any]:

@@ -256,7 +256,7 @@ class Predictor:
                 baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
             except ValueError as exc:
                 raise ModelFileError(f"{kind} model {metadata.version}: {exc}") from None
-        forest = CompiledForest.from_booster(booster, n_features, raw) if self.compile_forest else None
+        forest = CompiledForest.from_booster(booster, n_features) if self.compile_forest else None
         return LoadedModel(
             kind,
             metadata,

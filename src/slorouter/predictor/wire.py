@@ -14,6 +14,7 @@ before a TPOT model exists) or, to a binary request, n little-endian float64 TTF
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import numpy as np
 import orjson
@@ -80,23 +81,11 @@ class RowEncoder:
         return {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ",".join(self.names)}
 
 
-def encode_predictions(ttft: np.ndarray, tpot: np.ndarray, versions_json: bytes) -> bytes:
-    """The JSON bulk response, predictions rounded to 1 µs, written as one orjson array of [ttft, tpot]
-    pairs turned into the objects by byte replacements (numbers hold no ``,``, ``[`` or ``]``): no Python
-    object per row."""
-    n = len(ttft)
-    if n == 0:
-        predictions = b""
-    else:
-        # orjson writes the shortest repr, and a NaN TPOT (no TPOT model yet) as null.
-        pairs = np.empty((n, 2), dtype=np.float64)
-        np.round(ttft, 3, out=pairs[:, 0])
-        np.round(tpot, 3, out=pairs[:, 1])
-        numbers = orjson.dumps(pairs, option=orjson.OPT_SERIALIZE_NUMPY)[2:-2]  # a,b],[c,d
-        predictions = b'{"ttft_ms":%s}' % (
-            numbers.replace(b"],[", b"}{").replace(b",", b',"tpot_ms":').replace(b"}{", b'},{"ttft_ms":')
-        )
-    return b'{"predictions":[%s],"model_versions":%s}' % (predictions, versions_json)
+def encode_predictions(ttft: np.ndarray, tpot: np.ndarray, versions: Mapping[str, str]) -> bytes:
+    """The JSON bulk response, predictions rounded to 1 µs (orjson writes a NaN TPOT as null)."""
+    rounded = zip(np.round(ttft, 3).tolist(), np.round(tpot, 3).tolist(), strict=True)
+    predictions = [{"ttft_ms": a, "tpot_ms": b} for a, b in rounded]
+    return orjson.dumps({"predictions": predictions, "model_versions": versions})
 
 
 def encode_binary_predictions(ttft: np.ndarray, tpot: np.ndarray) -> bytes:
