@@ -105,7 +105,7 @@ def pack_trees(model: dict[str, Any], n_features: int) -> PackedTrees | None:
     left = np.where(leaf, -1, left + starts[tree_of])
     right = np.where(leaf, -1, right + starts[tree_of])
 
-    levels = []
+    levels: list[np.ndarray] = []
     frontier = starts
     while len(frontier):
         if len(levels) > _MAX_DEPTH or len(frontier) > len(left):

@@ -237,11 +237,11 @@ class PredictionServer:
             else:
                 rows = self._rows(parse_json(body))
                 n = len(rows)
-                x_all = self._json_rows(rows)
-                if x_all is None:
+                matrix = self._json_rows(rows)
+                if matrix is None:
                     ttft, tpot = self.predictor.predict_rows(rows)
                 else:
-                    ttft, tpot = self.predictor.predict_all(x_all)
+                    ttft, tpot = self.predictor.predict_all(matrix)
         except (RequestError, FeatureError, PredictorNotReady) as exc:
             return self._failure("bulk", exc)
         self._bulk_ok.inc()

@@ -271,7 +271,7 @@ class Predictor:
     def _install(self, loaded: list[LoadedModel]) -> None:
         """Make ``loaded`` current, with the combined forest of the resulting pair."""
         with self._load_lock:
-            models = {**self._models, **{model.kind: model for model in loaded}}
+            models: dict[str, LoadedModel] = {**self._models, **{model.kind: model for model in loaded}}
             self._state = _State(models, self._joint_of(models))
             for model in loaded:
                 self._refused.pop(model.kind, None)
