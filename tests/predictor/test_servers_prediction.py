@@ -491,6 +491,22 @@ async def test_binary_bulk_with_only_a_ttft_model_gives_nan_tpot(
 
 
 @pytest.mark.parametrize("pod_class", [False, True])
+def test_union_rows_go_in_the_wire_order_and_come_back_as_the_union(pod_class: bool) -> None:
+    schema = FeatureSchema(pod_class=pod_class)
+    wire = RowEncoder(schema)
+    # The TTFT model's features, then the TPOT model's others: with pod_class, not all_features() order.
+    assert wire.names == (*schema.features("ttft"), "num_tokens_generated")
+    x_ttft, _, x_tpot, _ = synthetic(40, seed=26)
+    x_all = np.hstack([x_ttft, x_tpot[:, 6:7]])
+    if pod_class:
+        x_all = np.hstack([x_all, (np.arange(40, dtype=np.float32) % 3)[:, None]])
+    union = schema.all_features()
+    body = wire.encode_binary(x_all)
+    assert body == np.ascontiguousarray(x_all[:, [union.index(n) for n in wire.names]], dtype="<f4").tobytes()
+    np.testing.assert_array_equal(BinaryRows(schema)(body, ",".join(wire.names).encode(), 10_000), x_all)
+
+
+@pytest.mark.parametrize("pod_class", [False, True])
 def test_binary_rows_agree_with_the_library(pod_class: bool) -> None:
     schema = FeatureSchema(pod_class=pod_class)
     binary = BinaryRows(schema)

@@ -34,6 +34,12 @@ class LatencyPredictorBackend(Protocol):
         """True when the backend answers in-process without waiting: ``predict_now`` is then valid."""
         ...
 
+    @property
+    def versions(self) -> Mapping[str, str | None]:
+        """The model version served per kind (None before its first training); empty where the backend does
+        not know them (the remote one: each prediction server reports its own in ``/v1/status``)."""
+        ...
+
     def start(self) -> None:
         """Start background work; call with the event loop running."""
         ...

@@ -42,6 +42,10 @@ class RemotePredictor:
     def ready(self) -> bool:
         return self.client.ready
 
+    @property
+    def versions(self) -> dict[str, str | None]:
+        return {}
+
     def start(self) -> None:
         self.client.start()
         self.sink.start()
