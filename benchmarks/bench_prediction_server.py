@@ -37,15 +37,18 @@ import numpy as np
 import uvloop
 
 from _harness import _to_ms, ensure_wrk, free_port, markdown_table, process
+from slorouter.bench.samples import SimSamples, generate_samples
 from slorouter.clock import ManualClock
-from slorouter.predictor.client import PredictionClient, PredictionUnavailable, WireFormat
-from slorouter.predictor.features import columns_to_matrix
+from slorouter.predictor.backend import PredictionUnavailable
+from slorouter.predictor.features import columns_to_union_matrix
 from slorouter.predictor.http_common import parse_json
+from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.prediction_server import PredictionServer, make_source
-from slorouter.predictor.samples_sim import SimSamples, generate_samples
+from slorouter.predictor.prediction_client import PredictionClient
+from slorouter.predictor.prediction_server import PredictionServer
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.trainer import Trainer, TrainerConfig
+from slorouter.predictor.wire import RowEncoder, encode_predictions
 
 ROWS = 100
 SERVER = [sys.executable, "-m", "slorouter.predictor.command", "prediction-server"]
@@ -60,8 +63,9 @@ def train(model_dir: str, samples: SimSamples) -> None:
     assert {r.kind for r in reports if r.accepted} == {"ttft", "tpot"}, reports
 
 
-def candidate_sets(samples: SimSamples, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``count`` candidate sets of ROWS endpoints each (one request's input and output length per set)."""
+def candidate_sets(samples: SimSamples, count: int, seed: int) -> list[np.ndarray]:
+    """``count`` union matrices of ROWS candidate endpoints each (one request's input and output length per
+    set)."""
     rng = np.random.default_rng(seed)
     sets = []
     for _ in range(count):
@@ -71,7 +75,7 @@ def candidate_sets(samples: SimSamples, count: int, seed: int) -> list[tuple[np.
         }
         columns["input_token_length"] = float(samples.columns["input_token_length"][pick[0]])
         columns["num_tokens_generated"] = float(samples.columns["num_tokens_generated"][pick[0]])
-        sets.append((columns_to_matrix(columns, "ttft"), columns_to_matrix(columns, "tpot")))
+        sets.append(columns_to_union_matrix(columns))
     return sets
 
 
@@ -84,9 +88,7 @@ def pin() -> list[str]:
     return ["taskset", "-c", str(cpus[0])]
 
 
-async def end_to_end(
-    url: str, sets: list[tuple[np.ndarray, np.ndarray]], rate: float, seconds: float, binary: bool
-) -> dict:
+async def end_to_end(url: str, sets: list[np.ndarray], rate: float, seconds: float, binary: bool) -> dict:
     client = PredictionClient([url], coalesce_window_s=0.001, timeout_s=0.05, binary=binary)
     client.start()
     await asyncio.sleep(0.2)  # first health probe
@@ -95,11 +97,11 @@ async def end_to_end(
     unavailable = 0
     rng = np.random.default_rng(1)
 
-    async def call(x_ttft: np.ndarray, x_tpot: np.ndarray) -> None:
+    async def call(x_all: np.ndarray) -> None:
         nonlocal unavailable
         started = time.perf_counter()
         try:
-            await client.predict(x_ttft, x_tpot)
+            await client.predict(x_all)
         except PredictionUnavailable:
             unavailable += 1
             return
@@ -113,7 +115,7 @@ async def end_to_end(
         delay = next_at - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(call(*sets[i % len(sets)])))
+        tasks.append(asyncio.ensure_future(call(sets[i % len(sets)])))
         i += 1
         next_at += rng.exponential(1.0 / rate)
     await asyncio.gather(*tasks)
@@ -131,8 +133,8 @@ async def end_to_end(
 
 def handler_floor(
     model_dir: str,
-    wire: WireFormat,
-    matrices: tuple[np.ndarray, np.ndarray],
+    wire: RowEncoder,
+    x_candidates: np.ndarray,
     binary: bool,
     iterations: int = 2000,
 ) -> dict[str, float]:
@@ -140,7 +142,7 @@ def handler_floor(
     server = PredictionServer(make_source(model_dir=model_dir))
     server.predictor.refresh()
     names = ",".join(wire.names).encode()
-    body = wire.encode_binary(*matrices) if binary else wire.encode(*matrices)
+    body = wire.encode_binary(x_candidates) if binary else wire.encode(x_candidates)
     steps = np.empty((iterations, 4))
     perf = time.perf_counter
     for i in range(iterations + 200):
@@ -151,7 +153,7 @@ def handler_floor(
         else:
             rows = server._rows(parse_json(body))
             t1 = perf()
-            result = server._row_matrices(rows)
+            result = server._json_rows(rows)
             assert result is not None
             x_all = result
             t2 = perf()
@@ -160,7 +162,7 @@ def handler_floor(
         if binary:
             server._encode_binary(ttft, tpot)
         else:
-            server._encode_bulk(ttft, tpot)
+            encode_predictions(ttft, tpot, server._current_versions_json().encode())
         t4 = perf()
         if i >= 200:
             steps[i - 200] = (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
@@ -238,7 +240,7 @@ def main() -> None:
 
     samples = generate_samples(args.train_samples, seed=0)
     server_cpu = pin()
-    wire = WireFormat()
+    wire = RowEncoder()
     bodies = {"json": wire.encode, "binary": wire.encode_binary}
     with tempfile.TemporaryDirectory(prefix="bench-prediction-server-") as model_dir:
         train(model_dir, samples)
@@ -264,13 +266,13 @@ def main() -> None:
             wait_ready(url)
             target = url + "/v1/predict/bulk"
             for fmt in args.formats:  # warm-up
-                body = bodies[fmt](*sets[0])
+                body = bodies[fmt](sets[0])
                 run_wrk(
                     target, body, wire.headers(fmt == "binary"), connections=8, seconds=2, server_pid=proc.pid
                 )
             for _ in range(args.rounds):
                 for fmt in args.formats:
-                    body = bodies[fmt](*sets[0])
+                    body = bodies[fmt](sets[0])
                     for connections in args.connections:
                         result = run_wrk(
                             target,

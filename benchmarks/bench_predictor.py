@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from slorouter.bench.samples import SimSamples, generate_samples
 from slorouter.clock import ManualClock
 from slorouter.predictor.features import columns_to_matrix
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor
-from slorouter.predictor.samples_sim import SimSamples, generate_samples
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import Trainer, TrainerConfig
 

@@ -1,9 +1,10 @@
 """Training time for 200k samples, side by side for the trainer's objectives (issue 3: ≤ 5 s).
 
-Rows: simulator TTFT samples (``samples_sim``), resampled to ``--rows`` with jittered KV usage and latency so
-that they spread over the store's buckets like a long-running pool's. Each objective trains the same store
-with the default hyper-parameters (200 trees, depth 6) through ``Trainer.train`` — hold-out and calibration
-split, XGBoost, hold-out metrics, model save — and reports the wall time and hold-out figures.
+Rows: simulator TTFT samples (``slorouter.bench.samples``), resampled to ``--rows`` with jittered KV usage
+and latency so that they spread over the store's buckets like a long-running pool's. Each objective trains
+the same store with the default hyper-parameters (200 trees, depth 6) through ``Trainer.train`` — hold-out
+and calibration split, XGBoost, hold-out metrics, model save — and reports the wall time and hold-out
+figures.
 
     .venv/bin/python benchmarks/bench_training.py [--rows 200000] [--nthread 2] [--repeats 3]
 """
@@ -17,9 +18,9 @@ import tempfile
 
 import numpy as np
 
+from slorouter.bench.samples import generate_samples
 from slorouter.clock import ManualClock
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.samples_sim import generate_samples
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import OBJECTIVES, Trainer, TrainerConfig
 

@@ -20,9 +20,9 @@ LAYERS: list[set[str]] = [
     {"http"},  # HTTP/1.1 server, upstream client, OpenAI-style error bodies
     {"api"},  # the OpenAI API: request parsing, routing headers, reading responses
     {"pool"},  # endpoints, scraping, in-flight accounting
-    {"metrics"},  # Prometheus series
     {"sim"},  # engine model and simulated model servers
     {"predictor"},  # features, samples, training, models, prediction, servers, client
+    {"metrics"},  # the router's Prometheus series (the pool's, the predictor's, the pipeline's)
     {"scheduling"},  # framework and plugins
     {"config"},  # the router's YAML
     {"director"},  # the request lifecycle

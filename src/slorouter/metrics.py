@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -16,6 +16,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
 
 from slorouter.pool.state import PoolState
+
+if TYPE_CHECKING:
+    from slorouter.predictor.backend import LatencyPredictorBackend
 
 # How Prometheus formats a bucket bound ("0.005", "+Inf"); the library ships it without annotations.
 _float_to_go_string = cast(Callable[[float], str], _untyped_float_to_go_string)
@@ -331,15 +334,15 @@ class LatencyMetrics:
 class PredictorCollector(Collector):
     """Predictor readiness and, where the backend knows them, the model versions it serves."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: LatencyPredictorBackend) -> None:
         self.backend = backend
 
     def collect(self) -> Iterator[Metric]:
         ready = GaugeMetricFamily("slorouter_predictor_ready", "1 when a trained model serves predictions.")
         ready.add_metric([], float(bool(self.backend.ready)))
         yield ready
-        versions = getattr(self.backend, "versions", None)
-        if isinstance(versions, dict):
+        versions = self.backend.versions
+        if versions:
             info = GaugeMetricFamily(
                 "slorouter_predictor_model_info", "The model version served, per model (value 1).",
                 labels=["model", "version"],

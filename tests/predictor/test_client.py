@@ -14,22 +14,18 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from slorouter.predictor.client import (
-    LatencyPredictorBackend,
-    PredictionClient,
-    PredictionUnavailable,
-    RemotePredictor,
-    ServerState,
-    TrainingSampleSink,
-    WireFormat,
-    encode_sample,
-)
+from slorouter.predictor.backend import LatencyPredictorBackend, PredictionUnavailable
 from slorouter.predictor.features import FeatureError
 from slorouter.predictor.http_common import RunningServer, listen
+from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.prediction_server import PredictionServer, make_source
+from slorouter.predictor.prediction_client import PredictionClient, ServerState
+from slorouter.predictor.prediction_server import PredictionServer
 from slorouter.predictor.predictor import Predictor
+from slorouter.predictor.remote import RemotePredictor
+from slorouter.predictor.sample_sink import TrainingSampleSink, encode_sample
 from slorouter.predictor.training_server import TrainingServer
+from slorouter.predictor.wire import RowEncoder
 from tests.predictor import test_servers_common as common
 from tests.predictor.conftest import synthetic
 from tests.predictor.test_servers_common import FAST_TRAINING, eventually, feature_rows, free_port
@@ -40,6 +36,12 @@ trained_dir = common.trained_dir
 def matrices(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     x_ttft, _, x_tpot, _ = synthetic(n, seed)
     return x_ttft, x_tpot
+
+
+def union(n: int, seed: int = 0) -> np.ndarray:
+    """Rows of both models' features (``all_features()`` order: the TTFT columns, then the TPOT output)."""
+    x_ttft, x_tpot = matrices(n, seed)
+    return np.hstack([x_ttft, x_tpot[:, 6:]])
 
 
 def local_predictor(directory: Path) -> Predictor:
@@ -99,16 +101,16 @@ async def test_concurrent_calls_are_coalesced_into_few_bulk_requests(
 ) -> None:
     server = servers[0]
     client = client_factory([server.url], coalesce_window_s=0.005, timeout_s=5.0)
-    calls = [matrices(10, seed) for seed in range(50)]
+    calls = [union(10, seed) for seed in range(50)]
     before = bulk_requests(server)
-    results = await asyncio.gather(*(client.predict(x_ttft, x_tpot) for x_ttft, x_tpot in calls))
+    results = await asyncio.gather(*(client.predict(x_all) for x_all in calls))
     sent = bulk_requests(server) - before
     assert 1 <= sent <= 3, sent
     assert client.stats.bulk_requests == sent and client.stats.calls == 50 and client.stats.rows == 500
 
     local = local_predictor(trained_dir)
-    for (x_ttft, x_tpot), (ttft, tpot) in zip(calls, results, strict=True):
-        want_ttft, want_tpot = local.predict(x_ttft, x_tpot)
+    for x_all, (ttft, tpot) in zip(calls, results, strict=True):
+        want_ttft, want_tpot = local.predict_all(x_all)
         np.testing.assert_allclose(ttft, want_ttft, atol=1e-3)  # the server rounds to 1 µs
         np.testing.assert_allclose(tpot, want_tpot, atol=1e-3)
 
@@ -116,16 +118,16 @@ async def test_concurrent_calls_are_coalesced_into_few_bulk_requests(
 async def test_binary_and_json_wire_formats_agree(
     servers: list[PredictionServer], trained_dir: Path, client_factory: Callable[..., PredictionClient]
 ) -> None:
-    x_ttft, x_tpot = matrices(200, seed=31)
-    want_ttft, want_tpot = local_predictor(trained_dir).predict(x_ttft, x_tpot)
+    x_all = union(200, seed=31)
+    want_ttft, want_tpot = local_predictor(trained_dir).predict_all(x_all)
     binary = client_factory([servers[0].url], timeout_s=5.0)
     plain = client_factory([servers[0].url], timeout_s=5.0, binary=False)
     assert binary.binary and not plain.binary
-    ttft, tpot = await binary.predict(x_ttft, x_tpot)
+    ttft, tpot = await binary.predict(x_all)
     np.testing.assert_array_equal(ttft, want_ttft)  # float64 on the wire: not even rounded
     np.testing.assert_array_equal(tpot, want_tpot)
     ttft[:] = 0.0  # results are the caller's own, writable arrays
-    ttft, tpot = await plain.predict(x_ttft, x_tpot)
+    ttft, tpot = await plain.predict(x_all)
     np.testing.assert_allclose(ttft, want_ttft, atol=1e-3)  # JSON: rounded to 1 µs
     np.testing.assert_allclose(tpot, want_tpot, atol=1e-3)
 
@@ -134,23 +136,23 @@ async def test_window_zero_sends_each_call(
     servers: list[PredictionServer], client_factory: Callable[..., PredictionClient]
 ) -> None:
     client = client_factory([servers[0].url], coalesce_window_s=0, timeout_s=5.0)
-    await asyncio.gather(*(client.predict(*matrices(3, seed)) for seed in range(4)))
+    await asyncio.gather(*(client.predict(union(3, seed)) for seed in range(4)))
     assert client.stats.bulk_requests == 4
 
 
 async def test_a_thousand_endpoint_pool_and_oversized_batches_are_split(
     servers: list[PredictionServer], trained_dir: Path, client_factory: Callable[..., PredictionClient]
 ) -> None:
-    x_ttft, x_tpot = matrices(1000, seed=3)
-    local_ttft, _ = local_predictor(trained_dir).predict(x_ttft, x_tpot)
+    x_all = union(1000, seed=3)
+    local_ttft, _ = local_predictor(trained_dir).predict_all(x_all)
     client = client_factory([servers[0].url], timeout_s=10.0)
-    ttft, tpot = await client.predict(x_ttft, x_tpot)
+    ttft, tpot = await client.predict(x_all)
     assert ttft.shape == tpot.shape == (1000,)
     np.testing.assert_allclose(ttft, local_ttft, atol=1e-3)
     assert client.stats.bulk_requests == 1
 
     split = client_factory([servers[0].url], timeout_s=10.0, max_rows_per_bulk=300)
-    ttft, _ = await split.predict(x_ttft, x_tpot)
+    ttft, _ = await split.predict(x_all)
     np.testing.assert_allclose(ttft, local_ttft, atol=1e-3)
     assert split.stats.bulk_requests == 4  # 300 + 300 + 300 + 100 rows, in order
 
@@ -159,7 +161,7 @@ async def test_bulk_requests_spread_over_servers(
     servers: list[PredictionServer], client_factory: Callable[..., PredictionClient]
 ) -> None:
     client = client_factory([s.url for s in servers], coalesce_window_s=0, timeout_s=5.0)
-    await asyncio.gather(*(client.predict(*matrices(5, seed)) for seed in range(20)))
+    await asyncio.gather(*(client.predict(union(5, seed)) for seed in range(20)))
     counts = [bulk_requests(s) for s in servers]
     assert sum(counts) == 20 and min(counts) >= 5, counts
 
@@ -179,19 +181,18 @@ def test_pick_prefers_the_least_outstanding_ready_server() -> None:
 
 def test_wire_numbers_round_trip_float32_exactly() -> None:
     rng = np.random.default_rng(3)
-    wire = WireFormat()
+    wire = RowEncoder()
     for scale in (1e-7, 1.0, 1e3, 1e7):
         x_ttft = (rng.random((500, 8)) * scale).astype(np.float32)
-        x_tpot = np.hstack([x_ttft[:, :6], np.floor(rng.random((500, 1)) * 500)]).astype(np.float32)
-        rows = json.loads(wire.encode(x_ttft, x_tpot))["rows"]
+        x_all = np.hstack([x_ttft, np.floor(rng.random((500, 1)) * 500)]).astype(np.float32)
+        rows = json.loads(wire.encode(x_all))["rows"]
         back = np.array([[row[n] for n in wire.names] for row in rows], dtype=np.float64).astype(np.float32)
-        np.testing.assert_array_equal(back[:, :8], x_ttft)
-        np.testing.assert_array_equal(back[:, 8], x_tpot[:, 6])
+        np.testing.assert_array_equal(back, x_all)
 
 
 async def test_wire_rows_are_keyed_by_feature_name() -> None:
     x_ttft, x_tpot = matrices(2)
-    body = json.loads(WireFormat().encode(x_ttft, x_tpot))
+    body = json.loads(RowEncoder().encode(union(2)))
     rows = feature_rows(x_ttft, x_tpot)
     assert list(body) == ["rows"] and len(body["rows"]) == 2
     for sent, row in zip(body["rows"], rows, strict=True):
@@ -221,10 +222,10 @@ async def test_failover_when_a_server_stops(
 ) -> None:
     first, second = servers
     client = client_factory([first.url, second.url], coalesce_window_s=0, timeout_s=5.0)
-    await asyncio.gather(*(client.predict(*matrices(4, seed)) for seed in range(6)))
+    await asyncio.gather(*(client.predict(union(4, seed)) for seed in range(6)))
     await first.stop()
     for seed in range(10):
-        ttft, _ = await client.predict(*matrices(4, seed))
+        ttft, _ = await client.predict(union(4, seed))
         assert ttft.shape == (4,)
     assert client.servers[0].ready is False
     assert client.servers[0].last_error
@@ -237,17 +238,17 @@ async def test_a_restarted_server_is_probed_back_into_rotation(
     port = free_port()
     server = await start_prediction_server(trained_dir, port)
     client = client_factory([server.url], coalesce_window_s=0, timeout_s=2.0, health_check_interval_s=0.05)
-    await client.predict(*matrices(2))
+    await client.predict(union(2))
     await server.stop()
     with pytest.raises(PredictionUnavailable):
-        await client.predict(*matrices(2))
+        await client.predict(union(2))
     with pytest.raises(PredictionUnavailable, match="no ready prediction server"):
-        await client.predict(*matrices(2))
+        await client.predict(union(2))
     assert not client.ready
     server = await start_prediction_server(trained_dir, port)
     try:
         await eventually(lambda: client.ready)
-        ttft, _ = await client.predict(*matrices(2))
+        ttft, _ = await client.predict(union(2))
         assert ttft.shape == (2,)
     finally:
         await server.stop()
@@ -265,7 +266,7 @@ async def test_timeout_raises_prediction_unavailable(client_factory: Callable[..
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(PredictionUnavailable, match="within 50 ms"):
-            await client.predict(*matrices(3))
+            await client.predict(union(3))
         assert loop.time() - started < 4  # a bound well below the server's 5 s, not a speed claim
         assert client.stats.unavailable == 1
         assert client.servers[0].ready is not False  # slow is not down
@@ -286,7 +287,7 @@ async def test_not_ready_and_failing_servers(client_factory: Callable[..., Predi
     try:
         client = client_factory([first.url, second.url], coalesce_window_s=0, timeout_s=2.0)
         with pytest.raises(PredictionUnavailable):
-            await client.predict(*matrices(3))
+            await client.predict(union(3))
         assert client.stats.failovers == 1
         assert client.servers[0].ready is False  # its /readyz says 503 too
         assert "HTTP 503" in (client.servers[0].last_error or "")
@@ -313,7 +314,7 @@ async def test_rows_refused_by_the_server_are_not_retried_elsewhere(
     try:
         client = client_factory([first.url, second.url], coalesce_window_s=0, timeout_s=2.0)
         with pytest.raises(PredictionUnavailable, match="rejected the rows"):
-            await client.predict(*matrices(1))
+            await client.predict(union(1))
         assert hits == 1
         assert all(s.ready is not False for s in client.servers)
     finally:
@@ -323,26 +324,26 @@ async def test_rows_refused_by_the_server_are_not_retried_elsewhere(
 
 async def test_input_errors_are_the_callers(client_factory: Callable[..., PredictionClient]) -> None:
     client = client_factory(["http://127.0.0.1:9"])
-    x_ttft, x_tpot = matrices(2)
-    with pytest.raises(ValueError, match="x_ttft must have shape"):
-        await client.predict(x_ttft[:, :3], x_tpot)
-    with pytest.raises(ValueError, match="rows"):
-        await client.predict(x_ttft, x_tpot[:1])
-    bad = x_ttft.copy()
+    x_all = union(2)
+    with pytest.raises(ValueError, match="9 features"):
+        await client.predict(x_all[:, :3])
+    with pytest.raises(ValueError, match="9 features"):
+        await client.predict(x_all[0])
+    bad = x_all.copy()
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        await client.predict(bad, x_tpot)
-    ttft, tpot = await client.predict(x_ttft[:0], x_tpot[:0])
+        await client.predict(bad)
+    ttft, tpot = await client.predict(x_all[:0])
     assert ttft.shape == tpot.shape == (0,)
     with pytest.raises(ValueError):
         PredictionClient([])
     with pytest.raises(RuntimeError, match="start"):
-        await PredictionClient(["http://x"]).predict(x_ttft, x_tpot)
+        await PredictionClient(["http://x"]).predict(x_all)
 
 
 async def test_stop_fails_pending_calls(client_factory: Callable[..., PredictionClient]) -> None:
     client = client_factory(["http://127.0.0.1:9"], coalesce_window_s=10, timeout_s=20)
-    call = asyncio.ensure_future(client.predict(*matrices(1)))
+    call = asyncio.ensure_future(client.predict(union(1)))
     await asyncio.sleep(0.01)
     await client.stop()
     with pytest.raises(PredictionUnavailable, match="stopping"):
@@ -354,7 +355,7 @@ async def test_client_metrics(
 ) -> None:
     registry = CollectorRegistry()
     client = client_factory([servers[0].url], coalesce_window_s=0, timeout_s=5.0, registry=registry)
-    await client.predict(*matrices(2))
+    await client.predict(union(2))
     assert registry.get_sample_value("slorouter_prediction_client_calls_total", {"outcome": "ok"}) == 1
     assert (
         registry.get_sample_value(
@@ -412,7 +413,7 @@ async def test_sink_delivers_in_bulk_and_retries_after_an_outage(tmp_path: Path)
         for i in range(100):
             sink.add("ttft", x_ttft[i], 20.0 + i)  # numpy rows of the model's own columns work too
             sink.add(
-                "tpot", dict(zip(WireFormat().names, [*x_ttft[i].tolist(), x_tpot[i, -1]], strict=True)), 7.5
+                "tpot", dict(zip(RowEncoder().names, [*x_ttft[i].tolist(), x_tpot[i, -1]], strict=True)), 7.5
             )
         await eventually(lambda: sink.stats.failed_flushes >= 2)
         assert sink.buffered == 200
@@ -480,18 +481,21 @@ async def test_remote_predictor_end_to_end(tmp_path: Path) -> None:
         PredictionClient([prediction.url], timeout_s=5.0, health_check_interval_s=0.05),
         TrainingSampleSink(training.url, flush_interval_s=0.05),
     )
-    assert isinstance(remote, LatencyPredictorBackend)
+    assert isinstance(remote, LatencyPredictorBackend) and not remote.synchronous
     remote.start()
     try:
         x_ttft, y_ttft, x_tpot, y_tpot = synthetic(300, seed=8)
+        x_all = np.hstack([x_ttft, x_tpot[:, 6:]])
         with pytest.raises(PredictionUnavailable):
-            await remote.predict(x_ttft[:2], x_tpot[:2])
+            await remote.predict(x_all[:2])
+        with pytest.raises(PredictionUnavailable, match="awaited"):
+            remote.predict_now(x_all[:2])
         for i in range(300):
             remote.add_sample("ttft", x_ttft[i], float(y_ttft[i]))
             remote.add_sample("tpot", x_tpot[i], float(y_tpot[i]))
         await eventually(lambda: remote.ready)
         await eventually(lambda: all(prediction.predictor.versions.values()))
-        ttft, tpot = await remote.predict(x_ttft[:20], x_tpot[:20])
+        ttft, tpot = await remote.predict(x_all[:20])
         assert np.all(ttft > 0) and np.all(tpot > 0)
     finally:
         await remote.stop()
@@ -526,6 +530,6 @@ async def test_client_can_share_a_session(servers: list[PredictionServer]) -> No
     async with aiohttp.ClientSession() as session:
         client = PredictionClient([servers[0].url], session=session, timeout_s=5.0)
         client.start()
-        await client.predict(*matrices(2))
+        await client.predict(union(2))
         await client.stop()
         assert not session.closed

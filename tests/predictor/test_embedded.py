@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from slorouter.clock import ManualClock
-from slorouter.predictor.client import LatencyPredictorBackend, PredictionUnavailable
+from slorouter.predictor.backend import LatencyPredictorBackend, PredictionUnavailable
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.features import FeatureError
 from tests.predictor import test_servers_common as common
@@ -22,15 +22,16 @@ trained_dir = common.trained_dir
 
 async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
     embedded = EmbeddedPredictor(tmp_path / "models", trainer_config=FAST_TRAINING)
-    assert isinstance(embedded, LatencyPredictorBackend)
+    assert isinstance(embedded, LatencyPredictorBackend) and embedded.synchronous
     embedded.start()
     try:
         x_ttft, y_ttft, x_tpot, y_tpot = synthetic(400, seed=2)
+        union = np.column_stack([x_ttft, x_tpot[:, -1]])  # both models' features, one matrix
         assert not embedded.ready
         with pytest.raises(PredictionUnavailable, match="no TTFT model"):
-            await embedded.predict(x_ttft[:3], x_tpot[:3])
+            await embedded.predict(union[:3])
         with pytest.raises(PredictionUnavailable, match="no TTFT model"):
-            embedded.predict_union_now(np.column_stack([x_ttft[:3], x_tpot[:3, -1]]))
+            embedded.predict_now(union[:3])
         rows = feature_rows(x_ttft, x_tpot)
         for i in range(400):
             # Both row forms: feature mappings and the model's own matrix rows.
@@ -40,13 +41,11 @@ async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
         await eventually(lambda: all(embedded.predictor.versions.values()))
         assert embedded.ready
         assert embedded.versions == {k: embedded.trainer.current_version(k) for k in ("ttft", "tpot")}
-        ttft, tpot = await embedded.predict(x_ttft[:50], x_tpot[:50])
+        ttft, tpot = await embedded.predict(union[:50])
         want_ttft, want_tpot = embedded.predictor.predict(x_ttft[:50], x_tpot[:50])
         np.testing.assert_array_equal(ttft, want_ttft)
         np.testing.assert_array_equal(tpot, want_tpot)
-        union = np.column_stack([x_ttft[:50], x_tpot[:50, -1]])  # both models' features, one matrix
-        ttft, tpot = embedded.predict_union_now(union)
-        want_ttft, want_tpot = embedded.predict_now(union[:, :8].copy(), union[:, [0, 1, 2, 3, 4, 5, 8]])
+        ttft, tpot = embedded.predict_now(union[:50])
         np.testing.assert_array_equal(ttft, want_ttft)
         np.testing.assert_array_equal(tpot, want_tpot)
         assert embedded.trainer.status()["models"]["ttft"]["trainings"] >= 1
@@ -86,9 +85,10 @@ async def test_manual_cadence_in_virtual_time(tmp_path: Path) -> None:
             embedded.add_sample("ttft", x_ttft[i], float(y_ttft[i]))
         assert [r.kind for r in embedded.maybe_train()] == ["ttft"]
         assert embedded.ready and embedded.predictor.versions["tpot"] is None
-        ttft, tpot = await embedded.predict(x_ttft[:2], x_tpot[:2])
+        union = np.column_stack([x_ttft[:2], x_tpot[:2, -1]])
+        ttft, tpot = await embedded.predict(union)
         assert np.all(ttft > 0) and np.all(np.isnan(tpot))  # no TPOT model yet
-        now_ttft, _ = embedded.predict_now(x_ttft[:2], x_tpot[:2])  # the same, without an event loop
+        now_ttft, _ = embedded.predict_now(union)  # the same, without an event loop
         np.testing.assert_array_equal(now_ttft, ttft)
         for i in range(300, 600):
             embedded.add_sample("ttft", x_ttft[i], float(y_ttft[i]))
@@ -127,7 +127,7 @@ async def test_sample_and_input_validation(tmp_path: Path) -> None:
         embedded.add_sample("ttft", {**row, "kv_cache_percentage": -0.5}, 1.0)
     with pytest.raises(ValueError, match="7 values"):
         embedded.add_sample("tpot", x_ttft[0], 1.0)
-    with pytest.raises(ValueError, match="x_tpot must have shape"):
-        await embedded.predict(x_ttft, x_ttft)
+    with pytest.raises(ValueError, match="9 features"):
+        await embedded.predict(x_ttft)
     assert embedded.store.count("ttft") == 0
     await embedded.stop()

@@ -9,6 +9,7 @@ import pytest
 import xgboost as xgb
 
 from slorouter.predictor.forest import _CACHE_BYTES, CompiledForest
+from slorouter.predictor.forest_compiler import pack_trees
 from tests.predictor.conftest import synthetic
 
 
@@ -188,12 +189,10 @@ def test_compiling_is_not_fooled_by_node_numbering() -> None:
     """The compiler walks the node arrays by their child links (not by position): a model whose nodes are
     renumbered (the root stays node 0, XGBoost's convention; children before parents) compiles to the same
     predictions."""
-    from slorouter.predictor.forest import _parse
-
     x, y, _, _ = synthetic(2000, seed=23)
     booster = _booster(x, np.log(y), rounds=5)
     model = __import__("orjson").loads(booster.save_raw("json"))
-    reference = _parse(model, 8)
+    reference = pack_trees(model, 8)
     for tree in model["learner"]["gradient_booster"]["model"]["trees"]:
         size = len(tree["left_children"])
         order = [0, *range(size - 1, 0, -1)]  # new position of each old node
@@ -205,73 +204,10 @@ def test_compiling_is_not_fooled_by_node_numbering() -> None:
             tree[key] = [
                 -1 if values[order.index(i)] == -1 else order[values[order.index(i)]] for i in range(size)
             ]
-    renumbered = _parse(model, 8)
+    renumbered = pack_trees(model, 8)
     assert reference is not None and renumbered is not None
     probe, _, _, _ = synthetic(200, seed=24)
     first = CompiledForest([reference], [range(8)], 8).predict(probe)
     second = CompiledForest([renumbered], [range(8)], 8).predict(probe)
     np.testing.assert_array_equal(first, second)
     _close(first, _expected(booster, probe))
-
-
-def test_ubjson_and_json_readings_compile_the_same_forest() -> None:
-    import orjson
-
-    from slorouter.predictor.forest import _parse, _ubj_loads
-
-    x, y, _, _ = synthetic(3000, seed=5)
-    booster = _booster(x, np.log(y), rounds=60, subsample=0.8)
-    raw = bytes(booster.save_raw("ubj"))
-    from_ubj = _parse(_ubj_loads(raw), x.shape[1])
-    from_json = _parse(orjson.loads(booster.save_raw("json")), x.shape[1])
-    assert from_ubj is not None and from_json is not None
-    for name in ("feature", "threshold", "word", "mask", "second"):
-        np.testing.assert_array_equal(getattr(from_ubj, name), getattr(from_json, name))
-    # JSON's decimal leaf values parse to float64 neighbours of the float32 ones: the same float32 table.
-    np.testing.assert_array_equal(
-        from_ubj.leaf_values.astype(np.float32), from_json.leaf_values.astype(np.float32)
-    )
-    assert from_ubj.base == from_json.base
-    compiled = [CompiledForest.from_booster(booster, x.shape[1], source) for source in (raw, None)]
-    json_raw = bytes(booster.save_raw("json"))
-    compiled.append(CompiledForest.from_booster(booster, x.shape[1], json_raw))  # not UBJSON: re-serialised
-    probe = compiled[0]._probe_rows(2000)  # type: ignore[union-attr]
-    expected = compiled[0].predict(probe)  # type: ignore[union-attr]
-    for forest in compiled[1:]:
-        assert forest is not None
-        np.testing.assert_array_equal(forest.predict(probe), expected)
-    _close(expected, _expected(booster, probe))
-
-
-def test_ubjson_decoder() -> None:
-    from slorouter.predictor.forest import _try_ubj, _ubj_loads
-
-    def key(name: str) -> bytes:
-        return b"U" + bytes([len(name)]) + name.encode()
-
-    data = (
-        b"{"
-        + key("a")
-        + b"[$d#U\x02"
-        + np.array([1.5, -2.0], dtype=">f4").tobytes()
-        + key("b")
-        + b"[#U\x03TFZ"
-        + key("c")
-        + b"[i\x05l\x00\x00\x01\x00D"
-        + np.array([0.25], dtype=">f8").tobytes()
-        + b"SU\x02hi]"
-        + key("d")
-        + b"{#U\x01"
-        + key("e")
-        + b"L"
-        + (7).to_bytes(8, "big", signed=True)
-        + b"}"
-    )
-    value = _ubj_loads(data)
-    assert list(value) == ["a", "b", "c", "d"]
-    assert value["a"].tolist() == [1.5, -2.0]
-    assert value["b"] == [True, False, None]
-    assert value["c"] == [5, 256, 0.25, "hi"]
-    assert value["d"] == {"e": 7}
-    for bad in (b'{"a": 1}', b"[]", data[:-3], data + b"}", b"{U\x01aX}"):
-        assert _try_ubj(bad) is None

@@ -1,9 +1,9 @@
 """The learning test: models trained on simulator samples predict fresh simulator traffic.
 
-Samples come from ``samples_sim`` (4 simulated H100 engines, Poisson load from 5 % to 110 % of capacity
-changing every 5 virtual seconds, log-normal prompts/outputs, shared prefixes). Training seed 5, 6,000
-requests; fresh traffic seed 6, 1,500 requests; default trainer (200 trees, depth 6, conformal p90) but
-nthread=1 (two OpenMP threads crawl when the other core is busy, as on a shared CI machine).
+Samples come from ``slorouter.bench.samples`` (4 simulated H100 engines, Poisson load from 5 % to 110 % of
+capacity changing every 5 virtual seconds, log-normal prompts/outputs, shared prefixes). Training seed 5,
+6,000 requests; fresh traffic seed 6, 1,500 requests; default trainer (200 trees, depth 6, conformal p90)
+but nthread=1 (two OpenMP threads crawl when the other core is busy, as on a shared CI machine).
 
 Thresholds, and why MAPE ≤ 15 % (the issue's target) is not asserted: the simulator's TTFT has an
 irreducible spread given what a router can see (the unknown phase of the engine step in flight, requests
@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from slorouter.bench.samples import SimSamples, generate_samples
 from slorouter.clock import ManualClock
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor
-from slorouter.predictor.samples_sim import SimSamples, generate_samples
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.trainer import Trainer, TrainerConfig, holdout_metrics
 

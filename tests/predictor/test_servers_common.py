@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from slorouter.predictor.client import WireFormat
 from slorouter.predictor.features import MODEL_KINDS
 from slorouter.predictor.http_common import listen, parse_etags, read_json
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.trainer import Trainer, TrainerConfig
+from slorouter.predictor.wire import RowEncoder
 from tests.predictor.conftest import synthetic
 
 # Few trees and a short cadence: these tests check the mechanics, not accuracy.
@@ -35,7 +35,7 @@ FAST_TRAINING = TrainerConfig(
 
 def feature_rows(x_ttft: np.ndarray, x_tpot: np.ndarray) -> list[dict[str, float]]:
     """Rows carrying the union of both feature sets, keyed by name (as the HTTP contract sends them)."""
-    names = WireFormat().names
+    names = RowEncoder().names
     wire = np.hstack([x_ttft, x_tpot[:, -1:]])
     return [dict(zip(names, row, strict=True)) for row in wire.astype(np.float64).tolist()]
 

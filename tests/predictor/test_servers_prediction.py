@@ -11,21 +11,22 @@ import aiohttp
 import numpy as np
 import pytest
 
-from slorouter.predictor.client import WireFormat, decode_binary_predictions
+from slorouter.predictor.bulk_rows import BinaryRows, JsonRows
 from slorouter.predictor.features import FeatureError, FeatureSchema, rows_to_matrices
+from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.prediction_server import (
+from slorouter.predictor.prediction_server import PredictionServer
+from slorouter.predictor.predictor import Predictor
+from slorouter.predictor.training_server import TrainingServer
+from slorouter.predictor.wire import (
     BINARY_PREDICTIONS_TYPE,
     BINARY_ROWS_TYPE,
     FEATURE_NAMES_HEADER,
     MODEL_VERSIONS_HEADER,
-    BinaryRows,
-    PredictionServer,
-    RowMatrices,
-    make_source,
+    RowEncoder,
+    decode_binary_predictions,
+    encode_predictions,
 )
-from slorouter.predictor.predictor import Predictor
-from slorouter.predictor.training_server import TrainingServer
 from tests.predictor import test_servers_common as common
 from tests.predictor.conftest import synthetic
 from tests.predictor.test_servers_common import (
@@ -322,7 +323,7 @@ def test_source_choice_is_exclusive() -> None:
 @pytest.mark.parametrize("pod_class", [False, True])
 def test_fast_row_path_agrees_with_the_library(pod_class: bool) -> None:
     schema = FeatureSchema(pod_class=pod_class)
-    fast = RowMatrices(schema)
+    fast = JsonRows(schema)
     rng = np.random.default_rng(11)
     x_ttft, _, x_tpot, _ = synthetic(50, seed=11)
     base = feature_rows(x_ttft, x_tpot)
@@ -377,7 +378,7 @@ def split_union(matrix: np.ndarray, schema: FeatureSchema) -> tuple[np.ndarray, 
 
 # -- the binary bulk format ----------------------------------------------------------------------------------
 
-BINARY_HEADERS = {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ",".join(WireFormat().names)}
+BINARY_HEADERS = {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ",".join(RowEncoder().names)}
 
 
 async def post_binary(
@@ -408,7 +409,7 @@ async def test_binary_bulk_gives_the_predictors_exact_values(
     }
 
     # Columns in another order, an extra column, effective_input_tokens left out (derived): same answers.
-    names = [*[n for n in WireFormat().names if n != "effective_input_tokens"][::-1], "extra"]
+    names = [*[n for n in RowEncoder().names if n != "effective_input_tokens"][::-1], "extra"]
     rows = feature_rows(x_ttft, x_tpot)
     matrix = np.array([[row.get(n, 7.0) for n in names] for row in rows], dtype=np.float32)
     headers_other = {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ", ".join(names)}
@@ -449,7 +450,7 @@ async def test_binary_bulk_refuses_malformed_bodies(
         (matrix.tobytes()[:-4], BINARY_HEADERS, 400, "whole rows of 9 float32 values"),
         (
             matrix[:, :8].tobytes(),
-            {**BINARY_HEADERS, FEATURE_NAMES_HEADER: ",".join(WireFormat().names[:8])},
+            {**BINARY_HEADERS, FEATURE_NAMES_HEADER: ",".join(RowEncoder().names[:8])},
             400,
             "lacks required feature(s): num_tokens_generated",
         ),
@@ -457,7 +458,7 @@ async def test_binary_bulk_refuses_malformed_bodies(
             matrix.tobytes(),
             {
                 **BINARY_HEADERS,
-                FEATURE_NAMES_HEADER: ",".join([*WireFormat().names[:8], "kv_cache_percentage"]),
+                FEATURE_NAMES_HEADER: ",".join([*RowEncoder().names[:8], "kv_cache_percentage"]),
             },
             400,
             "names a column twice",
@@ -487,6 +488,22 @@ async def test_binary_bulk_with_only_a_ttft_model_gives_nan_tpot(
         assert np.all(ttft > 0) and np.all(np.isnan(tpot))
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize("pod_class", [False, True])
+def test_union_rows_go_in_the_wire_order_and_come_back_as_the_union(pod_class: bool) -> None:
+    schema = FeatureSchema(pod_class=pod_class)
+    wire = RowEncoder(schema)
+    # The TTFT model's features, then the TPOT model's others: with pod_class, not all_features() order.
+    assert wire.names == (*schema.features("ttft"), "num_tokens_generated")
+    x_ttft, _, x_tpot, _ = synthetic(40, seed=26)
+    x_all = np.hstack([x_ttft, x_tpot[:, 6:7]])
+    if pod_class:
+        x_all = np.hstack([x_all, (np.arange(40, dtype=np.float32) % 3)[:, None]])
+    union = schema.all_features()
+    body = wire.encode_binary(x_all)
+    assert body == np.ascontiguousarray(x_all[:, [union.index(n) for n in wire.names]], dtype="<f4").tobytes()
+    np.testing.assert_array_equal(BinaryRows(schema)(body, ",".join(wire.names).encode(), 10_000), x_all)
 
 
 @pytest.mark.parametrize("pod_class", [False, True])
@@ -525,16 +542,15 @@ def test_binary_rows_agree_with_the_library(pod_class: bool) -> None:
             binary(body(bad), header, 10_000)
 
 
-def test_bulk_response_bytes_are_the_documented_json(tmp_path: Path) -> None:
+def test_bulk_response_bytes_are_the_documented_json() -> None:
     import orjson
 
-    server = PredictionServer(make_source(model_dir=tmp_path))
     rng = np.random.default_rng(3)
     for n in (1, 2, 100):
         ttft = rng.lognormal(5, 2, n) * rng.choice([1.0, 1e-9, 1e12], n)
         tpot = rng.lognormal(3, 1, n)
         tpot[:: max(1, n // 3)] = np.nan  # no TPOT model yet: null
-        body = server._encode_bulk(ttft, tpot)
+        body = encode_predictions(ttft, tpot, {})
         predictions = [
             {"ttft_ms": a, "tpot_ms": None if b != b else b}
             for a, b in zip(np.round(ttft, 3).tolist(), np.round(tpot, 3).tolist(), strict=True)

@@ -12,8 +12,8 @@ from slorouter.clock import ManualClock
 from slorouter.director import Director
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
-from slorouter.predictor.client import PredictionUnavailable
-from slorouter.predictor.features import TPOT_FEATURES, TTFT_FEATURES
+from slorouter.predictor.backend import PredictionUnavailable
+from slorouter.predictor.features import ALL_FEATURES, TPOT_FEATURES, TTFT_FEATURES
 from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
@@ -26,21 +26,27 @@ class FakeBackend:
 
     def __init__(self, ready: bool = True, sync: bool = True) -> None:
         self.ready = ready
+        self.synchronous = sync
         self.samples: list[tuple[str, np.ndarray, float]] = []
+        self.rows: list[np.ndarray] = []
         self.calls = 0
-        if sync:
-            self.predict_now = self._predict
 
-    def _predict(self, x_ttft, x_tpot):
+    def predict_now(self, x_all):
+        if not self.synchronous:
+            raise PredictionUnavailable("remote")
+        return self._predict(x_all)
+
+    def _predict(self, x_all):
         self.calls += 1
+        self.rows.append(x_all)
         if not self.ready:
             raise PredictionUnavailable("down")
-        waiting = x_ttft[:, TTFT_FEATURES.index("num_request_waiting")]
-        return 100.0 * (1 + waiting), np.full(len(x_tpot), 10.0)
+        waiting = x_all[:, ALL_FEATURES.index("num_request_waiting")]
+        return 100.0 * (1 + waiting), np.full(len(x_all), 10.0)
 
-    async def predict(self, x_ttft, x_tpot):
+    async def predict(self, x_all):
         await asyncio.sleep(0)
-        return self._predict(x_ttft, x_tpot)
+        return self._predict(x_all)
 
     def add_sample(self, kind, row, latency_ms):
         self.samples.append((kind, np.array(row), latency_ms))
@@ -113,33 +119,23 @@ def test_streaming_mode_trains_ttft_at_the_first_token_and_tpot_from_token_count
     assert tpot_row["num_tokens_generated"] == 8
 
 
-class FakeUnionBackend(FakeBackend):
-    """The same predictions, asked for with one matrix of both models' features (as EmbeddedPredictor)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.union_rows: list[np.ndarray] = []
-
-    def predict_union_now(self, x_all):
-        self.union_rows.append(x_all)
-        return self._predict(x_all[:, list(range(len(TTFT_FEATURES)))], x_all[:, [0, 1, 2, 3, 4, 5, 8]])
-
-
-def test_a_backend_taking_union_rows_gets_them_and_the_same_samples():
-    runs = []
-    for backend in (FakeBackend(), FakeUnionBackend()):
-        director, _ = _director(backend, streaming=True)
-        request = _request(slo_ttft_ms=500.0, slo_tpot_ms=50.0)
-        result = director.schedule(request)
-        lifecycle = director.dispatch(request, result)
-        director.clock.advance(0.1)
-        lifecycle.on_headers(200, streaming=True)
-        lifecycle.on_tokens(1)
-        director.clock.advance(0.07)
-        lifecycle.on_complete(usage={"completion_tokens": 8})
-        runs.append((result.target.address, [(k, r.tolist(), v) for k, r, v in backend.samples]))
-    assert runs[0] == runs[1] and len(runs[0][1]) == 2
-    assert backend.union_rows[0].shape == (3, len(TTFT_FEATURES) + 1)
+def test_the_backend_gets_one_union_row_per_candidate_and_samples_are_its_model_columns():
+    backend = FakeBackend()
+    director, _ = _director(backend, streaming=True)
+    request = _request(slo_ttft_ms=500.0, slo_tpot_ms=50.0)
+    result = director.schedule(request)
+    lifecycle = director.dispatch(request, result)
+    director.clock.advance(0.1)
+    lifecycle.on_headers(200, streaming=True)
+    lifecycle.on_tokens(1)
+    director.clock.advance(0.07)
+    lifecycle.on_complete(usage={"completion_tokens": 8})
+    (x_all,) = backend.rows
+    assert x_all.shape == (3, len(ALL_FEATURES))
+    target = addresses(3).index(result.target.address)
+    (_, ttft_row, _), (_, tpot_row, _) = backend.samples
+    np.testing.assert_array_equal(ttft_row, x_all[target, : len(TTFT_FEATURES)])
+    np.testing.assert_array_equal(tpot_row, x_all[target, [ALL_FEATURES.index(n) for n in TPOT_FEATURES]])
 
 
 def test_failed_requests_produce_no_samples():
@@ -163,7 +159,7 @@ def test_without_a_ready_predictor_the_scorer_falls_back(backend, reason):
 def test_prediction_unavailable_falls_back_and_still_trains():
     backend = FakeBackend()
     director, registry = _director(backend)
-    backend.predict_now = lambda *_: (_ for _ in ()).throw(PredictionUnavailable("timeout"))
+    backend.predict_now = lambda _: (_ for _ in ()).throw(PredictionUnavailable("timeout"))
     request = _request()
     result = director.schedule(request)
     assert result.primary.route == "fallback"

@@ -18,13 +18,11 @@ from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
-from slorouter.predictor.client import (
-    LatencyPredictorBackend,
-    PredictionClient,
-    RemotePredictor,
-    TrainingSampleSink,
-)
+from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.prediction_client import PredictionClient
+from slorouter.predictor.remote import RemotePredictor
+from slorouter.predictor.sample_sink import TrainingSampleSink
 from slorouter.predictor.store import StoreConfig
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup

@@ -63,7 +63,8 @@ class LinearBaseline:
         rows = np.arange(len(y))
         if len(rows) > MAX_FIT_ROWS:
             rows = np.random.default_rng(seed).choice(rows, MAX_FIT_ROWS, replace=False)
-        A = np.column_stack([np.ones(len(rows)), np.asarray(X, dtype=np.float64)[np.ix_(rows, columns)]])
+        picked = np.asarray(X, dtype=np.float64)[np.ix_(rows, np.array(columns, dtype=np.intp))]
+        A = np.column_stack([np.ones(len(rows)), picked])
         weights = 1.0 / y[rows]
         scale = np.maximum(np.abs(A).max(axis=0), 1e-12)  # conditioning: NNLS on unit-range columns
         solution, _ = nnls(A / scale * weights[:, None], y[rows] * weights, maxiter=50 * A.shape[1])

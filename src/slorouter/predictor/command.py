@@ -192,7 +192,8 @@ def run_training_server(args: argparse.Namespace) -> int:
 
 
 def run_prediction_server(args: argparse.Namespace) -> int:
-    from slorouter.predictor.prediction_server import PredictionServer, make_source
+    from slorouter.predictor.model_sources import make_source
+    from slorouter.predictor.prediction_server import PredictionServer
 
     _configure_logging(args.log_level)
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.predictor.client import PredictionUnavailable, check_matrices
+from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, ModelKind, check_kind, rows_to_matrix
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor, PredictorNotReady
@@ -31,6 +31,8 @@ log = logging.getLogger("slorouter.predictor.embedded")
 
 class EmbeddedPredictor:
     """The latency predictor in-process; implements ``LatencyPredictorBackend``."""
+
+    synchronous = True  # predict_now answers in-process
 
     def __init__(
         self,
@@ -102,25 +104,16 @@ class EmbeddedPredictor:
             self.predictor.refresh()
         return reports
 
-    def predict_now(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``predict`` without the event loop: in-process prediction never waits, so callers on the hot path
-        (and the discrete-event simulator, which has no event loop) call this directly."""
-        check_matrices(x_ttft, x_tpot, self.schema)
-        try:
-            return self.predictor.predict(x_ttft, x_tpot)
-        except PredictorNotReady as exc:
-            raise PredictionUnavailable(str(exc)) from None
-
-    def predict_union_now(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``predict_now`` for rows of the union of both models' features (``schema.all_features()``
-        order, e.g. from ``columns_to_union_matrix``): one matrix instead of two for the router's hot path."""
+    def predict_now(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predictions for rows of the union matrix (``schema.all_features()`` columns): in-process, never
+        waiting, so the hot path (and the discrete-event simulator, which has no event loop) calls this."""
         try:
             return self.predictor.predict_all(x_all)
         except PredictorNotReady as exc:
             raise PredictionUnavailable(str(exc)) from None
 
-    async def predict(self, x_ttft: np.ndarray, x_tpot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.predict_now(x_ttft, x_tpot)
+    async def predict(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.predict_now(x_all)
 
     def add_sample(self, kind: ModelKind, row: Mapping[str, float] | np.ndarray, latency_ms: float) -> None:
         check_kind(kind)

@@ -152,8 +152,11 @@ def _base_features(kind: str) -> tuple[str, ...]:
 
 
 def check_kind(kind: str) -> ModelKind:
-    _base_features(kind)
-    return kind  # type: ignore[return-value]
+    if kind == "ttft":
+        return "ttft"
+    if kind == "tpot":
+        return "tpot"
+    raise ValueError(f"unknown model kind {kind!r}; valid kinds: {', '.join(MODEL_KINDS)}")
 
 
 # ----------------------------------------------------------------------------------------- validation
@@ -235,7 +238,7 @@ def _extract(
     try:
         for name in names:
             if name in DERIVED_FEATURES:
-                values = [row.get(name) for row in rows]  # type: ignore[union-attr]
+                values = [row.get(name) for row in rows]
                 if all(v is None for v in values):
                     continue
                 if any(v is None for v in values):  # some rows give it: derive for the others one by one
@@ -253,24 +256,32 @@ def _extract(
         _raise_first_error(rows, names, where, indices)
         # Valid after all (numpy scalars, say): convert value by value.
         for name in names:
-            values = [row.get(name) for row in rows]  # type: ignore[union-attr]
+            values = [row.get(name) for row in rows]
             if name in DERIVED_FEATURES:
                 if all(v is None for v in values):
                     continue
                 values = _fill_derived(rows, name, values)
-            columns[name] = np.array([float(v) for v in values], dtype=np.float64)  # type: ignore[arg-type]
+            columns[name] = np.array([_as_float(v) for v in values], dtype=np.float64)
     return columns
 
 
 def _fill_derived(rows: Sequence[Mapping[str, object]], name: str, values: list[object]) -> list[object]:
     assert name == EFFECTIVE_INPUT_TOKENS
     return [
-        v if v is not None else (1.0 - float(row[PREFIX_CACHE_SCORE])) * float(row[INPUT_TOKEN_LENGTH])  # type: ignore[arg-type]
+        v
+        if v is not None
+        else (1.0 - _as_float(row[PREFIX_CACHE_SCORE])) * _as_float(row[INPUT_TOKEN_LENGTH])
         for v, row in zip(values, rows, strict=True)
     ]
 
 
-def _assemble(columns: Mapping[str, np.ndarray], names: Sequence[str], n: int) -> np.ndarray:
+def _as_float(value: object) -> float:
+    """A value that ``_check_value`` accepts, as a float."""
+    assert isinstance(value, int | float | np.integer | np.floating)
+    return float(value)
+
+
+def _assemble(columns: Mapping[str, np.ndarray | float], names: Sequence[str], n: int) -> np.ndarray:
     matrix = np.empty((n, len(names)), dtype=np.float32)
     for j, name in enumerate(names):
         column = columns.get(name)
@@ -331,10 +342,10 @@ def _columns_matrix(columns: Mapping[str, np.ndarray | float], names: tuple[str,
     n = 1
     for value in columns.values():
         if np.ndim(value) >= 1:
-            n = len(value)  # type: ignore[arg-type]
+            n = int(np.shape(value)[0])
             break
     try:
-        return _assemble(columns, names, n)  # type: ignore[arg-type]
+        return _assemble(columns, names, n)
     except KeyError as exc:
         raise FeatureError(f"columns.{exc.args[0]}: required column is missing", field=exc.args[0]) from None
 

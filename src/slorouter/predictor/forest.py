@@ -25,35 +25,28 @@ placed and gathered once for both.
 
 ``CompiledForest.from_booster`` returns None for models it does not cover (trees of more than 64 leaves,
 categorical splits, several outputs) and checks its own predictions against XGBoost's on probe rows before
-anyone uses it: the caller falls back to ``inplace_predict`` whenever it is None. Compiling reads the
-booster's JSON arrays with orjson and builds every table with whole-array operations (no loop over nodes).
+anyone uses it: the caller falls back to ``inplace_predict`` whenever it is None. The trees come packed
+from ``slorouter.predictor.forest_compiler``; the tables are built from them with whole-array operations.
 Inputs must be finite (the schema guarantees it), so XGBoost's missing-value branches never apply.
 """
 
 from __future__ import annotations
 
-import struct
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import chain
-from typing import Any
 
 import numpy as np
-import orjson
 import xgboost as xgb
 
-_FULL = np.uint64((1 << 64) - 1)
-_MAX_LEAVES = 64
-_ONE = np.uint64(1)
+from slorouter.predictor.forest_compiler import FULL, MAX_LEAVES, ONE, PackedTrees, pack_booster
+
 _SIGN_FREE = np.int32(0x7FFFFFFF)
 _ZERO32 = np.float32(0.0)
 _LOW_BYTE = 0 if sys.byteorder == "little" else 7
 _CHUNK_ROWS = 1024  # larger batches are evaluated in chunks of this many rows
 _CACHE_BYTES = 16 << 20  # work arrays kept per forest (≈ 1.6 MB for 100 rows of two models, 16 MB for 1,024)
 _LEAF_STRIDE = 256  # leaf-table entries per word: bases keep their lowest byte free for the leaf's bit count
-_MAX_DEPTH = 64  # a walk deeper than this is a malformed tree (a tree of ≤ 64 leaves is at most 63 deep)
 
 
 def _float_keys(values: np.ndarray) -> np.ndarray:
@@ -62,48 +55,24 @@ def _float_keys(values: np.ndarray) -> np.ndarray:
     return bits ^ ((bits >> 31) & _SIGN_FREE)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class _Trees:
-    """One booster's trees packed into words (at most two trees per word), as arrays: every split node as
-    (feature, threshold, word, mask of the leaves still reachable when its test is false), every leaf's
-    value at its (layer, word, bit)."""
-
-    feature: np.ndarray  # intp, per split node
-    threshold: np.ndarray  # float32, per split node
-    word: np.ndarray  # intp, per split node
-    mask: np.ndarray  # uint64, per split node: all ones but the bits of the node's left subtree
-    # (n_words + n_pairs, 64) float64: each word's first tree (row = word), then the second tree of each
-    # of the first n_pairs words, which hold two (row = n_words + word)
-    leaf_values: np.ndarray
-    second: np.ndarray  # (n_pairs,) uint64: the bits of each pair's second tree
-    base: float
-    n_trees: int
-    n_words: int
-    n_features: int
-
-    @property
-    def n_pairs(self) -> int:
-        return len(self.second)
-
-
 class _Segment:
     """One output's trees: AND-tables whose rows line up with the forest's keys, the leaf table, the base."""
 
     __slots__ = ("active", "base", "leaf_bases", "leaf_values", "n_pairs", "n_words", "second", "tables")
 
-    def __init__(self, part: _Trees, columns: Sequence[int], thresholds: Sequence[np.ndarray]) -> None:
+    def __init__(self, part: PackedTrees, columns: Sequence[int], thresholds: Sequence[np.ndarray]) -> None:
         self.n_words = n_words = part.n_words
         self.n_pairs = part.n_pairs
         self.base = part.base
         column = np.asarray(columns, dtype=np.intp)[part.feature]
         # searchsorted lands one past a column's sentinel: a leading all-ones row aligns the tables with it.
-        tables = [np.full((1, n_words), _FULL, dtype=np.uint64)]
+        tables = [np.full((1, n_words), FULL, dtype=np.uint64)]
         for c, values in enumerate(thresholds):
             # Row k + 1 of column c's block: the AND of the masks of this output's nodes on c whose threshold
             # is ≤ values[k] (a value placed after k + 1 keys makes exactly those tests false): each node's
             # mask in its threshold's row, then a running AND down the rows. Blocks of columns this output
             # does not read stay all ones (never gathered: they are not in ``active``).
-            table = np.full((len(values) + 1, n_words), _FULL, dtype=np.uint64)
+            table = np.full((len(values) + 1, n_words), FULL, dtype=np.uint64)
             mine = column == c
             if mine.any():
                 rows = np.searchsorted(values, part.threshold[mine]) + 1
@@ -116,7 +85,7 @@ class _Segment:
         # Value of bit k of leaf row r (a word's first tree, or a pair's second) at r × 256 + popcount(bits
         # up to k), i.e. + k + 1. float32, as XGBoost sums its leaves: half the cache footprint of float64.
         table = np.zeros((len(part.leaf_values), _LEAF_STRIDE), dtype=np.float32)
-        table[:, 1 : _MAX_LEAVES + 1] = part.leaf_values
+        table[:, 1 : MAX_LEAVES + 1] = part.leaf_values
         self.leaf_values = table.ravel()
         self.leaf_bases = np.arange(len(part.leaf_values), dtype=np.int64) * _LEAF_STRIDE
         self.second = part.second
@@ -205,7 +174,9 @@ class CompiledForest:
         "n_words",
     )
 
-    def __init__(self, parts: Sequence[_Trees], columns: Sequence[Sequence[int]], n_columns: int) -> None:
+    def __init__(
+        self, parts: Sequence[PackedTrees], columns: Sequence[Sequence[int]], n_columns: int
+    ) -> None:
         """Output ``m`` is booster ``parts[m]``, whose feature ``j`` is column ``columns[m][j]`` of the
         input (``n_columns`` wide)."""
         if not parts or len(parts) != len(columns):
@@ -249,23 +220,9 @@ class CompiledForest:
     # ------------------------------------------------------------------------------------- building
 
     @classmethod
-    def from_booster(
-        cls, booster: xgb.Booster, n_features: int, raw: bytes | None = None
-    ) -> CompiledForest | None:
-        """Compile ``booster``; None if the model is outside what this evaluator covers or disagrees.
-
-        ``raw`` may be the booster's UBJSON (``save_raw("ubj")``, what the model store holds), which saves
-        serialising it again. The model is read from UBJSON, whose typed arrays become numpy arrays without
-        a per-number parse; should that fail, from XGBoost's JSON."""
-        model = None if raw is None else _try_ubj(raw)  # None too if raw is JSON
-        if model is None:
-            model = _try_ubj(bytes(booster.save_raw("ubj")))
-        try:
-            if model is None:
-                model = orjson.loads(booster.save_raw("json"))
-            trees = _parse(model, n_features)
-        except (KeyError, ValueError, TypeError, IndexError, OverflowError, orjson.JSONDecodeError):
-            return None
+    def from_booster(cls, booster: xgb.Booster, n_features: int) -> CompiledForest | None:
+        """Compile ``booster``; None if the model is outside what this evaluator covers or disagrees."""
+        trees = pack_booster(booster, n_features)
         if trees is None:
             return None
         forest = cls([trees], [range(n_features)], n_features)
@@ -351,14 +308,14 @@ class CompiledForest:
                     tables.take(positions[f], axis=0, out=work, mode="clip")
                     masks &= work
             else:
-                masks.fill(_FULL)
+                masks.fill(FULL)
             # Each word as it is holds its first tree's exit leaf as the lowest set bit; a pair's word with
             # only its second tree's bits kept holds the second's.
             pairs = segment.n_pairs
             if pairs:
                 np.bitwise_and(masks[:, :pairs], segment.second, out=sb.second_words)
             # Bits up to and including the lowest set one, counted into the low byte of each leaf index.
-            np.subtract(sb.words, _ONE, out=sb.bits)
+            np.subtract(sb.words, ONE, out=sb.bits)
             sb.bits ^= sb.words
             np.bitwise_count(sb.bits, out=sb.leaf_low_bytes)
             segment.leaf_values.take(sb.leaf_index, out=sb.values, mode="clip")
@@ -405,259 +362,3 @@ def _ones(n: int) -> np.ndarray:
     if ones is None:
         ones = _ONES[n] = np.ones(n, dtype=np.float32)
     return ones
-
-
-# ------------------------------------------------------------------------------------------- parsing
-
-
-def _array(trees: list[dict[str, Any]], key: str, dtype: type) -> np.ndarray:
-    values = [tree[key] for tree in trees]
-    if all(isinstance(v, np.ndarray) for v in values):  # typed arrays read from UBJSON
-        return np.concatenate(values).astype(dtype)
-    return np.array(list(chain.from_iterable(values)), dtype=dtype)
-
-
-def _parse(model: dict[str, Any], n_features: int) -> _Trees | None:
-    """A booster's JSON (``save_raw("json")``) as packed trees; None if outside what this evaluator covers.
-
-    All trees' node arrays are concatenated and walked level by level from the roots (depth ≤ 63), so
-    the cost is a few numpy calls per level, not Python per node; unreachable (deleted) nodes are ignored.
-    """
-    learner = model["learner"]
-    params = learner["learner_model_param"]
-    if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1:
-        return None
-    booster = learner["gradient_booster"]
-    if booster.get("name") != "gbtree":
-        return None
-    base_text = str(params["base_score"])
-    base_values = orjson.loads(base_text) if base_text.startswith("[") else [float(base_text)]
-    if len(base_values) != 1:
-        return None
-    trees: list[dict[str, Any]] = booster["model"]["trees"]
-    if not trees or any(len(tree.get("categories_nodes", ())) for tree in trees):
-        return None
-    split_type = _array(trees, "split_type", np.int64) if all("split_type" in t for t in trees) else None
-    if split_type is not None and split_type.any():
-        return None
-    sizes = np.array([len(tree["left_children"]) for tree in trees], dtype=np.intp)
-    if not sizes.all():
-        return None
-    starts = np.zeros(len(trees), dtype=np.intp)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    tree_of = np.repeat(np.arange(len(trees), dtype=np.intp), sizes)
-    left = _array(trees, "left_children", np.intp)
-    right = _array(trees, "right_children", np.intp)
-    feature = _array(trees, "split_indices", np.intp)
-    condition = _array(trees, "split_conditions", np.float64)
-    if not (len(left) == len(right) == len(feature) == len(condition) == len(tree_of)):
-        return None
-    leaf = left == -1
-    inner = ~leaf
-    if (right[leaf] != -1).any():
-        return None
-    size_of = sizes[tree_of[inner]]
-    if ((left[inner] < 0) | (left[inner] >= size_of) | (right[inner] < 0) | (right[inner] >= size_of)).any():
-        return None
-    # Children as indices into the concatenated arrays.
-    left = np.where(leaf, -1, left + starts[tree_of])
-    right = np.where(leaf, -1, right + starts[tree_of])
-
-    levels = []
-    frontier = starts
-    while len(frontier):
-        if len(levels) > _MAX_DEPTH or len(frontier) > len(left):
-            return None
-        levels.append(frontier)
-        split = frontier[inner[frontier]]
-        frontier = np.concatenate([left[split], right[split]])
-    # Leaves under each node (bottom-up), then each node's first leaf in left-to-right order (top-down).
-    count = np.ones(len(left), dtype=np.intp)
-    for level in reversed(levels):
-        split = level[inner[level]]
-        count[split] = count[left[split]] + count[right[split]]
-    leaves_per_tree = count[starts]
-    if leaves_per_tree.max() > _MAX_LEAVES:
-        return None
-    first = np.zeros(len(left), dtype=np.intp)
-    for level in levels:
-        split = level[inner[level]]
-        first[left[split]] = first[split]
-        first[right[split]] = first[split] + count[left[split]]
-
-    # Words holding two trees first, so that the second trees' words are a prefix.
-    words = sorted(_pair(leaves_per_tree.tolist()), key=len, reverse=True)
-    n_pairs = sum(len(word) == 2 for word in words)
-    word_of = np.empty(len(trees), dtype=np.intp)
-    shift_of = np.zeros(len(trees), dtype=np.intp)  # the tree's first bit in its word
-    row_of = np.empty(len(trees), dtype=np.intp)  # the tree's row of leaf values
-    second = np.zeros(n_pairs, dtype=np.uint64)
-    for w, word in enumerate(words):
-        word_of[word] = w
-        row_of[word[0]] = w
-        if len(word) == 2:
-            shift_of[word[1]] = leaves_per_tree[word[0]]
-            row_of[word[1]] = len(words) + w
-            second[w] = _FULL ^ np.uint64((1 << int(leaves_per_tree[word[0]])) - 1)
-
-    reached = np.concatenate(levels)
-    splits = reached[inner[reached]]
-    leaves = reached[leaf[reached]]
-    split_feature = feature[splits]
-    if ((split_feature < 0) | (split_feature >= n_features)).any():
-        return None
-    split_tree = tree_of[splits]
-    # A false test removes the leaves of the node's left subtree: count[left] bits from its first leaf on.
-    left_count = count[left[splits]].astype(np.uint64)  # ≤ 63: the right subtree has a leaf
-    offset = (first[splits] + shift_of[split_tree]).astype(np.uint64)
-    left_bits = np.left_shift(np.left_shift(_ONE, left_count) - _ONE, offset)
-    leaf_tree = tree_of[leaves]
-    leaf_values = np.zeros((len(words) + n_pairs, _MAX_LEAVES), dtype=np.float64)
-    leaf_values[row_of[leaf_tree], first[leaves] + shift_of[leaf_tree]] = condition[leaves]
-    return _Trees(
-        feature=split_feature,
-        threshold=condition[splits].astype(np.float32),
-        word=word_of[split_tree],
-        mask=np.invert(left_bits),
-        leaf_values=leaf_values,
-        second=second,
-        base=float(base_values[0]),
-        n_trees=len(trees),
-        n_words=len(words),
-        n_features=n_features,
-    )
-
-
-def _pair(leaf_counts: list[int]) -> list[list[int]]:
-    """Trees into 64-bit words, at most two per word (as many pairs as fit: the smallest left tree with the
-    largest that fits beside it), each word's trees in bit order."""
-    order = sorted(range(len(leaf_counts)), key=lambda t: leaf_counts[t])
-    words: list[list[int]] = []
-    low, high = 0, len(order) - 1
-    while low <= high:
-        big = order[high]
-        if low < high and leaf_counts[order[low]] + leaf_counts[big] <= _MAX_LEAVES:
-            words.append([big, order[low]])
-            low += 1
-        else:
-            words.append([big])
-        high -= 1
-    return words
-
-
-# ------------------------------------------------------------------------------------------- UBJSON
-
-# Big-endian numbers by UBJSON type marker (XGBoost writes its typed arrays, e.g. a tree's split conditions
-# as float32, as "[$d#L<count>" followed by the raw values).
-_UBJ_NUMBERS = {
-    ord("i"): np.dtype(">i1"),
-    ord("U"): np.dtype(">u1"),
-    ord("I"): np.dtype(">i2"),
-    ord("l"): np.dtype(">i4"),
-    ord("L"): np.dtype(">i8"),
-    ord("d"): np.dtype(">f4"),
-    ord("D"): np.dtype(">f8"),
-}
-_UBJ_INTS = {ord(marker): struct.Struct(">" + code) for marker, code in ("ib", "UB", "Ih", "li", "Lq")}
-_UBJ_INT64 = _UBJ_INTS[ord("L")]
-_UBJ_CONSTANTS: dict[int, Any] = {ord("T"): True, ord("F"): False, ord("Z"): None}
-
-
-def _ubj_loads(data: bytes) -> Any:
-    """Decode UBJSON (draft 12, as XGBoost writes models): objects, arrays (with optional ``$`` type and
-    ``#`` count), strings, numbers, booleans and null. A typed numeric array becomes a read-only numpy
-    array over ``data`` (no copy, no per-number work); a scalar number a Python int or float. Raises
-    ``ValueError`` on anything else (e.g. JSON text)."""
-    if data[:1] != b"{" or data[1:2] in (b'"', b" ", b"\n", b"\t", b"\r"):
-        raise ValueError("not a UBJSON object")
-    value, end = _ubj_value(data, 1, data[0])
-    if end != len(data):
-        raise ValueError(f"trailing bytes after the UBJSON value at {end}")
-    return value
-
-
-def _try_ubj(data: bytes) -> Any:
-    """``_ubj_loads(data)``, or None if ``data`` is not UBJSON this decoder reads."""
-    try:
-        return _ubj_loads(data)
-    except (ValueError, IndexError, UnicodeDecodeError, struct.error):
-        return None
-
-
-def _ubj_int(data: bytes, pos: int, marker: int) -> tuple[int, int]:
-    """The integer of type ``marker`` at ``pos``, and the position after it."""
-    if marker == 0x4C:  # L, what XGBoost writes for every length and count
-        return _UBJ_INT64.unpack_from(data, pos)[0], pos + 8
-    number = _UBJ_INTS.get(marker)
-    if number is None:
-        raise ValueError(f"UBJSON: expected an integer marker at {pos - 1}, got {marker!r}")
-    return number.unpack_from(data, pos)[0], pos + number.size
-
-
-def _ubj_value(data: bytes, pos: int, marker: int) -> tuple[Any, int]:
-    """The value whose marker (already read) precedes ``pos``, and the position after it."""
-    if marker == 0x7B:  # {
-        return _ubj_container(data, pos, is_object=True)
-    if marker == 0x5B:  # [
-        return _ubj_container(data, pos, is_object=False)
-    if marker in _UBJ_INTS:
-        return _ubj_int(data, pos, marker)
-    if marker == 0x64:  # d
-        return struct.unpack_from(">f", data, pos)[0], pos + 4
-    if marker == 0x44:  # D
-        return struct.unpack_from(">d", data, pos)[0], pos + 8
-    if marker in (0x53, 0x48):  # S, H (a high-precision number, kept as its text)
-        length, pos = _ubj_int(data, pos + 1, data[pos])
-        if length < 0 or pos + length > len(data):
-            raise ValueError("UBJSON: string out of bounds")
-        return data[pos : pos + length].decode(), pos + length
-    if marker == 0x43:  # C
-        return chr(data[pos]), pos + 1
-    if marker in _UBJ_CONSTANTS:
-        return _UBJ_CONSTANTS[marker], pos
-    raise ValueError(f"UBJSON: unknown marker {marker!r} at {pos - 1}")
-
-
-def _ubj_container(data: bytes, pos: int, *, is_object: bool) -> tuple[Any, int]:
-    kind = None
-    count = -1
-    if data[pos] == 0x24:  # $: one type for every value (then a count is required)
-        kind = data[pos + 1]
-        pos += 2
-        if data[pos] != 0x23:
-            raise ValueError("UBJSON: a typed container needs a count")
-    if data[pos] == 0x23:  # #: the count
-        count, pos = _ubj_int(data, pos + 2, data[pos + 1])
-        if count < 0:
-            raise ValueError("UBJSON: negative count")
-    if not is_object and kind in _UBJ_NUMBERS:
-        dtype = _UBJ_NUMBERS[kind]
-        end = pos + count * dtype.itemsize
-        if end > len(data):
-            raise ValueError("UBJSON: typed array out of bounds")
-        return np.frombuffer(data, dtype=dtype, count=count, offset=pos), end
-    items: list[Any] = []
-    keys: list[str] = []
-    while True:
-        if count >= 0:
-            if len(items) == count:
-                break
-        elif data[pos] == (0x7D if is_object else 0x5D):  # } or ]
-            pos += 1
-            break
-        if is_object:
-            if data[pos] == 0x4C:
-                length = _UBJ_INT64.unpack_from(data, pos + 1)[0]
-                pos += 9
-            else:
-                length, pos = _ubj_int(data, pos + 1, data[pos])
-            keys.append(data[pos : pos + length].decode())
-            pos += length
-        if kind is None:
-            marker = data[pos]
-            pos += 1
-        else:
-            marker = kind
-        value, pos = _ubj_value(data, pos, marker)
-        items.append(value)
-    return (dict(zip(keys, items, strict=True)) if is_object else items), pos

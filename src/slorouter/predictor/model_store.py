@@ -217,8 +217,8 @@ class ModelStore:
                 continue
         return [version for _, version in sorted(found)]
 
-    def _prune(self, kind: str, current: str) -> None:
-        old = [v for v in self.versions(kind) if v != current]  # type: ignore[arg-type]
+    def _prune(self, kind: ModelKind, current: str) -> None:
+        old = [v for v in self.versions(kind) if v != current]
         for version in old[: max(0, len(old) - (self.keep - 1))]:
             with contextlib.suppress(FileNotFoundError):
                 self._model_path(kind, version).unlink()

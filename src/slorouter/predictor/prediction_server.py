@@ -1,8 +1,9 @@
 """The prediction server: TTFT/TPOT predictions over HTTP from the newest trained models.
 
-Models come from a shared model directory or from the training server (``GET /v1/models/{kind}`` with
-``If-None-Match``), polled on an interval; a model is loaded only when its version changes. Until both models
-of a first real training are loaded, prediction endpoints answer 503 and ``/readyz`` fails.
+Its ``ModelSource`` (``slorouter.predictor.model_sources``) is polled on an interval and loads a model only
+when its version changes. Until a first real training's models are loaded, prediction endpoints answer 503
+and ``/readyz`` fails. Bulk rows are decoded by ``slorouter.predictor.bulk_rows``; the bulk wire format is
+``slorouter.predictor.wire``'s.
 """
 
 from __future__ import annotations
@@ -13,34 +14,15 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from itertools import chain
-from operator import itemgetter
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import aiohttp
 import numpy as np
-import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from slorouter.gateway.errors import RequestError
 from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error
-from slorouter.predictor.features import (
-    DERIVED_FEATURES,
-    EFFECTIVE_INPUT_TOKENS,
-    FRACTION_FEATURES,
-    INPUT_TOKEN_LENGTH,
-    MAX_COUNT,
-    MODEL_KINDS,
-    POD_CLASS,
-    POD_CLASS_CODES,
-    PREFIX_CACHE_SCORE,
-    FeatureError,
-    FeatureSchema,
-    ModelKind,
-    SchemaMismatchError,
-    rows_to_matrices,
-)
+from slorouter.predictor.bulk_rows import BinaryRows, JsonRows
+from slorouter.predictor.features import FeatureError
 from slorouter.predictor.http_common import (
     RunningServer,
     lean_body,
@@ -49,116 +31,24 @@ from slorouter.predictor.http_common import (
     listen_lean,
     parse_json,
 )
-from slorouter.predictor.model_store import ModelFileError, ModelStore, decode_model_file
-from slorouter.predictor.predictor import Predictor, PredictorNotReady
+from slorouter.predictor.model_sources import ModelSource
+from slorouter.predictor.predictor import PredictorNotReady
+from slorouter.predictor.wire import (
+    BINARY_PREDICTIONS_TYPE,
+    BINARY_ROWS_TYPE,
+    BULK_PATH,
+    FEATURE_NAMES_HEADER,
+    JSON_TYPE,
+    MAX_ROWS,
+    MODEL_VERSIONS_HEADER,
+    encode_binary_predictions,
+    encode_predictions,
+)
 
 log = logging.getLogger("slorouter.predictor.prediction_server")
 
-MAX_ROWS = 10_000
 # 10,000 rows of every feature with long decimals stay well under this.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-# The optional binary bulk format (see docs/predictor-api.md): float32 rows in, float64 predictions out.
-BINARY_ROWS_TYPE = "application/vnd.slorouter.rows+f32"
-BINARY_PREDICTIONS_TYPE = "application/vnd.slorouter.predictions+f64"
-FEATURE_NAMES_HEADER = "X-Feature-Names"
-MODEL_VERSIONS_HEADER = "X-Model-Versions"
-
-
-class ModelSource(Protocol):
-    """Where the prediction server gets its models from."""
-
-    def describe(self) -> dict[str, Any]: ...
-
-    def make_predictor(self) -> Predictor: ...
-
-    async def sync(self, predictor: Predictor) -> bool:
-        """Load any model whose version changed; True if something new was loaded."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-class DirectorySource:
-    """Models from a shared model directory (written atomically by a trainer)."""
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-
-    def describe(self) -> dict[str, Any]:
-        return {"type": "directory", "path": str(self.directory)}
-
-    def make_predictor(self) -> Predictor:
-        return Predictor(ModelStore(self.directory))
-
-    async def sync(self, predictor: Predictor) -> bool:
-        # Reading and parsing a model file is blocking work: keep it off the event loop.
-        return await asyncio.to_thread(predictor.refresh)
-
-    async def close(self) -> None:
-        return None
-
-
-class TrainingServerSource:
-    """Models downloaded from the training server, each only when its ETag (the version) changes."""
-
-    def __init__(
-        self, url: str, *, timeout_s: float = 10.0, session: aiohttp.ClientSession | None = None
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._session = session
-        self._own_session = session is None
-        self._refused: dict[str, str] = {}
-
-    def describe(self) -> dict[str, Any]:
-        return {"type": "training-server", "url": self.url}
-
-    def make_predictor(self) -> Predictor:
-        return Predictor()
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # The model metadata header can outgrow aiohttp's 8 KiB default.
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s), max_field_size=1024 * 1024
-            )
-        return self._session
-
-    async def sync(self, predictor: Predictor) -> bool:
-        session = self._get_session()
-        changed = False
-        for kind in MODEL_KINDS:
-            current = predictor.versions.get(kind)
-            # Versions this server refused (another schema, say) are not downloaded again either.
-            known = [v for v in (current, self._refused.get(kind)) if v]
-            headers = {"If-None-Match": ", ".join(f'"{v}"' for v in known)} if known else {}
-            async with session.get(f"{self.url}/v1/models/{kind}", headers=headers) as response:
-                if response.status in (304, 404):
-                    continue
-                if response.status != 200:
-                    text = (await response.text())[:200]
-                    raise RuntimeError(f"GET /v1/models/{kind}: HTTP {response.status}: {text}")
-                data = await response.read()
-            try:
-                await asyncio.to_thread(self._load, predictor, kind, data)
-            except (ModelFileError, SchemaMismatchError, ValueError) as exc:
-                version = response.headers.get("ETag", "").strip('"')
-                self._refused[kind] = version
-                predictor.errors[kind] = str(exc)
-                log.error("refused %s model %s from %s: %s", kind, version, self.url, exc)
-                continue
-            changed = True
-        return changed
-
-    @staticmethod
-    def _load(predictor: Predictor, kind: ModelKind, data: bytes) -> None:
-        raw, metadata = decode_model_file(data)
-        predictor.load_raw(kind, raw, metadata)
-
-    async def close(self) -> None:
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
 
 
 @dataclass
@@ -196,142 +86,9 @@ class _Metrics:
         )
 
 
-class RowMatrices:
-    """The float32 matrix of the union of both models' features (``schema.all_features()`` order, which
-    ``Predictor.predict_all`` takes) straight from bulk rows, for rows that are plainly valid.
-
-    One ``itemgetter`` per row into one flat list, one type check over it, one ``np.array`` and vectorised
-    range checks: about half the cost of the library's column-by-column validation. Anything not plainly
-    valid (a missing or derived-only field, a non-number, a value out of range) returns None, and the caller
-    runs the library's ``rows_to_matrices``, which names the bad row and field or derives what may be
-    derived; so this path can only accept what the library accepts.
-    """
-
-    def __init__(self, schema: FeatureSchema) -> None:
-        names = schema.all_features()
-        self._width = len(names)
-        self._getter = itemgetter(*names)
-        self._low = np.zeros(len(names))
-        self._high = np.array([1.0 if n in FRACTION_FEATURES else MAX_COUNT for n in names])
-        self._pod_class = names.index(POD_CLASS) if POD_CLASS in names else None
-        if self._pod_class is not None:
-            self._high[self._pod_class] = POD_CLASS_CODES - 1
-
-    def __call__(self, rows: list[Any]) -> np.ndarray | None:
-        try:
-            values = list(chain.from_iterable(map(self._getter, rows)))
-        except (KeyError, TypeError):
-            return None
-        if not set(map(type, values)) <= _NUMBER_TYPES:  # bools and numeric strings would pass np.array
-            return None
-        try:
-            matrix = np.array(values, dtype=np.float64).reshape(len(rows), self._width)
-        except OverflowError:
-            return None
-        if not ((matrix >= self._low) & (matrix <= self._high)).all():
-            return None
-        if self._pod_class is not None and not np.array_equal(
-            matrix[:, self._pod_class], np.floor(matrix[:, self._pod_class])
-        ):
-            return None
-        return matrix.astype(np.float32)
-
-
-_NUMBER_TYPES = frozenset({int, float})
-
-
-class _Layout:
-    """Where a binary body's columns go: the body column of each feature of the union."""
-
-    __slots__ = ("columns", "derive", "union")
-
-    def __init__(self, columns: list[str], union: np.ndarray, derive: int | None) -> None:
-        self.columns = columns
-        self.union = union
-        self.derive = derive  # the union column of effective_input_tokens when it must be derived
-
-
-class BinaryRows:
-    """The union matrix (``schema.all_features()`` order) from a binary bulk body: little-endian float32
-    rows whose columns are named by the ``X-Feature-Names`` header (any order; every feature of the schema,
-    ``effective_input_tokens`` may be left out and is then derived; other columns are ignored). Validation
-    is the library's: a bad value raises the same ``FeatureError`` naming its row and field as the JSON rows
-    would."""
-
-    def __init__(self, schema: FeatureSchema) -> None:
-        self.schema = schema
-        self._names = schema.all_features()
-        self._bounds = self._bounds_of(self._names)
-        self._layouts: dict[bytes, _Layout] = {}
-
-    @staticmethod
-    def _bounds_of(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int | None]:
-        high = np.array([1.0 if n in FRACTION_FEATURES else MAX_COUNT for n in names])
-        pod_class = names.index(POD_CLASS) if POD_CLASS in names else None
-        if pod_class is not None:
-            high[pod_class] = POD_CLASS_CODES - 1
-        return np.zeros(len(names)), high, pod_class
-
-    def _layout(self, header: bytes | None) -> _Layout:
-        if header is None:
-            raise RequestError(f"a {BINARY_ROWS_TYPE} body needs the {FEATURE_NAMES_HEADER} header")
-        layout = self._layouts.get(header)
-        if layout is not None:
-            return layout
-        columns = [name.strip() for name in header.decode("latin-1").split(",")]
-        if len(set(columns)) != len(columns):
-            raise RequestError(f"{FEATURE_NAMES_HEADER} names a column twice: {', '.join(columns)}")
-        missing = [n for n in self._names if n not in columns and n not in DERIVED_FEATURES]
-        if missing:
-            raise RequestError(f"{FEATURE_NAMES_HEADER} lacks required feature(s): {', '.join(missing)}")
-        derive = None if EFFECTIVE_INPUT_TOKENS in columns else self._names.index(EFFECTIVE_INPUT_TOKENS)
-        layout = _Layout(
-            columns,
-            np.array([columns.index(n) if n in columns else 0 for n in self._names], dtype=np.intp),
-            derive,
-        )
-        if len(self._layouts) < 16:
-            self._layouts[header] = layout
-        return layout
-
-    def __call__(self, body: bytes, header: bytes | None, max_rows: int) -> np.ndarray:
-        layout = self._layout(header)
-        width = len(layout.columns)
-        if len(body) % (4 * width):
-            raise RequestError(
-                f"a {BINARY_ROWS_TYPE} body must hold whole rows of {width} float32 values "
-                f"({4 * width} bytes); got {len(body)} bytes"
-            )
-        n = len(body) // (4 * width)
-        if n > max_rows:
-            raise RequestError(
-                f"the body holds {n} rows; at most {max_rows} are allowed per request",
-                param="rows",
-                status=413,
-            )
-        raw = np.frombuffer(body, dtype="<f4").reshape(n, width)
-        matrix = raw.take(layout.union, axis=1).astype(np.float32, copy=False)  # native order, C-contiguous
-        if layout.derive is not None:  # as the library derives it: in float64, then float32
-            names = self._names
-            prefix = matrix[:, names.index(PREFIX_CACHE_SCORE)].astype(np.float64)
-            length = matrix[:, names.index(INPUT_TOKEN_LENGTH)].astype(np.float64)
-            matrix[:, layout.derive] = (1.0 - prefix) * length
-        low, high, pod_class = self._bounds
-        ok = (matrix >= low) & (matrix <= high)  # NaN fails both
-        if pod_class is not None:
-            ok[:, pod_class] &= np.floor(matrix[:, pod_class]) == matrix[:, pod_class]
-        if not ok.all():
-            self._raise_first_error(raw, layout.columns, int(np.flatnonzero(~ok.all(axis=1))[0]))
-        return matrix
-
-    def _raise_first_error(self, raw: np.ndarray, columns: list[str], index: int) -> None:
-        row = dict(zip(columns, raw[index].astype(np.float64).tolist(), strict=True))
-        rows_to_matrices([row], schema=self.schema, indices=[index])  # raises the library's FeatureError
-        raise FeatureError(f"rows[{index}]: invalid feature values", index=index)  # not reached
-
-
 class PredictionServer:
-    """An aiohttp application serving predictions from a ``Predictor`` kept fresh by a ``ModelSource``."""
+    """Predictions over the gateway's lean HTTP server, from a ``Predictor`` kept fresh by its
+    ``ModelSource``."""
 
     def __init__(
         self,
@@ -351,7 +108,7 @@ class PredictionServer:
         self.max_rows = max_rows
         self.max_body_bytes = max_body_bytes
         self.predictor = source.make_predictor()
-        self._row_matrices = RowMatrices(self.predictor.schema)
+        self._json_rows = JsonRows(self.predictor.schema)
         self._binary_rows = BinaryRows(self.predictor.schema)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics.create(self.registry)
@@ -370,7 +127,7 @@ class PredictionServer:
 
     def build_http(self) -> HttpServer:
         http = HttpServer(max_body_bytes=self.max_body_bytes)
-        http.add_route("POST", "/v1/predict/bulk", self._handle_bulk)
+        http.add_route("POST", BULK_PATH, self._handle_bulk)
         http.add_route("POST", "/v1/predict", self._handle_single)
         http.add_route("GET", "/v1/status", self._handle_status)
         http.add_route("GET", "/healthz", self._handle_healthz)
@@ -480,18 +237,19 @@ class PredictionServer:
             else:
                 rows = self._rows(parse_json(body))
                 n = len(rows)
-                x_all = self._row_matrices(rows)
-                if x_all is None:
+                matrix = self._json_rows(rows)
+                if matrix is None:
                     ttft, tpot = self.predictor.predict_rows(rows)
                 else:
-                    ttft, tpot = self.predictor.predict_all(x_all)
+                    ttft, tpot = self.predictor.predict_all(matrix)
         except (RequestError, FeatureError, PredictorNotReady) as exc:
             return self._failure("bulk", exc)
         self._bulk_ok.inc()
         self.metrics.rows.inc(n)
         if binary:
             return self._encode_binary(ttft, tpot)
-        return Response(200, self._encode_bulk(ttft, tpot), content_type=b"application/json")
+        body = encode_predictions(ttft, tpot, self.model_versions)
+        return Response(200, body, content_type=JSON_TYPE.encode())
 
     def _rows(self, data: Any) -> list[Any]:
         if not isinstance(data, dict):
@@ -509,33 +267,11 @@ class PredictionServer:
             )
         return rows
 
-    def _encode_bulk(self, ttft: np.ndarray, tpot: np.ndarray) -> bytes:
-        """``{"predictions": [{"ttft_ms": x, "tpot_ms": y}, ...], "model_versions": {...}}``, written as one
-        orjson array of [ttft, tpot] pairs turned into the objects by byte replacements (numbers hold no
-        ``,``, ``[`` or ``]``): no Python object per row."""
-        n = len(ttft)
-        if n == 0:
-            predictions = b""
-        else:
-            # Rounded to 1 µs; orjson writes the shortest repr, and a NaN TPOT (no TPOT model yet) as null.
-            pairs = np.empty((n, 2), dtype=np.float64)
-            np.round(ttft, 3, out=pairs[:, 0])
-            np.round(tpot, 3, out=pairs[:, 1])
-            numbers = orjson.dumps(pairs, option=orjson.OPT_SERIALIZE_NUMPY)[2:-2]  # a,b],[c,d
-            predictions = b'{"ttft_ms":%s}' % (
-                numbers.replace(b"],[", b"}{").replace(b",", b',"tpot_ms":').replace(b"}{", b'},{"ttft_ms":')
-            )
-        return b'{"predictions":[%s],"model_versions":%s}' % (
-            predictions,
-            self._current_versions_json().encode(),
-        )
-
     def _encode_binary(self, ttft: np.ndarray, tpot: np.ndarray) -> Response:
-        body = np.concatenate([ttft, tpot]).astype("<f8", copy=False).tobytes()
         versions = self._current_versions_json().encode()
         return Response(
             200,
-            body,
+            encode_binary_predictions(ttft, tpot),
             content_type=BINARY_PREDICTIONS_TYPE.encode(),
             raw_headers=b"%s: %s\r\n" % (MODEL_VERSIONS_HEADER.encode(), versions),
         )
@@ -601,14 +337,3 @@ class PredictionServer:
             "last_sync_error": self.last_sync_error,
             "max_rows": self.max_rows,
         }
-
-
-def make_source(
-    *, model_dir: str | None = None, training_server: str | None = None
-) -> DirectorySource | TrainingServerSource:
-    if (model_dir is None) == (training_server is None):
-        raise ValueError("give exactly one of model_dir and training_server")
-    if model_dir is not None:
-        return DirectorySource(model_dir)
-    assert training_server is not None
-    return TrainingServerSource(training_server)

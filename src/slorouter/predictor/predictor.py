@@ -256,7 +256,7 @@ class Predictor:
                 baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
             except ValueError as exc:
                 raise ModelFileError(f"{kind} model {metadata.version}: {exc}") from None
-        forest = CompiledForest.from_booster(booster, n_features, raw) if self.compile_forest else None
+        forest = CompiledForest.from_booster(booster, n_features) if self.compile_forest else None
         return LoadedModel(
             kind,
             metadata,
@@ -271,7 +271,7 @@ class Predictor:
     def _install(self, loaded: list[LoadedModel]) -> None:
         """Make ``loaded`` current, with the combined forest of the resulting pair."""
         with self._load_lock:
-            models = {**self._models, **{model.kind: model for model in loaded}}
+            models: dict[str, LoadedModel] = {**self._models, **{model.kind: model for model in loaded}}
             self._state = _State(models, self._joint_of(models))
             for model in loaded:
                 self._refused.pop(model.kind, None)
@@ -319,13 +319,13 @@ class Predictor:
     def predict_all(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``predict`` for rows of the union of the features, in ``schema.all_features()`` order (float32
         C-contiguous rows are used as they are), e.g. validated request rows."""
+        width = len(self.schema.all_features())
+        if x_all.ndim != 2 or x_all.shape[1] != width:
+            raise ValueError(f"rows must have {width} features, got shape {x_all.shape}")
         state = self._state
         if "ttft" not in state.models:
             raise PredictorNotReady("no TTFT model has been trained yet")
         joint = state.joint
-        width = len(self.schema.all_features())
-        if x_all.ndim != 2 or x_all.shape[1] != width:
-            raise ValueError(f"rows must have {width} features, got shape {x_all.shape}")
         if x_all.dtype != np.float32 or not x_all.flags.c_contiguous:
             x_all = np.ascontiguousarray(x_all, dtype=np.float32)
         if joint is not None and len(x_all):

@@ -232,7 +232,7 @@ class SampleStore:
         with self._lock:
             self._flush(kind, ring)
             counts = ring.count.copy()
-        return {self.bucket_name(b): int(counts[b]) for b in np.flatnonzero(counts)}
+        return {self.bucket_name(int(b)): int(counts[b]) for b in np.flatnonzero(counts)}
 
     def snapshot(self, kind: ModelKind) -> Snapshot:
         """A consistent copy of ``kind``'s samples, oldest first."""

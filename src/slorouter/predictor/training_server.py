@@ -24,7 +24,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.gateway.errors import RequestError, error_response
-from slorouter.predictor.features import MODEL_KINDS, FeatureError, FeatureSchema, ModelKind, rows_to_matrix
+from slorouter.predictor.features import (
+    MODEL_KINDS,
+    FeatureError,
+    FeatureSchema,
+    ModelKind,
+    check_kind,
+    rows_to_matrix,
+)
 from slorouter.predictor.http_common import (
     RunningServer,
     healthz,
@@ -355,7 +362,7 @@ class TrainingServer:
         kind = request.match_info["kind"]
         if kind not in MODEL_KINDS:
             return error_response(404, f"unknown model {kind!r}; the models are {', '.join(MODEL_KINDS)}")
-        model = await self._published_model(kind)  # type: ignore[arg-type]
+        model = await self._published_model(check_kind(kind))
         if model is None:
             return error_response(404, f"no {kind} model has been trained yet", code="not_trained")
         return model

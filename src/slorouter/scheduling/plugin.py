@@ -21,7 +21,7 @@ from slorouter.validation import StrictModel
 if TYPE_CHECKING:
     from slorouter.metrics import LatencyMetrics
     from slorouter.pool.state import Endpoint, PoolState
-    from slorouter.predictor.client import LatencyPredictorBackend
+    from slorouter.predictor.backend import LatencyPredictorBackend
     from slorouter.scheduling.types import (
         Candidates,
         CycleState,

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import Field
 
-from slorouter.predictor.client import PredictionUnavailable
+from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.correction import EndpointCorrection
 from slorouter.predictor.features import (
     DEFAULT_SCHEMA,
     FeatureSchema,
+    ModelKind,
     columns_to_union_matrix,
     pod_class_code,
 )
@@ -89,14 +90,6 @@ class _RequestState:
     target_address: str = ""
     tpot_slo_registered: bool = False
     samples: list[str] = field(default_factory=list)
-
-    @property
-    def x_ttft(self) -> np.ndarray:
-        return np.ascontiguousarray(self.x_all[:, self.ttft_columns])
-
-    @property
-    def x_tpot(self) -> np.ndarray:
-        return np.ascontiguousarray(self.x_all[:, self.tpot_columns])
 
 
 @register_plugin
@@ -162,16 +155,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             self._fallback(request, "unavailable" if self._served else "warming-up")
             return None
         self._served = True
-        predict_union_now = getattr(backend, "predict_union_now", None)
-        predict_now = getattr(backend, "predict_now", None)
-        if predict_union_now is None and predict_now is None:
+        if not backend.synchronous:
             return self._produce_remote(request, candidates, state)
         started = time.perf_counter()
         try:
-            if predict_union_now is not None:
-                ttft, tpot = predict_union_now(state.x_all)
-            else:
-                ttft, tpot = predict_now(state.x_ttft, state.x_tpot)  # type: ignore[misc]
+            ttft, tpot = backend.predict_now(state.x_all)
         except PredictionUnavailable as exc:
             self._fallback(request, "unavailable", exc)
             return None
@@ -182,7 +170,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         assert self.ctx.predictor is not None
         started = time.perf_counter()
         try:
-            ttft, tpot = await self.ctx.predictor.predict(state.x_ttft, state.x_tpot)
+            ttft, tpot = await self.ctx.predictor.predict(state.x_all)
         except PredictionUnavailable as exc:
             self._fallback(request, "unavailable", exc)
             return
@@ -295,7 +283,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if response.tokens > 1:
             self._record(request, state, "tpot", (e2e_ms - ttft_ms) / (response.tokens - 1))
 
-    def _record(self, request: InferenceRequest, state: _RequestState, kind: str, latency_ms: float) -> None:
+    def _record(
+        self, request: InferenceRequest, state: _RequestState, kind: ModelKind, latency_ms: float
+    ) -> None:
         if kind in state.samples or not latency_ms > 0:
             return
         state.samples.append(kind)
@@ -304,12 +294,12 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         backend = self.ctx.predictor
         if backend is not None:
             try:
-                backend.add_sample(kind, row, latency_ms)  # type: ignore[arg-type]
+                backend.add_sample(kind, row, latency_ms)
             except Exception:
                 log.exception("recording a %s training sample failed", kind)
         predicted = state.predicted_ttft if kind == "ttft" else state.predicted_tpot
         if self.correction is not None and predicted is not None and predicted[i] > 0:
-            self.correction.observe(state.target_address, kind, float(predicted[i]), latency_ms)  # type: ignore[arg-type]
+            self.correction.observe(state.target_address, kind, float(predicted[i]), latency_ms)
         metrics = self.ctx.metrics
         if metrics is None:
             return

@@ -1,0 +1,356 @@
+"""The router's side of sidecar mode: a coalescing, failing-over client of the prediction servers.
+
+``PredictionClient`` gathers the ``predict`` calls made within a short window (1 ms by default) into one
+``POST /v1/predict/bulk``, sends it to the ready prediction server with the fewest outstanding requests, fails
+over to another server on errors, and raises ``PredictionUnavailable`` when no answer can arrive within the
+call's timeout (50 ms by default): the router then routes by its heuristics. A health loop probes every
+server's ``/readyz`` each second, and at once after an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import aiohttp
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter
+
+from slorouter.predictor.backend import PredictionUnavailable
+from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema
+from slorouter.predictor.transport import AiohttpTransport, LeanTransport, Transport, TransportError
+from slorouter.predictor.wire import (
+    BULK_PATH,
+    MAX_ROWS,
+    RowEncoder,
+    decode_binary_predictions,
+    decode_predictions,
+    error_message,
+)
+
+log = logging.getLogger("slorouter.predictor.prediction_client")
+
+
+@dataclass(eq=False)
+class ServerState:
+    """One prediction server as the client sees it."""
+
+    url: str
+    # None until the first probe or request; False after an error or a failed probe, until a probe succeeds.
+    ready: bool | None = None
+    outstanding: int = 0
+    requests: int = 0
+    errors: int = 0
+    last_error: str | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    x_all: np.ndarray
+    rows: int
+    future: asyncio.Future[tuple[np.ndarray, np.ndarray]]
+    deadline: float
+
+
+@dataclass
+class ClientStats:
+    calls: int = 0
+    unavailable: int = 0
+    bulk_requests: int = 0
+    failovers: int = 0
+    rows: int = 0
+
+
+class _ClientMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "slorouter_prediction_client_calls", "predict() calls by outcome.", ["outcome"], registry=registry
+        )
+        self.bulk = Counter(
+            "slorouter_prediction_client_bulk_requests",
+            "Bulk requests sent, by server and outcome.",
+            ["server", "outcome"],
+            registry=registry,
+        )
+
+
+class PredictionClient:
+    """Coalescing, least-outstanding, failing-over client of one or more prediction servers."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        coalesce_window_s: float = 0.001,
+        timeout_s: float = 0.05,
+        max_rows_per_bulk: int = MAX_ROWS,
+        health_check_interval_s: float = 1.0,
+        session: aiohttp.ClientSession | None = None,
+        registry: CollectorRegistry | None = None,
+        schema: FeatureSchema = DEFAULT_SCHEMA,
+        binary: bool = True,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one prediction-server URL is required")
+        if coalesce_window_s < 0:
+            raise ValueError(f"coalesce_window_s must be >= 0, got {coalesce_window_s}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if max_rows_per_bulk < 1:
+            raise ValueError(f"max_rows_per_bulk must be at least 1, got {max_rows_per_bulk}")
+        if health_check_interval_s <= 0:
+            raise ValueError(f"health_check_interval_s must be positive, got {health_check_interval_s}")
+        self.servers = [ServerState(url.rstrip("/")) for url in urls]
+        self.wire = RowEncoder(schema)
+        # The binary bulk format costs a fraction of JSON on both sides; JSON for servers without it.
+        self.binary = binary
+        self._bulk_headers = self.wire.headers(binary)
+        self._encode = self.wire.encode_binary if binary else self.wire.encode
+        self._decode = decode_binary_predictions if binary else decode_predictions
+        self.coalesce_window_s = coalesce_window_s
+        self.timeout_s = timeout_s
+        self.max_rows_per_bulk = max_rows_per_bulk
+        self.health_check_interval_s = health_check_interval_s
+        self.stats = ClientStats()
+        self._metrics = _ClientMetrics(registry) if registry is not None else None
+        self._session = session
+        self._transport: Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[_Call] = []
+        self._pending_rows = 0
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._health_task: asyncio.Task[None] | None = None
+        self._probe_now = asyncio.Event()
+        self._rotation = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._session is not None or any(s.url.startswith("https://") for s in self.servers):
+            self._transport = AiohttpTransport(self._session)
+        else:
+            self._transport = LeanTransport()
+        self._health_task = self._loop.create_task(self._health_loop(), name="prediction-client-health")
+
+    async def stop(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        for call in self._pending:
+            if not call.future.done():
+                call.future.set_exception(PredictionUnavailable("the prediction client is stopping"))
+        self._pending = []
+        self._pending_rows = 0
+        tasks = [t for t in (self._health_task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._health_task = None
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
+        self._loop = None
+
+    @property
+    def ready(self) -> bool:
+        return any(server.ready for server in self.servers)
+
+    # -- prediction ------------------------------------------------------------------------------------------
+
+    async def predict(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted (TTFT ms, TPOT ms) per row of the union matrix (``schema.all_features()`` columns)."""
+        width = len(self.wire.schema.all_features())
+        if x_all.ndim != 2 or x_all.shape[1] != width:
+            raise ValueError(f"rows must have {width} features, got shape {x_all.shape}")
+        if not np.isfinite(x_all).all():
+            raise ValueError("the feature matrix contains NaN or infinite values")
+        n = x_all.shape[0]
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("PredictionClient.start() has not been called")
+        self.stats.calls += 1
+        if n == 0:
+            return np.empty(0), np.empty(0)
+        if not any(server.ready is not False for server in self.servers):
+            self._probe_now.set()
+            self._unavailable("no ready prediction server")
+        future: asyncio.Future[tuple[np.ndarray, np.ndarray]] = loop.create_future()
+        self._pending.append(_Call(x_all, n, future, loop.time() + self.timeout_s))
+        self._pending_rows += n
+        if self._pending_rows >= self.max_rows_per_bulk or self.coalesce_window_s == 0:
+            self._flush()
+        elif self._flush_handle is None:
+            self._flush_handle = loop.call_later(self.coalesce_window_s, self._flush)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await future
+        except TimeoutError:
+            self._unavailable(f"no prediction within {self.timeout_s * 1000:g} ms")
+        except PredictionUnavailable as exc:
+            self._unavailable(str(exc))
+        if self._metrics:
+            self._metrics.calls.labels("ok").inc()
+        return result
+
+    def _unavailable(self, reason: str) -> NoReturn:
+        self.stats.unavailable += 1
+        if self._metrics:
+            self._metrics.calls.labels("unavailable").inc()
+        raise PredictionUnavailable(reason)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        calls, self._pending, self._pending_rows = self._pending, [], 0
+        if not calls:
+            return
+        assert self._loop is not None
+        task = self._loop.create_task(self._dispatch(calls))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(self, calls: list[_Call]) -> None:
+        try:
+            x_all = np.concatenate([c.x_all for c in calls]) if len(calls) > 1 else calls[0].x_all
+            deadline = max(c.deadline for c in calls)
+            total = x_all.shape[0]
+            step = self.max_rows_per_bulk
+            bodies = [
+                (self._encode(x_all[i : i + step]), min(step, total - i)) for i in range(0, total, step)
+            ]
+            if len(bodies) == 1:
+                results = [await self._send(bodies[0][0], bodies[0][1], deadline)]
+            else:
+                results = await asyncio.gather(*(self._send(body, n, deadline) for body, n in bodies))
+        except (Exception, asyncio.CancelledError) as exc:
+            reason = (
+                "the prediction client is stopping" if isinstance(exc, asyncio.CancelledError) else str(exc)
+            )
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(PredictionUnavailable(reason))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        ttft = np.concatenate([r[0] for r in results]) if len(results) > 1 else results[0][0]
+        tpot = np.concatenate([r[1] for r in results]) if len(results) > 1 else results[0][1]
+        offset = 0
+        for call in calls:
+            end = offset + call.rows
+            if not call.future.done():
+                call.future.set_result((ttft[offset:end], tpot[offset:end]))
+            offset = end
+
+    def _pick(self, exclude: set[ServerState]) -> ServerState | None:
+        best: ServerState | None = None
+        count = len(self.servers)
+        self._rotation = (self._rotation + 1) % count
+        for i in range(count):
+            server = self.servers[(self._rotation + i) % count]
+            if server.ready is False or server in exclude:
+                continue
+            if best is None or server.outstanding < best.outstanding:
+                best = server
+        return best
+
+    async def _send(self, body: bytes, n: int, deadline: float) -> tuple[np.ndarray, np.ndarray]:
+        assert self._loop is not None and self._transport is not None
+        tried: set[ServerState] = set()
+        last_error = "no ready prediction server"
+        while True:
+            server = self._pick(tried)
+            if server is None:
+                self._probe_now.set()
+                raise PredictionUnavailable(last_error)
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                raise PredictionUnavailable(f"no prediction within {self.timeout_s * 1000:g} ms")
+            if tried:
+                self.stats.failovers += 1
+            tried.add(server)
+            server.outstanding += 1
+            server.requests += 1
+            self.stats.bulk_requests += 1
+            try:
+                status, payload = await self._transport.request(
+                    "POST", server.url + BULK_PATH, body, remaining, self._bulk_headers
+                )
+            except TimeoutError:
+                # A slow server is not marked down: its outstanding count already steers traffic away from it.
+                self._count(server, "timeout")
+                raise PredictionUnavailable(f"no prediction within {self.timeout_s * 1000:g} ms") from None
+            except TransportError as exc:
+                last_error = f"{server.url}: {exc}"
+                self._mark_down(server, last_error, "error")
+                continue
+            finally:
+                server.outstanding -= 1
+            if status == 200:
+                try:
+                    result = self._decode(payload, n)
+                except (ValueError, KeyError, TypeError) as exc:
+                    last_error = f"{server.url}: malformed response: {exc}"
+                    self._mark_down(server, last_error, "error")
+                    continue
+                server.ready = True
+                self.stats.rows += n
+                self._count(server, "ok")
+                return result
+            message = error_message(payload)
+            if status in (400, 413):
+                # The rows themselves are refused; another server would refuse them too.
+                self._count(server, "rejected")
+                raise PredictionUnavailable(f"{server.url} rejected the rows (HTTP {status}): {message}")
+            last_error = f"{server.url}: HTTP {status}: {message}"
+            self._mark_down(server, last_error, "not_ready" if status == 503 else "error")
+
+    def _count(self, server: ServerState, outcome: str) -> None:
+        if self._metrics:
+            self._metrics.bulk.labels(server.url, outcome).inc()
+
+    def _mark_down(self, server: ServerState, error: str, outcome: str) -> None:
+        server.ready = False
+        server.errors += 1
+        server.last_error = error
+        self._count(server, outcome)
+        self._probe_now.set()
+        log.debug("prediction server marked down: %s", error)
+
+    # -- health ----------------------------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        min_gap = min(self.health_check_interval_s, 0.05)
+        while True:
+            self._probe_now.clear()
+            await self.probe()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.health_check_interval_s):
+                    await self._probe_now.wait()
+            await asyncio.sleep(min_gap)
+
+    async def probe(self) -> None:
+        """Probe every server's ``/readyz`` once and update its state."""
+        await asyncio.gather(*(self._probe(server) for server in self.servers))
+
+    async def _probe(self, server: ServerState) -> None:
+        assert self._transport is not None
+        try:
+            status, _ = await self._transport.request(
+                "GET", server.url + "/readyz", b"", min(1.0, self.health_check_interval_s)
+            )
+        except (TransportError, TimeoutError) as exc:
+            server.ready = False
+            server.last_error = f"/readyz: {type(exc).__name__}: {exc}"
+            return
+        server.ready = status == 200
+        if not server.ready:
+            server.last_error = f"/readyz: HTTP {status}"
