@@ -29,23 +29,24 @@ def _where(mark: Mark | None) -> str:
 
 class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, MappingNode):  # else the base class reports it
-            first_seen: dict[Any, Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == _MERGE_TAG:  # keys a merge brings in may be overridden
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    earlier = first_seen.setdefault(key, key_node)
-                except TypeError:  # unhashable: the base class reports it
-                    continue
-                if earlier is not key_node:
-                    raise ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {key!r} (first at line {earlier.start_mark.line + 1})",
-                        key_node.start_mark,
-                    )
+        if not isinstance(node, MappingNode):
+            raise ConstructorError(None, None, f"expected a mapping, found {node.tag}", node.start_mark)
+        first_seen: dict[Any, Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # keys a merge brings in may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                earlier = first_seen.setdefault(key, key_node)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if earlier is not key_node:
+                raise ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {earlier.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
         return super().construct_mapping(node, deep=deep)
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:

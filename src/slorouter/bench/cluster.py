@@ -47,7 +47,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
-from slorouter.sim.engine import Engine, Finished, FirstToken, RequestRejected, Step
+from slorouter.sim.engine import Engine, Finished, FirstToken, RequestId, RequestRejected, Step
 from slorouter.sim.profiles import Profile
 from slorouter.sim.text import output_text
 from slorouter.tokenizer import BYTES_PER_TOKEN, encode_bytes
@@ -279,7 +279,7 @@ class ClusterSimulator:
                 kick(pod, now)
             elif kind == _FIRST_TOKEN:
                 first_token: FirstToken = arg
-                i = first_token.request_id  # type: ignore[assignment]
+                i = _index(first_token.request_id)
                 lifecycle = lifecycles.get(i)
                 if lifecycle is not None:
                     lifecycle.on_headers(200, True)
@@ -287,7 +287,7 @@ class ClusterSimulator:
                     rec.ttft_s[i] = now - rec.arrival[i]
             elif kind == _DONE:
                 finished: Finished = arg
-                i = finished.request_id  # type: ignore[assignment]
+                i = _index(finished.request_id)
                 lifecycle = lifecycles.pop(i, None)
                 if lifecycle is not None:
                     wanted = lifecycle.reply_chars_wanted
@@ -414,6 +414,12 @@ class ClusterSimulator:
                 for kind, status in self.predictor.trainer.status()["models"].items()
             }
         return facts
+
+
+def _index(request_id: RequestId) -> int:
+    """The engines here know each request by its index in the run."""
+    assert isinstance(request_id, int)
+    return request_id
 
 
 def _or_nan(value: float | None) -> float:

@@ -50,7 +50,7 @@ from slorouter.predictor.features import (
     columns_to_matrix,
     pod_class_code,
 )
-from slorouter.sim.engine import Engine, StepOutput
+from slorouter.sim.engine import Engine, RequestId, StepOutput
 from slorouter.sim.profiles import Profile, get_profile
 from slorouter.tokenizer import BYTES_PER_TOKEN
 
@@ -215,12 +215,12 @@ def generate_samples(num_requests: int, *, seed: int = 0, workload: SimWorkload 
         nonlocal finished
         router = routers[e]
         for first in out.first_tokens:
-            i: int = first.request_id  # type: ignore[assignment]
+            i = _index(first.request_id)
             ttft[i] = first.ttft * 1000.0
             router.prefill_tokens -= int(uncached[i])
             router.decode_tokens += int(prompt_len[i] + max_tokens[i])
         for done in out.finished:
-            i = done.request_id  # type: ignore[assignment]
+            i = _index(done.request_id)
             if done.output_tokens >= 2:
                 tpot[i] = (done.e2e - done.ttft) * 1000.0 / (done.output_tokens - 1)
             router.decode_tokens -= int(prompt_len[i] + max_tokens[i])
@@ -340,3 +340,9 @@ def _record(
     while len(index) > wl.prefix_index_blocks:
         index.popitem(last=False)
     return int(cols[INPUT_TOKEN_LENGTH][i]) * matched // len(hashes) if hashes else 0
+
+
+def _index(request_id: RequestId) -> int:
+    """The engines here know each request by its index in the run."""
+    assert isinstance(request_id, int)
+    return request_id

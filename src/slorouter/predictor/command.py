@@ -23,7 +23,7 @@ class _Server(Protocol):
 
 def _number(
     kind: type, *, minimum: float | None = None, exclusive: bool = False, maximum: float | None = None
-):
+) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = kind(text)
@@ -55,7 +55,7 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "predictor",
         help="run a latency-predictor sidecar (training or prediction server)",
@@ -80,7 +80,7 @@ def _common(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def _add_training(servers: argparse._SubParsersAction) -> None:
+def _add_training(servers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = servers.add_parser(
         "training-server",
         help="ingest samples, train the TTFT/TPOT models, publish them",
@@ -130,7 +130,7 @@ def _add_training(servers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_training_server)
 
 
-def _add_prediction(servers: argparse._SubParsersAction) -> None:
+def _add_prediction(servers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = servers.add_parser(
         "prediction-server",
         help="serve TTFT/TPOT predictions from the newest models",

@@ -112,10 +112,12 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
             raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")
         if not isinstance(options, Mapping):
             raise ApiError("stream_options must be an object.", param="stream_options")
-        include_usage = options.get("include_usage")
-        if include_usage is None:
+        include_option = options.get("include_usage")
+        if include_option is None:
             include_usage = False
-        elif not isinstance(include_usage, bool):
+        elif isinstance(include_option, bool):
+            include_usage = include_option
+        else:
             raise ApiError("stream_options.include_usage must be a boolean.", param="stream_options")
 
     n = body.get("n")

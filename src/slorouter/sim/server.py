@@ -26,7 +26,7 @@ from typing import Any
 
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.gateway.server import HttpRequest, HttpServer, Response
-from slorouter.sim.engine import Engine, Finished, RequestRejected, StepOutput
+from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
 from slorouter.sim.protocol import (
@@ -66,7 +66,7 @@ class _Active:
     """A request an HTTP handler is waiting on."""
 
     stream: bool
-    handler: asyncio.Task | None = field(default=None, repr=False)
+    handler: asyncio.Task[Any] | None = field(default=None, repr=False)
     pending: int = 0  # tokens produced and not yet written
     cached_tokens: int = 0
     finished: Finished | None = None
@@ -93,7 +93,7 @@ class SimPod:
         self.model = model
         self.metrics = PodMetrics(engine, model)
         self._clock = clock or MonotonicClock()
-        self._active: dict[int, _Active] = {}
+        self._active: dict[RequestId, _Active] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._zero_cost = _zero_cost(engine.profile)
@@ -201,16 +201,16 @@ class SimPod:
             if entry is not None and entry.stream:
                 entry.pending += 1
                 entry.wake()
-        for event in output.first_tokens:
-            self.metrics.first_token(event)
-            entry = active.get(event.request_id)
+        for first in output.first_tokens:
+            self.metrics.first_token(first)
+            entry = active.get(first.request_id)
             if entry is not None:
-                entry.cached_tokens = event.cached_tokens
-        for event in output.finished:
-            self.metrics.finished(event)
-            entry = active.get(event.request_id)
+                entry.cached_tokens = first.cached_tokens
+        for done in output.finished:
+            self.metrics.finished(done)
+            entry = active.get(done.request_id)
             if entry is not None:
-                entry.finished = event
+                entry.finished = done
                 entry.wake()
 
     # ---------------------------------------------------------------------------------------- handlers

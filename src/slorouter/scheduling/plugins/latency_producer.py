@@ -166,7 +166,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
         return None
 
-    async def _produce_remote(self, request: InferenceRequest, candidates: Candidates, state: _RequestState):
+    async def _produce_remote(
+        self, request: InferenceRequest, candidates: Candidates, state: _RequestState
+    ) -> None:
         assert self.ctx.predictor is not None
         started = time.perf_counter()
         try:
