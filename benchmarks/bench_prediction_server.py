@@ -162,7 +162,7 @@ def handler_floor(
         if binary:
             server._encode_binary(ttft, tpot)
         else:
-            encode_predictions(ttft, tpot, server._current_versions_json().encode())
+            encode_predictions(ttft, tpot, server.model_versions)
         t4 = perf()
         if i >= 200:
             steps[i - 200] = (t1 - t0, t2 - t1, t3 - t2, t4 - t3)

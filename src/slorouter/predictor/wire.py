@@ -14,7 +14,6 @@ before a TPOT model exists) or, to a binary request, n little-endian float64 TTF
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 import numpy as np
 import orjson
@@ -81,7 +80,7 @@ class RowEncoder:
         return {"Content-Type": BINARY_ROWS_TYPE, FEATURE_NAMES_HEADER: ",".join(self.names)}
 
 
-def encode_predictions(ttft: np.ndarray, tpot: np.ndarray, versions: Mapping[str, str]) -> bytes:
+def encode_predictions(ttft: np.ndarray, tpot: np.ndarray, versions: dict[str, str]) -> bytes:
     """The JSON bulk response, predictions rounded to 1 µs (orjson writes a NaN TPOT as null)."""
     rounded = zip(np.round(ttft, 3).tolist(), np.round(tpot, 3).tolist(), strict=True)
     predictions = [{"ttft_ms": a, "tpot_ms": b} for a, b in rounded]
