@@ -38,9 +38,9 @@ import uvloop
 
 from _harness import _to_ms, ensure_wrk, free_port, markdown_table, process
 from slorouter.clock import ManualClock
+from slorouter.http.json_bodies import parse_json
 from slorouter.predictor.client import PredictionClient, PredictionUnavailable, WireFormat
 from slorouter.predictor.features import columns_to_matrix
-from slorouter.predictor.http_common import parse_json
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.prediction_server import PredictionServer, make_source
 from slorouter.predictor.samples_sim import SimSamples, generate_samples

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slorouter.gateway.errors import RequestError
 from slorouter.gateway.headers import parse_routing_headers
+from slorouter.http.errors import RequestError
 
 OBJECTIVES = {"premium": 10, "batch": -1}
 

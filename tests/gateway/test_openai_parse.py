@@ -7,13 +7,13 @@ import json
 import pytest
 
 from slorouter.gateway.app import _usage_from_tail
-from slorouter.gateway.errors import RequestError
 from slorouter.gateway.openai import (
     CHAT_ASSUMED_MAX_TOKENS,
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     parse_chat_completion,
     parse_completion,
 )
+from slorouter.http.errors import RequestError
 from slorouter.tokenizer import count_tokens
 
 

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from slorouter.http.running import RunningServer, listen
 from slorouter.predictor.client import (
     LatencyPredictorBackend,
     PredictionClient,
@@ -25,7 +26,6 @@ from slorouter.predictor.client import (
     encode_sample,
 )
 from slorouter.predictor.features import FeatureError
-from slorouter.predictor.http_common import RunningServer, listen
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.prediction_server import PredictionServer, make_source
 from slorouter.predictor.predictor import Predictor

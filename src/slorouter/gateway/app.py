@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP front-end: parse, schedule through the Director, proxy, relay the stream.
 
-The hot path runs on the gateway's own lean HTTP/1.1 server (``gateway.server``) and upstream client
-(``gateway.upstream``): headers stay raw bytes, the forwarded request head is built in one pass over the
+The hot path runs on the gateway's own lean HTTP/1.1 server (``http.server``) and upstream client
+(``http.upstream``): headers stay raw bytes, the forwarded request head is built in one pass over the
 client's headers, and metric children are looked up once per label set.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
 from slorouter.director import Director, RequestLifecycle
-from slorouter.gateway.errors import RequestError, sse_error_event
 from slorouter.gateway.headers import parse_routing_headers
 from slorouter.gateway.history import ReplyCollector, history_text, reply_from_body
 from slorouter.gateway.openai import ParsedRequest, parse_chat_completion, parse_completion
-from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error, json_response
-from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from slorouter.http.errors import RequestError, sse_error_event
+from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
+from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from slorouter.metrics import GatewayMetrics, LatencyMetrics
 from slorouter.scheduling.datakeys import TARGET_PREDICTION_STATE
 from slorouter.scheduling.plugins.latency import EXPLORE_ROUTE

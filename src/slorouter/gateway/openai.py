@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from slorouter.gateway.errors import RequestError
 from slorouter.gateway.history import CHAT, TEXT
+from slorouter.http.errors import RequestError
 from slorouter.tokenizer import chat_to_prompt, count_tokens
 
 # What the OpenAI API does when max_tokens is omitted: completions default to 16 tokens; chat completions

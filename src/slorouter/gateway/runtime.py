@@ -12,7 +12,7 @@ from slorouter.clock import Clock, MonotonicClock
 from slorouter.config import Config, ConfigError, PredictorConfig
 from slorouter.director import Director
 from slorouter.gateway.app import Gateway
-from slorouter.gateway.server import HttpServer
+from slorouter.http.server import HttpServer
 from slorouter.metrics import GatewayMetrics, LatencyMetrics, PredictorCollector
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker

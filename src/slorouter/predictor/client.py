@@ -29,7 +29,7 @@ import aiohttp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
-from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamTimeoutError
+from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamTimeoutError
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS, FeatureSchema, ModelKind, rows_to_matrix
 
 log = logging.getLogger("slorouter.predictor.client")

@@ -23,8 +23,10 @@ import numpy as np
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from slorouter.gateway.errors import RequestError
-from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error
+from slorouter.http.errors import RequestError
+from slorouter.http.json_bodies import lean_body, lean_error, lean_json, parse_json
+from slorouter.http.running import RunningServer, listen_lean
+from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.predictor.features import (
     DERIVED_FEATURES,
     EFFECTIVE_INPUT_TOKENS,
@@ -40,14 +42,6 @@ from slorouter.predictor.features import (
     ModelKind,
     SchemaMismatchError,
     rows_to_matrices,
-)
-from slorouter.predictor.http_common import (
-    RunningServer,
-    lean_body,
-    lean_error,
-    lean_json,
-    listen_lean,
-    parse_json,
 )
 from slorouter.predictor.model_store import ModelFileError, ModelStore, decode_model_file
 from slorouter.predictor.predictor import Predictor, PredictorNotReady

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_response
+from slorouter.http.server import HttpRequest, HttpServer, Response, json_response
 from tests.gateway.conftest import eventually
 
 

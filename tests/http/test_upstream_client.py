@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from slorouter.gateway.upstream import (
+from slorouter.http.upstream import (
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,

@@ -20,7 +20,7 @@ from http import HTTPStatus
 
 import httptools
 
-from slorouter.gateway.errors import error_body
+from slorouter.http.errors import error_body
 
 log = logging.getLogger(__name__)
 
