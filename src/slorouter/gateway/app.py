@@ -23,7 +23,8 @@ from slorouter.gateway.headers import parse_routing_headers
 from slorouter.gateway.history import ReplyCollector, history_text, reply_from_body
 from slorouter.gateway.openai import ParsedRequest, parse_chat_completion, parse_completion
 from slorouter.http.errors import RequestError, sse_error_event
-from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
+from slorouter.http.headers import HOP_BY_HOP, not_forwarded
+from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
 from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from slorouter.metrics import GatewayMetrics, LatencyMetrics
 from slorouter.scheduling.datakeys import TARGET_PREDICTION_STATE
@@ -36,22 +37,12 @@ ENDPOINT_HEADER = "x-slorouter-endpoint"
 ROUTE_HEADER = "x-slorouter-route"
 PREDICTED_TTFT_HEADER = b"x-slorouter-predicted-ttft-ms"
 PREDICTED_TPOT_HEADER = b"x-slorouter-predicted-tpot-ms"
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those computed per hop are never copied across.
-_NOT_FORWARDED = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-        b"expect",  # answered by the gateway's server; the body is sent whole upstream
-    }
-)
+# Hop-by-hop headers and those computed per hop are never copied across (nor those Connection names).
+_NOT_FORWARDED = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"expect",  # answered by the gateway's server; the body is sent whole upstream
+}
 # The gateway's server writes its own Date; the upstream's would be a duplicate.
 _NOT_RETURNED = _NOT_FORWARDED | {b"date"}
 _SSE_EVENT = b"data: "
@@ -93,8 +84,8 @@ class Gateway:
         self._endpoint_headers: dict[tuple[str, str], bytes] = {}
 
     # --- server --------------------------------------------------------------------------------------
-    def build_server(self) -> HttpServer:
-        server = HttpServer(max_body_bytes=self.config.max_body_bytes)
+    def build_server(self, limits: ServerLimits) -> HttpServer:
+        server = HttpServer(max_body_bytes=self.config.max_body_bytes, limits=limits)
         server.add_route("POST", "/v1/completions", self._completions)
         server.add_route("POST", "/v1/chat/completions", self._chat_completions)
         server.add_route("GET", "/v1/models", self._models)
@@ -161,11 +152,12 @@ class Gateway:
         forward: list[bytes] = []
         request_id = ""
         check_auth = bool(self._api_keys)
+        dropped = not_forwarded(http.headers, _NOT_FORWARDED)
         for name, value in http.headers:
             lower = name.lower()
             text = value.decode("latin-1")
             headers[lower.decode("latin-1")] = text
-            if lower in _NOT_FORWARDED:
+            if lower in dropped:
                 continue
             if lower == b"x-request-id":
                 request_id = text
@@ -384,7 +376,8 @@ class Gateway:
 
 def _upstream_headers(upstream: UpstreamResponse) -> bytes:
     """The upstream's end-to-end response headers, preformatted."""
-    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in _NOT_RETURNED)
+    dropped = not_forwarded(upstream.headers, _NOT_RETURNED)
+    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in dropped)
 
 
 def _usage_from_tail(tail: bytes) -> dict[str, Any] | None:
