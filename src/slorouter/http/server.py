@@ -285,14 +285,12 @@ class _HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.last_active = self._last_data = self.loop.time()
-        server = self.server
         # asyncio and uvloop set TCP_NODELAY on TCP transports themselves.
-        if len(server.connections) >= server.limits.max_connections:
-            server.connections.add(self)
-            limit = server.limits.max_connections
+        connections = self.server.connections
+        connections.add(self)
+        limit = self.server.limits.max_connections
+        if len(connections) > limit:
             self._answer_error(_Reject(503, f"too many connections (the limit is {limit})", _RETRY_LATER))
-            return
-        server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
