@@ -39,9 +39,9 @@ import uvloop
 from _harness import _to_ms, ensure_wrk, free_port, markdown_table, process
 from slorouter.bench.samples import SimSamples, generate_samples
 from slorouter.clock import ManualClock
+from slorouter.http.json_bodies import parse_json
 from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import columns_to_union_matrix
-from slorouter.predictor.http_common import parse_json
 from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.prediction_client import PredictionClient

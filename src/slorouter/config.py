@@ -24,6 +24,19 @@ class GatewayConfig(StrictModel):
     connect_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="whole upstream response")
     retry_on_upstream_failure: bool = True
+    request_head_timeout_s: float = Field(
+        default=10.0, gt=0, description="a request head must be whole this long after its first byte (408)"
+    )
+    request_body_timeout_s: float = Field(
+        default=30.0, gt=0, description="longest pause between bytes of a request body (408)"
+    )
+    keepalive_timeout_s: float = Field(default=75.0, gt=0, description="idle client connections are closed")
+    max_connections: int = Field(default=4096, ge=1, description="client connections beyond it get 503")
+    max_buffered_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1024,
+        description="request-body bytes held across all client connections; beyond it 503",
+    )
 
 
 class EmbeddedPredictorConfig(StrictModel):

@@ -12,7 +12,7 @@ from slorouter.api.requests import (
     parse_chat_completion,
     parse_completion,
 )
-from slorouter.gateway.errors import RequestError
+from slorouter.http.errors import RequestError
 from slorouter.tokenizer import count_tokens
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slorouter.api.routing_headers import parse_routing_headers
-from slorouter.gateway.errors import RequestError
+from slorouter.http.errors import RequestError
 
 OBJECTIVES = {"premium": 10, "batch": -1}
 

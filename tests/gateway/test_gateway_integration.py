@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 
 from slorouter.gateway.runtime import Router
+from slorouter.http.server import ServerLimits
 from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
 from tests.gateway.conftest import FakeUpstream, eventually, start_router
 
@@ -274,3 +275,76 @@ async def test_a_conversations_next_turn_matches_its_whole_history_on_the_pod_th
         # Every full block of the history up to the reply is on the pod that answered.
         assert producer.index.match(request_hashes) == {pod: len(answered) // 64}
         assert len(answered) // 64 < len(request_hashes)
+
+
+async def test_headers_named_by_connection_are_hop_by_hop_in_both_directions(http):
+    seen: dict = {}
+
+    async def records(request: web.Request) -> web.StreamResponse:
+        seen["headers"] = request.headers.copy()
+        return web.json_response(
+            {"ok": True}, headers={"Connection": "X-Upstream-Hop", "X-Upstream-Hop": "1", "X-Upstream": "yes"}
+        )
+
+    upstream = await FakeUpstream(records).start()
+    router = await start_router([upstream.address])
+    try:
+        headers = {"Connection": "keep-alive, X-Hop", "X-Hop": "secret", "X-Custom": "c"}
+        body = {"model": "fake", "prompt": "hi", "max_tokens": 1}
+        async with http.post(f"http://{router.address}/v1/completions", json=body, headers=headers) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Upstream"] == "yes"
+            assert "X-Upstream-Hop" not in resp.headers
+        assert seen["headers"]["X-Custom"] == "c"
+        assert "X-Hop" not in seen["headers"]
+    finally:
+        await router.stop()
+        await upstream.close()
+
+
+async def test_an_h2c_upgrade_offer_is_answered_in_http_1_1_and_not_forwarded():
+    seen: dict = {}
+
+    async def records(request: web.Request) -> web.StreamResponse:
+        seen["headers"] = request.headers.copy()
+        return web.json_response({"ok": True})
+
+    upstream = await FakeUpstream(records).start()
+    router = await start_router([upstream.address])
+    try:
+        host, port = router.address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = b'{"model": "fake", "prompt": "hi", "max_tokens": 1}'
+        # What `curl --http2 http://...` sends, then a second request on the same connection.
+        offer = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAA\r\n"
+        request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
+        writer.write(request + offer + b"\r\n" + body + request + b"Connection: close\r\n\r\n" + body)
+        text = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert text.count(b"HTTP/1.1 200 OK") == 2
+        assert "Upgrade" not in seen["headers"] and "HTTP2-Settings" not in seen["headers"]
+    finally:
+        await router.stop()
+        await upstream.close()
+
+
+async def test_the_client_limits_of_the_config_reach_the_http_server(cluster):
+    limits = {
+        "request_head_timeout_s": 1.5,
+        "request_body_timeout_s": 2.5,
+        "keepalive_timeout_s": 3.5,
+        "max_connections": 7,
+        "max_buffered_bytes": 4096,
+    }
+    router = await start_router(list(cluster.addresses), gateway=limits)
+    try:
+        assert router._server is not None
+        assert router._server.limits == ServerLimits(
+            head_timeout_s=1.5,
+            body_timeout_s=2.5,
+            keepalive_timeout_s=3.5,
+            max_connections=7,
+            max_buffered_bytes=4096,
+        )
+    finally:
+        await router.stop()

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from slorouter.http.running import RunningServer, listen
 from slorouter.predictor.backend import LatencyPredictorBackend, PredictionUnavailable
 from slorouter.predictor.features import FeatureError
-from slorouter.predictor.http_common import RunningServer, listen
 from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.prediction_client import PredictionClient, ServerState

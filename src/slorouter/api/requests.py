@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slorouter.api.replies import CHAT, TEXT
-from slorouter.gateway.errors import RequestError
+from slorouter.http.errors import RequestError
 from slorouter.tokenizer import chat_to_prompt, count_tokens
 
 # What the OpenAI API does when max_tokens is omitted: completions default to 16 tokens; chat completions

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slorouter.gateway.errors import RequestError
+from slorouter.http.errors import RequestError
 
 SLO_TTFT_HEADERS = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 SLO_TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")

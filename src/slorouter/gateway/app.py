@@ -22,7 +22,6 @@ from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
 from slorouter.director import Director
-from slorouter.gateway.errors import RequestError
 from slorouter.gateway.relay import (
     ENDPOINT_HEADER,
     NOT_FORWARDED,
@@ -30,8 +29,10 @@ from slorouter.gateway.relay import (
     UpstreamFailedError,
     upstream_headers,
 )
-from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error, json_response
-from slorouter.gateway.upstream import UpstreamClient, UpstreamError
+from slorouter.http.errors import RequestError
+from slorouter.http.headers import not_forwarded
+from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
+from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 
@@ -64,8 +65,8 @@ class Gateway:
         self._id_prefix = f"slr-{os.getpid():x}-{time.time_ns() & 0xFFFFFF:x}-"
 
     # --- server --------------------------------------------------------------------------------------
-    def build_server(self) -> HttpServer:
-        server = HttpServer(max_body_bytes=self.config.max_body_bytes)
+    def build_server(self, limits: ServerLimits) -> HttpServer:
+        server = HttpServer(max_body_bytes=self.config.max_body_bytes, limits=limits)
         server.add_route("POST", "/v1/completions", self._completions)
         server.add_route("POST", "/v1/chat/completions", self._chat_completions)
         server.add_route("GET", "/v1/models", self._models)
@@ -134,11 +135,12 @@ class Gateway:
         forward: list[bytes] = []
         request_id = ""
         check_auth = bool(self._api_keys)
+        dropped = not_forwarded(http.headers, NOT_FORWARDED)
         for name, value in http.headers:
             lower = name.lower()
             text = value.decode("latin-1")
             headers[lower.decode("latin-1")] = text
-            if lower in NOT_FORWARDED:
+            if lower in dropped:
                 continue
             if lower == b"x-request-id":
                 request_id = text

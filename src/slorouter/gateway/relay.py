@@ -10,31 +10,22 @@ from __future__ import annotations
 
 from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import RequestLifecycle
-from slorouter.gateway.errors import sse_error_event
-from slorouter.gateway.server import HttpRequest, Response
-from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from slorouter.http.errors import sse_error_event
+from slorouter.http.headers import HOP_BY_HOP, not_forwarded
+from slorouter.http.server import HttpRequest, Response
+from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from slorouter.metrics import GatewayMetrics
 
 ENDPOINT_HEADER = "x-slorouter-endpoint"
 ROUTE_HEADER = "x-slorouter-route"
 PREDICTED_TTFT_HEADER = b"x-slorouter-predicted-ttft-ms"
 PREDICTED_TPOT_HEADER = b"x-slorouter-predicted-tpot-ms"
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those computed per hop are never copied across.
-NOT_FORWARDED = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-        b"expect",  # answered by the gateway's server; the body is sent whole upstream
-    }
-)
+# Hop-by-hop headers and those computed per hop are never copied across (nor those Connection names).
+NOT_FORWARDED = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"expect",  # answered by the gateway's server; the body is sent whole upstream
+}
 # The gateway's server writes its own Date; the upstream's would be a duplicate.
 _NOT_RETURNED = NOT_FORWARDED | {b"date"}
 
@@ -161,4 +152,5 @@ class Relay:
 
 def upstream_headers(upstream: UpstreamResponse) -> bytes:
     """The upstream's end-to-end response headers, preformatted."""
-    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in _NOT_RETURNED)
+    dropped = not_forwarded(upstream.headers, _NOT_RETURNED)
+    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in dropped)

@@ -9,10 +9,10 @@ import aiohttp
 import numpy as np
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.config import Config, ConfigError, PredictorConfig
+from slorouter.config import Config, ConfigError, GatewayConfig, PredictorConfig
 from slorouter.director import Director
 from slorouter.gateway.app import Gateway
-from slorouter.gateway.server import HttpServer
+from slorouter.http.server import HttpServer, ServerLimits
 from slorouter.metrics import GatewayMetrics, LatencyMetrics, PredictorCollector
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
@@ -86,7 +86,7 @@ class Router:
         if self.predictor is not None:
             self.predictor.start()
         await self.gateway.open()
-        self._server = self.gateway.build_server()
+        self._server = self.gateway.build_server(server_limits(self.config.gateway))
         host, port = await self._server.start(self.config.gateway.host, self.config.gateway.port)
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info("gateway listening on http://%s", self.address)
@@ -99,6 +99,17 @@ class Router:
             await self._server.close()
             self._server = None
         await self.gateway.close()
+
+
+def server_limits(config: GatewayConfig) -> ServerLimits:
+    """What the gateway's HTTP server allows its clients (slow heads and bodies, idle, connections, bytes)."""
+    return ServerLimits(
+        head_timeout_s=config.request_head_timeout_s,
+        body_timeout_s=config.request_body_timeout_s,
+        keepalive_timeout_s=config.keepalive_timeout_s,
+        max_connections=config.max_connections,
+        max_buffered_bytes=config.max_buffered_bytes,
+    )
 
 
 def _build_predictor(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from slorouter.gateway.errors import RequestError
+from slorouter.http.errors import RequestError
 from slorouter.predictor.features import (
     DERIVED_FEATURES,
     EFFECTIVE_INPUT_TOKENS,

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import uvloop
 
-from slorouter.predictor.http_common import RunningServer, wait_for_signal
+from slorouter.http.running import RunningServer, wait_for_signal
 
 PROG = "slorouter predictor"
 

@@ -19,18 +19,12 @@ from typing import Any
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from slorouter.gateway.errors import RequestError
-from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_error
+from slorouter.http.errors import RequestError
+from slorouter.http.json_bodies import lean_body, lean_error, lean_json, parse_json
+from slorouter.http.running import RunningServer, listen_lean
+from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.predictor.bulk_rows import BinaryRows, JsonRows
 from slorouter.predictor.features import FeatureError
-from slorouter.predictor.http_common import (
-    RunningServer,
-    lean_body,
-    lean_error,
-    lean_json,
-    listen_lean,
-    parse_json,
-)
 from slorouter.predictor.model_sources import ModelSource
 from slorouter.predictor.predictor import PredictorNotReady
 from slorouter.predictor.wire import (

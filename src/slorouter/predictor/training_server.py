@@ -23,7 +23,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.gateway.errors import RequestError, error_response
+from slorouter.http.errors import RequestError, error_response
+from slorouter.http.headers import parse_etags
+from slorouter.http.json_bodies import json_response, read_json, request_error_response
+from slorouter.http.probes import healthz, metrics_handler, readyz_handler
+from slorouter.http.running import RunningServer, listen
 from slorouter.predictor.features import (
     MODEL_KINDS,
     FeatureError,
@@ -31,17 +35,6 @@ from slorouter.predictor.features import (
     ModelKind,
     check_kind,
     rows_to_matrix,
-)
-from slorouter.predictor.http_common import (
-    RunningServer,
-    healthz,
-    json_response,
-    listen,
-    metrics_handler,
-    parse_etags,
-    read_json,
-    readyz_handler,
-    request_error_response,
 )
 from slorouter.predictor.model_store import ModelMetadata, ModelStore, decode_model_file
 from slorouter.predictor.store import SampleStore, StoreConfig

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from slorouter.gateway.upstream import UpstreamClient, UpstreamError, UpstreamTimeoutError
+from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamTimeoutError
 from slorouter.predictor.wire import JSON_TYPE
 
 _JSON_HEADERS = {"Content-Type": JSON_TYPE}

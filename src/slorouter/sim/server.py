@@ -5,7 +5,7 @@ to the waiting responses. While the engine stays busy, steps are chained on the 
 starts when the previous one ended, not when the event loop got round to it), so timer overshoot does not
 accumulate into the simulated latencies. Many pods share one process and one event loop.
 
-The HTTP front-end is the gateway's own server (``slorouter.gateway.server``: asyncio.Protocol + httptools),
+The HTTP front-end is the gateway's own server (``slorouter.http.server``: asyncio.Protocol + httptools),
 which costs a fraction of aiohttp's CPU per request; the simulated pods share the router's cores in every
 benchmark, so their overhead is the benchmark's noise.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.gateway.server import HttpRequest, HttpServer, Response
+from slorouter.http.server import HttpRequest, HttpServer, Response
 from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile

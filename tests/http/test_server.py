@@ -1,4 +1,7 @@
-"""The gateway's own HTTP/1.1 server, driven by aiohttp's client and by raw sockets on 127.0.0.1."""
+"""The lean HTTP/1.1 server, driven by aiohttp's client and by raw sockets on 127.0.0.1.
+
+Framing, pipelining, keep-alive and streaming; the edge cases (slow clients, limits, upgrades, smuggling,
+pipelined errors) are in test_server_edges.py."""
 
 from __future__ import annotations
 
@@ -8,13 +11,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from slorouter.gateway.server import HttpRequest, HttpServer, Response, json_response
+from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_response
 from tests.gateway.conftest import eventually
 
 
 class App:
-    def __init__(self) -> None:
-        self.server = HttpServer(max_body_bytes=1024, keepalive_timeout=60)
+    def __init__(self, limits: ServerLimits | None = None) -> None:
+        self.server = HttpServer(max_body_bytes=1024, limits=limits)
         self.events: list[str] = []
         self.release = asyncio.Event()
         self.address = ""
@@ -23,6 +26,15 @@ class App:
         self.server.add_route("GET", "/stream", self.stream)
         self.server.add_route("GET", "/wait", self.wait)
         self.server.add_route("GET", "/boom", self.boom)
+        self.server.add_route("POST", "/hold", self.hold)
+        self.server.add_route("GET", "/bad-header", self.bad_header)
+        self.server.add_route("GET", "/bad-raw-header", self.bad_raw_header)
+        self.server.add_route("GET", "/bad-stream-header", self.bad_stream_header)
+
+    async def start(self) -> App:
+        host, port = await self.server.start("127.0.0.1", 0)
+        self.address = f"{host}:{port}"
+        return self
 
     async def echo(self, request: HttpRequest) -> Response:
         if request.too_large:
@@ -56,12 +68,25 @@ class App:
     async def boom(self, request: HttpRequest) -> Response:
         raise RuntimeError("boom")
 
+    async def hold(self, request: HttpRequest) -> Response:
+        """Keeps the request (and its body) until released."""
+        self.events.append(f"hold {len(request.body)}")
+        await self.release.wait()
+        return json_response(b"{}")
+
+    async def bad_header(self, request: HttpRequest) -> Response:
+        return Response(200, b"{}", headers={"X-Echo": "a\r\nX-Injected: 1"})
+
+    async def bad_raw_header(self, request: HttpRequest) -> Response:
+        return Response(200, b"{}", raw_headers=b"X-Echo: a\nX-Injected: 1\r\n")
+
+    async def bad_stream_header(self, request: HttpRequest) -> None:
+        await request.start_stream(200, b"X-Echo: a\r\n\r\nX-Injected: 1\r\n")
+
 
 @pytest.fixture
 async def app() -> AsyncIterator[App]:
-    a = App()
-    host, port = await a.server.start("127.0.0.1", 0)
-    a.address = f"{host}:{port}"
+    a = await App().start()
     try:
         yield a
     finally:
@@ -178,24 +203,6 @@ async def test_client_disconnect_cancels_the_handler(app, http):
         await task
     await eventually(lambda: "cancelled" in app.events)
     await eventually(lambda: not app.server.connections)
-
-
-async def test_idle_connections_are_closed_after_the_keepalive_timeout():
-    server = HttpServer(max_body_bytes=1024, keepalive_timeout=0.1)
-    server.add_route("GET", "/hello", lambda r: _hello())
-    host, port = await server.start("127.0.0.1", 0)
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-        await reader.readuntil(b'{"hello": "world"}')
-        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
-        writer.close()
-    finally:
-        await server.close()
-
-
-async def _hello() -> Response:
-    return json_response(b'{"hello": "world"}')
 
 
 async def test_expect_100_continue_gets_the_go_ahead(app):

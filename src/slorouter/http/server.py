@@ -1,8 +1,11 @@
-"""A lean HTTP/1.1 server for the gateway: asyncio.Protocol + httptools (llhttp).
+"""A lean HTTP/1.1 server: asyncio.Protocol + httptools (llhttp).
 
-aiohttp's web server costs more CPU per request than the proxying itself; the gateway needs little of it:
-a fixed route table, whole request bodies up to a limit, plain responses and chunked streaming responses
-with back-pressure, keep-alive, and the handler cancelled when its client goes away.
+aiohttp's web server costs more CPU per request than the gateway's proxying itself; the servers here need
+little of it: a fixed route table, whole request bodies up to a limit, plain responses and chunked streaming
+responses with back-pressure, keep-alive and pipelining, and the handler cancelled when its client goes
+away. Slow or greedy clients are bounded by ``ServerLimits``: a deadline for the request head, a longest
+pause within a body, an idle keep-alive timeout, a cap on connections and one on the body bytes held across
+all connections.
 
 Handlers are ``async def handler(request: HttpRequest) -> Response | None``; a handler that streamed its
 answer through ``request.start_stream`` returns None (or the ``Response`` it got is ignored).
@@ -15,12 +18,13 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 
 import httptools
 
-from slorouter.gateway.errors import error_body
+from slorouter.http.errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,31 @@ Handler = Callable[["HttpRequest"], Awaitable["Response | None"]]
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _STATUS_LINES: dict[int, bytes] = {}
 _JSON = b"application/json"
+
+# Bounds on what one request head may hold, so a client cannot grow the server's memory with headers.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 200
+# After an error answer, how long the connection is kept open (reading and dropping what the client still
+# sends) so that closing it with unread bytes does not reset it before the client has read the answer.
+LINGER_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """How long and how much a client may take. Timeouts are in seconds."""
+
+    head_timeout_s: float = 10.0  # a request head must be complete this long after its first byte (408)
+    body_timeout_s: float = 30.0  # longest pause between bytes of a request body (408)
+    keepalive_timeout_s: float = 75.0  # an idle connection, between requests, is closed after this
+    max_connections: int = 4096  # connections beyond it get 503 and are closed
+    max_buffered_bytes: int = 512 * 1024 * 1024  # request-body bytes held across all connections (503)
+
+    def __post_init__(self) -> None:
+        for name in ("head_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_connections < 1 or self.max_buffered_bytes < 1:
+            raise ValueError("max_connections and max_buffered_bytes must be >= 1")
 
 
 def _status_line(status: int) -> bytes:
@@ -57,7 +86,27 @@ _date = _DateCache()
 
 
 def format_headers(headers: Iterable[tuple[str, str]]) -> bytes:
-    return b"".join(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers)
+    """``Name: value\\r\\n`` lines; ``ValueError`` if a name or value holds CR or LF.
+
+    Raised, not replaced: such a value would split the head; it is a bug or an injection attempt, and a 500
+    is safer than a guess at what was meant."""
+    lines = []
+    for name, value in headers:
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"response header {name!r} holds CR or LF")
+        lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+    return b"".join(lines)
+
+
+def check_header_lines(raw: bytes) -> None:
+    """``ValueError`` unless ``raw`` is whole ``Name: value\\r\\n`` lines with no CR or LF elsewhere."""
+    lines = raw.count(b"\r\n")
+    if (
+        raw.count(b"\r") != lines
+        or raw.count(b"\n") != lines
+        or (raw and (raw[-2:] != b"\r\n" or raw[:2] == b"\r\n" or b"\r\n\r\n" in raw))
+    ):
+        raise ValueError("preformatted response headers hold a bare CR or LF, or an empty line")
 
 
 class Response:
@@ -141,6 +190,7 @@ class HttpRequest:
 
     async def start_stream(self, status: int, raw_headers: bytes) -> StreamWriter:
         """Send the status and headers of a chunked response; returns the writer of its body."""
+        check_header_lines(raw_headers)
         if self.http10:
             self.keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the body is the close
         writer = self._stream = StreamWriter(self._proto, self.keep_alive, chunked=not self.http10)
@@ -185,13 +235,20 @@ class StreamWriter:
             await self._proto.drain()
 
 
-# Bounds on what one request head may hold, so a client cannot grow the gateway's memory with headers.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 200
+class _Reject(Exception):
+    """Raised inside a parser callback: the request is answered with this error and the connection closed."""
+
+    def __init__(self, status: int, message: str, headers: bytes = b"") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
 
 
-class _HeadTooLarge(Exception):
-    pass
+_RETRY_LATER = b"Retry-After: 1\r\n"
+
+# What the parser is reading: nothing (between requests), a request head, a request body.
+_IDLE, _HEAD, _BODY = 0, 1, 2
 
 
 class _HttpProtocol(asyncio.Protocol):
@@ -202,7 +259,13 @@ class _HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.write_paused = False
+        self._reading_paused = False
+        # Clocks of the timeouts (loop time): the last response or connect, the current head's first byte,
+        # the last bytes received. The sweep compares them with the limits while no response is under way.
         self.last_active = 0.0
+        self._head_started = 0.0
+        self._last_data = 0.0
+        self._phase = _IDLE
         self._drain_waiter: asyncio.Future[None] | None = None
         self._url = b""
         self._head_size = 0
@@ -210,34 +273,47 @@ class _HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = False
+        self._held = 0  # request-body bytes of this connection counted in ``server.buffered``
+        self._continue_due = False  # the request being read wants 100 Continue once it is its turn
+        self._upgrade_head = b""  # the current head without its Upgrade offer, to parse again
+        self._deferred: _Reject | None = None  # an error to answer once the responses before it are out
+        self._discarding = False  # an error answer went out: what the client still sends is dropped
         self._pending: collections.deque[HttpRequest] = collections.deque()
         self._task: asyncio.Task[None] | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.last_active = self.loop.time()
-        self.server.connections.add(self)
+        self.last_active = self._last_data = self.loop.time()
         # asyncio and uvloop set TCP_NODELAY on TCP transports themselves.
+        connections = self.server.connections
+        connections.add(self)
+        limit = self.server.limits.max_connections
+        if len(connections) > limit:
+            self._answer_error(_Reject(503, f"too many connections (the limit is {limit})", _RETRY_LATER))
 
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        self._last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserUpgrade as exc:
+            self._reparse_without_upgrade(data[exc.args[0] :])
         except httptools.HttpParserCallbackError as exc:
-            if isinstance(exc.__context__, _HeadTooLarge):
-                self._reject(
-                    431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} fields"
-                )
+            reason = exc.__context__
+            if isinstance(reason, _Reject):
+                self._fail(reason)
             else:
-                self._reject(400, f"malformed HTTP request: {exc}")
+                self._fail(_Reject(400, f"malformed HTTP request: {exc}"))
         except httptools.HttpParserError as exc:
-            self._reject(400, f"malformed HTTP request: {exc}")
+            self._fail(_Reject(400, f"malformed HTTP request: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        self.server.buffered -= self._held
+        self._held = 0
         self._pending.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: so does its request
@@ -256,26 +332,39 @@ class _HttpProtocol(asyncio.Protocol):
 
     # --- httptools callbacks -------------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._phase = _HEAD
+        self._head_started = self._last_data
         self._url = b""
         self._head_size = 0
         self._headers = []
         self._body = []
         self._body_size = 0
         self._too_large = False
+        self._upgrade_head = b""
 
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._head_size += len(url)
         if self._head_size > MAX_HEAD_BYTES:
-            raise _HeadTooLarge
+            raise self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
         self._head_size += len(name) + len(value) + 4
         if self._head_size > MAX_HEAD_BYTES or len(self._headers) > MAX_HEADERS:
-            raise _HeadTooLarge
+            raise self._head_too_large()
+
+    @staticmethod
+    def _head_too_large() -> _Reject:
+        message = f"the request line and headers exceed {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} fields"
+        return _Reject(431, message)
 
     def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        parser = self.parser
+        if parser.should_upgrade():
+            self._note_upgrade_offer()
+            return  # the head is parsed again without the offer; that pass does the rest
         expect_continue = False
         for name, value in self._headers:
             lower = name.lower()
@@ -284,21 +373,31 @@ class _HttpProtocol(asyncio.Protocol):
                     self._too_large = int(value) > self.server.max_body_bytes
             elif lower == b"expect":
                 expect_continue = value.lower() == b"100-continue"
-        if expect_continue and not self._too_large and self.transport is not None:
-            # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead.
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if expect_continue and not self._too_large and parser.get_http_version() != "1.0":
+            # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead. Only the
+            # request whose turn it is may get it: otherwise it would land inside an earlier response.
+            if self._task is None:
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            else:
+                self._continue_due = True
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:
             return
-        self._body_size += len(body)
-        if self._body_size > self.server.max_body_bytes:
+        size = self._body_size + len(body)
+        if size > self.server.max_body_bytes:
             self._too_large = True
-            self._body = []
+            self._drop_body()
             return
+        self._hold(len(body))
+        self._body_size = size
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        self._continue_due = False  # the body is all here: no go-ahead needed
+        if self._upgrade_head:
+            return  # not a request yet: see _reparse_without_upgrade
         parser = self.parser
         request = HttpRequest(self, parser.get_method().decode("ascii", "replace"), self._url, self._headers)
         body = self._body
@@ -307,13 +406,68 @@ class _HttpProtocol(asyncio.Protocol):
         request.keep_alive = parser.should_keep_alive()
         request.http10 = parser.get_http_version() == "1.0"
         self._body = []
+        self._body_size = 0
         if request.too_large:
             request.keep_alive = False  # the rest of the body is not worth reading
         if self._task is None:
             self._task = self.loop.create_task(self._run(request))
         else:
             self._pending.append(request)  # pipelined: answered in order
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            self._pause_reading()
+
+    # --- upgrade offers ------------------------------------------------------------------------------
+    def _note_upgrade_offer(self) -> None:
+        """Keep the head without its Upgrade header: llhttp stops at an upgrade, this server ignores it."""
+        method = self.parser.get_method()
+        if method == b"CONNECT":
+            raise _Reject(405, "CONNECT is not supported")
+        version = self.parser.get_http_version().encode()
+        lines = [b"%s %s HTTP/%s\r\n" % (method, self._url, version)]
+        lines.extend(b"%s: %s\r\n" % (k, v) for k, v in self._headers if k.lower() != b"upgrade")
+        lines.append(b"\r\n")
+        self._upgrade_head = b"".join(lines)
+
+    def _reparse_without_upgrade(self, rest: bytes) -> None:
+        # RFC 9110 §7.8: a server may ignore Upgrade and answer in HTTP/1.1. llhttp cannot go on after one
+        # (and has skipped the body), so a fresh parser reads the head again without it, then the rest.
+        head = self._upgrade_head
+        self.parser = httptools.HttpRequestParser(self)
+        self.data_received(head + rest)
+
+    # --- buffered bytes ------------------------------------------------------------------------------
+    def _hold(self, size: int) -> None:
+        server = self.server
+        if server.buffered + size > server.limits.max_buffered_bytes:
+            raise _Reject(503, "the server holds too many request bytes; retry shortly", _RETRY_LATER)
+        server.buffered += size
+        self._held += size
+
+    def _release(self, size: int) -> None:
+        size = min(size, self._held)
+        self._held -= size
+        self.server.buffered -= size
+
+    def _drop_body(self) -> None:
+        self._release(self._body_size)
+        self._body = []
+        self._body_size = 0
+
+    # --- timeouts (called by the server's sweep) -----------------------------------------------------
+    def check_timeouts(self, now: float, limits: ServerLimits) -> None:
+        if self._task is not None or self._discarding:
+            return  # a response is under way: a request read meanwhile waits for its turn, not the client
+        phase = self._phase
+        if phase == _HEAD:
+            if now - max(self._head_started, self.last_active) > limits.head_timeout_s:
+                message = f"the request head did not arrive within {limits.head_timeout_s:g} s"
+                self._fail(_Reject(408, message))
+        elif phase == _BODY:
+            if now - max(self._last_data, self.last_active) > limits.body_timeout_s:
+                self._fail(
+                    _Reject(408, f"the request body stalled: no bytes for {limits.body_timeout_s:g} s")
+                )
+        elif now - max(self._last_data, self.last_active) > limits.keepalive_timeout_s:
+            self._close()
 
     # --- requests ------------------------------------------------------------------------------------
     async def _run(self, request: HttpRequest) -> None:
@@ -327,17 +481,25 @@ class _HttpProtocol(asyncio.Protocol):
                 self._abort()
                 self._task = None
                 return
+            finally:
+                self._release(len(request.body))
             self.last_active = self.loop.time()
             if self.closed or not request.keep_alive:
                 self._task = None
                 self._close()
                 return
-            if not self._pending:
-                self._task = None
-                return
-            request = self._pending.popleft()
-            if not self._pending:
-                self.transport.resume_reading()  # type: ignore[union-attr]
+            if self._pending:
+                request = self._pending.popleft()
+                if not self._pending and self._deferred is None:
+                    self._resume_reading()
+                continue
+            self._task = None
+            if self._deferred is not None:
+                self._answer_error(self._deferred)
+            elif self._continue_due:
+                self._continue_due = False
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return
 
     async def _respond(self, request: HttpRequest) -> None:
         server = self.server
@@ -350,7 +512,7 @@ class _HttpProtocol(asyncio.Protocol):
             if request._stream is not None:
                 self._abort()
                 return
-            response = json_error(500, "internal error in the gateway")
+            response = json_error(500, "internal error in the server")
         stream = request._stream
         if stream is not None:
             if not stream.finished:
@@ -360,25 +522,29 @@ class _HttpProtocol(asyncio.Protocol):
             return
         if response is None:
             response = json_error(500, "the handler produced no response")
-        self.send_response(request, response)
+        try:
+            head = self._response_head(request, response)
+        except ValueError:
+            log.exception("bad response headers from %s %s", request.method, request.path)
+            response = json_error(500, "internal error in the server: bad response headers")
+            head = self._response_head(request, response)
+        self.send(head if request.method == "HEAD" else head + response.body)
 
-    def send_response(self, request: HttpRequest, response: Response) -> None:
+    def _response_head(self, request: HttpRequest, response: Response) -> bytes:
         parts = [_status_line(response.status), _date.get()]
         if response.content_type is not None:
             parts.append(b"Content-Type: %s\r\n" % response.content_type)
         if response.headers:
             parts.append(format_headers(response.headers.items()))
         if response.raw_headers:
+            check_header_lines(response.raw_headers)
             parts.append(response.raw_headers)
         if self.server.extra_headers:
             parts.append(self.server.extra_headers)
         if not request.keep_alive:
             parts.append(b"Connection: close\r\n")
-        body = response.body
-        parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        if request.method != "HEAD":
-            parts.append(body)
-        self.send(b"".join(parts))
+        parts.append(b"Content-Length: %d\r\n\r\n" % len(response.body))
+        return b"".join(parts)
 
     def send(self, data: bytes) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
@@ -396,14 +562,44 @@ class _HttpProtocol(asyncio.Protocol):
         finally:
             self._drain_waiter = None
 
-    def _reject(self, status: int, message: str) -> None:
-        if self.transport is not None and not self.transport.is_closing() and self._task is None:
-            body = error_body(status, message)
-            self.transport.write(
-                b"%s%sContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-                % (_status_line(status), _date.get(), len(body), body)
-            )
-        self._close()
+    # --- errors and closing --------------------------------------------------------------------------
+    def _fail(self, reason: _Reject) -> None:
+        """The request being read cannot be served: answer ``reason`` in its turn, then close."""
+        self._drop_body()
+        self._discarding = True  # the parser is in an error state, or the request is dropped
+        if self._task is None:
+            self._answer_error(reason)
+        else:  # responses to earlier requests are under way: they go out first
+            self._deferred = reason
+            self._pause_reading()
+
+    def _answer_error(self, reason: _Reject) -> None:
+        """Write an error answer and close, lingering so that the client can read it first."""
+        self._discarding = True
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        body = error_body(reason.status, reason.message)
+        transport.write(
+            b"%s%s%sContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (_status_line(reason.status), _date.get(), reason.headers, len(body), body)
+        )
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the client sees the end of the answer; what it still sends is dropped
+        self._resume_reading()
+        self.loop.call_later(LINGER_S, self._abort)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -422,12 +618,13 @@ class HttpServer:
     its own checks, such as authentication).
     """
 
-    def __init__(self, *, max_body_bytes: int, keepalive_timeout: float = 75.0) -> None:
+    def __init__(self, *, max_body_bytes: int, limits: ServerLimits | None = None) -> None:
         self.max_body_bytes = max_body_bytes
-        self.keepalive_timeout = keepalive_timeout
+        self.limits = limits or ServerLimits()
         self.extra_headers = b""  # preformatted ``Name: value\r\n`` lines added to every handler's response
         self.routes: dict[str, dict[str, Handler]] = {}
         self.connections: set[_HttpProtocol] = set()
+        self.buffered = 0  # request-body bytes held across all connections
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -452,22 +649,25 @@ class HttpServer:
         return await handler(request)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
+        check_header_lines(self.extra_headers)
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
             lambda: _HttpProtocol(self), host, port, reuse_address=True, backlog=1024
         )
-        self._sweeper = self.loop.create_task(self._sweep_idle())
+        self._sweeper = self.loop.create_task(self._sweep())
         sockname = self._server.sockets[0].getsockname()
         return sockname[0], sockname[1]
 
-    async def _sweep_idle(self) -> None:
-        interval = max(0.5, min(self.keepalive_timeout / 4, 15.0))
+    async def _sweep(self) -> None:
+        """Enforce the timeouts: a timer per connection would cost more than this scan does."""
+        limits = self.limits
+        shortest = min(limits.head_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
+        interval = min(1.0, max(0.01, shortest / 4))
         while True:
             await asyncio.sleep(interval)
-            expired = self.loop.time() - self.keepalive_timeout
+            now = self.loop.time()
             for proto in list(self.connections):
-                if proto._task is None and proto.last_active < expired:
-                    proto._close()
+                proto.check_timeouts(now, limits)
 
     async def close(self) -> None:
         if self._sweeper is not None:

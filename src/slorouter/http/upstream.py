@@ -17,7 +17,8 @@ import collections
 
 import httptools
 
-_PAUSE_READING_AT = 1 << 20  # buffered body bytes at which the socket stops being read
+# Body bytes buffered and not yet taken by next_chunk() at which the socket stops being read (streaming only).
+_PAUSE_READING_AT = 1 << 20
 _NO_BODY_STATUSES = frozenset({204, 304})
 _FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
 
@@ -45,6 +46,7 @@ class UpstreamResponse:
         "_error",
         "_keep_alive",
         "_waiter",
+        "_whole",
         "headers",
         "status",
     )
@@ -59,6 +61,7 @@ class UpstreamResponse:
         self._keep_alive = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._whole = False  # read() wants the whole body: buffering it all is the point, never pause
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower-case bytes), decoded."""
@@ -73,6 +76,10 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body; raises ``UpstreamError`` if the response fails before its end."""
+        self._whole = True
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
         while not self._done:
             if self._error is not None:
                 raise self._error
@@ -131,7 +138,7 @@ class UpstreamResponse:
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > _PAUSE_READING_AT and self._conn is not None:
+        if self._buffered > _PAUSE_READING_AT and not self._whole and self._conn is not None:
             self._conn.pause()
         self._wake()
 

@@ -1,4 +1,4 @@
-"""The gateway's own HTTP/1.1 upstream client, against real aiohttp servers on 127.0.0.1."""
+"""The lean HTTP/1.1 upstream client, against real aiohttp servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from slorouter.gateway.upstream import (
+from slorouter.http.upstream import (
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeoutError,
 )
 from tests.gateway.conftest import eventually
+
+BIG = bytes(range(256)) * (3 * 4096)
 
 
 class Server:
@@ -32,6 +34,7 @@ class Server:
         self.app.router.add_get("/close", self.close_after)
         self.app.router.add_get("/abort", self.abort)
         self.app.router.add_get("/slow", self.slow)
+        self.app.router.add_get("/big", self.big)
 
     async def start(self) -> Server:
         self.runner = web.AppRunner(self.app, handler_cancellation=True)
@@ -98,6 +101,19 @@ class Server:
             self.events.append("cancelled")
             raise
         return web.Response(body=b"late")
+
+    async def big(self, request: web.Request) -> web.StreamResponse:
+        """3 MiB, more than the client buffers before it stops reading; chunked if ``?chunked``."""
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        if "chunked" in request.query:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = len(BIG)
+        await response.prepare(request)
+        for start in range(0, len(BIG), 1 << 16):
+            await response.write(BIG[start : start + (1 << 16)])
+        await response.write_eof()
+        return response
 
     async def close(self) -> None:
         if self.runner is not None:
@@ -335,3 +351,29 @@ async def test_body_delimited_by_the_close(client):
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("path", ["/big", "/big?chunked"])
+async def test_a_whole_body_larger_than_the_read_pause_mark_arrives(server, path):
+    # Regression: the client stopped reading at 1 MiB buffered and only next_chunk() resumed it, so read()
+    # waited for the total timeout. Here that timeout is the failure, far beyond what the transfer takes.
+    client = UpstreamClient(connect_timeout=5, total_timeout=20)
+    try:
+        resp = await client.request(server.address, "GET", path)
+        try:
+            assert await resp.read() == BIG
+        finally:
+            resp.release()
+    finally:
+        await client.close()
+
+
+async def test_a_streamed_body_larger_than_the_read_pause_mark_arrives_in_chunks(server, client):
+    resp = await client.request(server.address, "GET", "/big")
+    try:
+        received = b""
+        while chunk := await resp.next_chunk():
+            received += chunk
+        assert received == BIG
+    finally:
+        resp.release()
