@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+
+# The C string decoder behind json.loads; typeshed does not list it, though json.decoder has exported it
+# since Python 2.6.
 from json.decoder import scanstring  # type: ignore[attr-defined]
 
 import orjson

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import cast
 
 import httptools
 
@@ -283,7 +284,8 @@ class _HttpProtocol(asyncio.Protocol):
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream transport, though uvloop's TCPTransport does not subclass asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
         self.last_active = self._last_data = self.loop.time()
         # asyncio and uvloop set TCP_NODELAY on TCP transports themselves.
         connections = self.server.connections
@@ -625,9 +627,16 @@ class HttpServer:
         self.routes: dict[str, dict[str, Handler]] = {}
         self.connections: set[_HttpProtocol] = set()
         self.buffered = 0  # request-body bytes held across all connections
-        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the server runs on (set by ``start``)."""
+        if self._loop is None:
+            raise RuntimeError("the HTTP server has not been started")
+        return self._loop
 
     def add_route(self, method: str, path: str, handler: Handler) -> None:
         methods = self.routes.setdefault(path, {})
@@ -650,11 +659,11 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         check_header_lines(self.extra_headers)
-        self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(
+        self._loop = loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
             lambda: _HttpProtocol(self), host, port, reuse_address=True, backlog=1024
         )
-        self._sweeper = self.loop.create_task(self._sweep())
+        self._sweeper = loop.create_task(self._sweep())
         sockname = self._server.sockets[0].getsockname()
         return sockname[0], sockname[1]
 
@@ -663,9 +672,10 @@ class HttpServer:
         limits = self.limits
         shortest = min(limits.head_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
         interval = min(1.0, max(0.01, shortest / 4))
+        loop = self.loop
         while True:
             await asyncio.sleep(interval)
-            now = self.loop.time()
+            now = loop.time()
             for proto in list(self.connections):
                 proto.check_timeouts(now, limits)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import cast
 
 import httptools
 
@@ -174,7 +175,8 @@ class _Connection(asyncio.Protocol):
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream transport, though uvloop's TCPTransport does not subclass asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
         # asyncio and uvloop set TCP_NODELAY on TCP transports themselves.
 
     def data_received(self, data: bytes) -> None:
