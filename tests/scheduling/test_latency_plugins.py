@@ -20,6 +20,7 @@ from slorouter.scheduling.datakeys import (
 )
 from slorouter.scheduling.plugins.latency import (
     EXPLORED_KEY,
+    LatencyBandFilter,
     LatencyScorer,
     LatencySloAdmitter,
     PrefixCacheAffinityFilter,
@@ -185,6 +186,28 @@ def test_tier_filter_explores_the_negative_tier_at_its_rate():
         if _kept(f.filter(CycleState(), make_request(), cands)) == [addresses(2)[1]]:
             negative += 1
     assert 0.08 < negative / 3000 < 0.12
+
+
+# --- latency-band-filter ---------------------------------------------------------------------------
+def test_band_filter_keeps_the_candidates_within_the_band_of_the_best():
+    f = _plugin(LatencyBandFilter, relativeBand=0.25, absoluteBandMs=10)
+    cands = _with_predictions(candidates_of(make_pool(4)), [100.0, 134.0, 136.0, 400.0])
+    cycle = CycleState()
+    assert _kept(f.filter(cycle, make_request(), cands)) == addresses(4)[:2]  # ≤ 100 · 1.25 + 10
+    assert cycle.route is Route.PREDICTED
+
+
+def test_band_filter_without_predictions_keeps_all_and_marks_the_fallback():
+    f = _plugin(LatencyBandFilter)
+    cycle = CycleState()
+    assert len(f.filter(cycle, make_request(), candidates_of(make_pool(3)))) == 3
+    assert cycle.route is Route.FALLBACK
+
+
+def test_band_filter_with_zero_band_keeps_the_ties_of_the_best():
+    f = _plugin(LatencyBandFilter, relativeBand=0, absoluteBandMs=0)
+    cands = _with_predictions(candidates_of(make_pool(3)), [50.0, 50.0, 50.1])
+    assert _kept(f.filter(CycleState(), make_request(), cands)) == addresses(3)[:2]
 
 
 # --- latency-scorer --------------------------------------------------------------------------------

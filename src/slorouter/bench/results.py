@@ -97,6 +97,11 @@ def summarize_run(
         goodput_rps=round(float((met & has_slo).sum() if slo_requests else finished.sum()) / window, 3),
         prefix_cache_hit_rate=_finite_or_none(cached_tokens / prompt_tokens if prompt_tokens else math.nan),
     )
+    # How the router spread the load: each pod's share of the admitted requests, and the busiest one's.
+    served_by = np.bincount(rec.pod[admitted], minlength=len(rec.pod_profiles)).astype(np.float64)
+    shares = served_by / served_by.sum() if served_by.sum() else served_by
+    summary["pod_shares"] = [round(float(x), 4) for x in shares]
+    summary["busiest_pod_share"] = round(float(shares.max()), 4) if len(shares) else None
     routed = finished & rec.predicted
     summary["predicted_share"] = _finite_or_none(
         float(rec.predicted[admitted].mean()) if admitted.any() else math.nan

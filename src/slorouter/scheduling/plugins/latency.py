@@ -170,6 +170,39 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
         return candidates.subset(sticky)
 
 
+class LatencyBandParams(PluginParams):
+    relative_band: float = Field(0.25, alias="relativeBand", ge=0.0)
+    absolute_band_ms: float = Field(10.0, alias="absoluteBandMs", ge=0.0)
+
+
+@register_plugin
+class LatencyBandFilter(Plugin, Filter):
+    """Keeps the candidates whose predicted TTFT is within a band of the best one's: those the predictor
+    cannot tell apart from the best, given its error. The profile's other scorers then choose among them, so
+    a prediction only overrides them where it is confidently worse (a slower pod, a long queue).
+
+    Kept: predicted TTFT ≤ min · (1 + ``relativeBand``) + ``absoluteBandMs``. Without predictions it keeps
+    everything and sets the route to fallback.
+    """
+
+    type_name = "latency-band-filter"
+    Params = LatencyBandParams
+    params: LatencyBandParams
+
+    def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
+        predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
+        if predicted is None:
+            cycle.route = Route.FALLBACK
+            return candidates
+        cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
+        if len(candidates) <= 1:
+            return candidates
+        p = self.params
+        limit = predicted.min() * (1.0 + p.relative_band) + p.absolute_band_ms
+        keep = predicted <= limit
+        return candidates if keep.all() else candidates.subset(keep)
+
+
 class TierParams(PluginParams):
     epsilon_explore_neg: float = Field(0.01, alias="epsilonExploreNeg", ge=0.0, le=1.0)
 
