@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,19 +17,19 @@ def _listing(directory: Path) -> set[tuple[str, int]]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def state_outside_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Predictor state goes to a temporary XDG_STATE_HOME (inherited by the servers tests start), and the
-    suite fails if anything was written to the user's own state directory."""
+def user_state_untouched() -> Iterator[None]:
+    """The suite fails if anything was written to the user's own slorouter state directory."""
     user_dir = default_state_dir("serve").parent
     before = _listing(user_dir)
-    saved = os.environ.get("XDG_STATE_HOME")
-    state_home = tmp_path_factory.mktemp("xdg-state")
-    os.environ["XDG_STATE_HOME"] = str(state_home)
-    try:
-        yield state_home
-    finally:
-        if saved is None:
-            del os.environ["XDG_STATE_HOME"]
-        else:
-            os.environ["XDG_STATE_HOME"] = saved
+    yield
     assert _listing(user_dir) == before, f"the tests wrote to the user's state directory {user_dir}"
+
+
+@pytest.fixture(autouse=True)
+def state_home(
+    user_state_untouched: None, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Each test's predictor state goes to its own temporary XDG_STATE_HOME (servers it starts inherit it)."""
+    directory = tmp_path_factory.mktemp("xdg-state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(directory))
+    return directory

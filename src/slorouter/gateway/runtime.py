@@ -124,6 +124,7 @@ def _build_predictor(
             flush_interval_s=remote.flush_interval_s,
             max_buffer=remote.max_buffered_samples,
             registry=metrics.registry,
+            pool_shape=lambda: PoolShape.of(pool),
         )
         return RemotePredictor(client, sink)
     embedded = config.embedded

@@ -118,7 +118,7 @@ class EmbeddedPredictor:
             return
         self._lock = StateDirLock(self.state_dir)
         shape = None if self._pool_shape is None else self._pool_shape()
-        self.persistence.restore(self.trainer, self.predictor, shape)
+        self.persistence.restore(self.trainer, shape, self.predictor)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -37,12 +37,14 @@ model is reported and dropped; the current one stays.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -271,6 +273,12 @@ class Trainer:
         those learnt on a pool this one does not fit; returns the refusals."""
         self.pool_shape = shape
         return self.load_current()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No training runs inside (one in progress finishes first)."""
+        with self._state["ttft"].lock, self._state["tpot"].lock:
+            yield
 
     def load_current(self) -> dict[ModelKind, Exception]:
         """Take the models in the model store (e.g. after a restart) as the current ones, the baselines new
@@ -509,9 +517,13 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- status
 
-    def current_version(self, kind: ModelKind) -> str | None:
+    def current_metadata(self, kind: ModelKind) -> ModelMetadata | None:
         current = self._state[check_kind(kind)].current
-        return None if current is None else current.metadata.version
+        return None if current is None else current.metadata
+
+    def current_version(self, kind: ModelKind) -> str | None:
+        metadata = self.current_metadata(kind)
+        return None if metadata is None else metadata.version
 
     def status(self) -> dict[str, Any]:
         """JSON-serialisable state: samples, buckets, versions, last metrics and training durations."""

@@ -97,28 +97,31 @@ class StatePersistence:
         self.save_errors = 0
 
     def restore(
-        self, trainer: Trainer, predictor: Predictor, pool_shape: PoolShape | None
+        self, trainer: Trainer, pool_shape: PoolShape | None, predictor: Predictor | None = None
     ) -> WarmStartReport:
-        """Take over the stored models and the saved window that fit ``pool_shape`` (unchecked when None)."""
+        """Take over the stored models and the saved window that fit ``pool_shape`` (unchecked when None);
+        ``predictor``, if given, serves the models taken over."""
         report = WarmStartReport()
         refused_models = trainer.load_current() if pool_shape is None else trainer.set_pool_shape(pool_shape)
         for kind, exc in refused_models.items():
             self._refuse(report, "model", kind, exc)
-        predictor.pool_shape = pool_shape
-        predictor.refresh()
-        report.models = dict(predictor.versions)
-        recorded = pool_shape
+        if predictor is not None:
+            predictor.pool_shape = pool_shape
+            predictor.refresh()
+        known: list[dict[str, Any] | None] = []
         for kind in MODEL_KINDS:
-            metadata = predictor.metadata(kind)
-            if recorded is not None and metadata is not None and metadata.pool_shape is not None:
-                recorded = recorded.union(PoolShape.from_dict(metadata.pool_shape))
+            metadata = trainer.current_metadata(kind)
+            report.models[kind] = None if metadata is None else metadata.version
+            known.append(None if metadata is None else metadata.pool_shape)
         window = self._read_window(report, pool_shape)
         if window is not None and self._restore_window(report, trainer, window):
             report.saved_at = window.saved_at
-            if recorded is not None and window.pool_shape is not None:
-                recorded = recorded.union(PoolShape.from_dict(window.pool_shape))
-        if recorded is not None:
-            trainer.pool_shape = recorded
+            known.append(window.pool_shape)
+        # What the restored state was learnt on, and the pool now: recorded with what is saved from now on.
+        recorded = pool_shape
+        for shape in (PoolShape.from_dict(item) for item in known if item is not None):
+            recorded = shape if recorded is None else recorded.union(shape)
+        trainer.pool_shape = recorded
         self.pool_shape = recorded
         self._saved_added = self._added()
         self.report = report
@@ -132,6 +135,10 @@ class StatePersistence:
             else "",
         )
         return report
+
+    def refuse_restored(self, item: str, kind: str, exc: BaseException) -> None:
+        """Count and log a refusal decided after ``restore`` (a training server learns its pool later)."""
+        self._refuse(self.report, item, kind, exc)
 
     def _read_window(self, report: WarmStartReport, pool_shape: PoolShape | None) -> SavedWindow | None:
         try:
