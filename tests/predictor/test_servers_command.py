@@ -17,7 +17,12 @@ import pytest
 
 from slorouter.predictor import command
 from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import feature_rows, free_port, samples_body
+from tests.predictor.test_servers_common import (
+    feature_rows,
+    free_port,
+    samples_body,
+    samples_request,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,6 +42,8 @@ def test_defaults() -> None:
     )
     assert (args.retrain_interval_s, args.min_samples, args.samples_per_bucket) == (5.0, 200, 500)
     assert args.func is command.run_training_server
+    args = parser().parse_args(["predictor", "training-server"])  # models and samples in the state dir
+    assert (args.state_dir, args.model_dir, args.save_interval_s) == (None, None, 60.0)
     args = parser().parse_args(["predictor", "prediction-server", "--training-server", "http://h:8000/"])
     assert (args.host, args.port, args.training_server, args.model_dir, args.poll_interval_s) == (
         "127.0.0.1",
@@ -51,7 +58,7 @@ def test_defaults() -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["training-server"],  # --model-dir is required
+        ["training-server", "--save-interval-s", "0"],
         ["training-server", "--model-dir", "m", "--port", "70000"],
         ["training-server", "--model-dir", "m", "--quantile", "1.5"],
         ["training-server", "--model-dir", "m", "--quantile", "nan"],
@@ -180,7 +187,7 @@ def test_both_servers_as_separate_processes(tmp_path: Path) -> None:
         _wait(lambda: _get(training_url + "/readyz")[0] == 200)
         _wait(lambda: _get(prediction_url + "/healthz")[0] == 200)
         assert _get(prediction_url + "/readyz")[0] == 503
-        status, body = _post(training_url + "/v1/samples", {"samples": samples_body(300)})
+        status, body = _post(training_url + "/v1/samples", samples_request(samples_body(300)))
         assert (status, body) == (202, {"accepted": 600})
         _wait(lambda: _get(prediction_url + "/readyz")[0] == 200)
         rows = feature_rows(*synthetic(3, seed=4)[::2])

@@ -16,7 +16,13 @@ import pytest
 from slorouter.predictor.model_store import decode_model_file
 from slorouter.predictor.training_server import MODEL_METADATA_HEADER, TrainingServer
 from tests.predictor import test_servers_common as common
-from tests.predictor.test_servers_common import FAST_TRAINING, eventually, samples_body
+from tests.predictor.test_servers_common import (
+    FAST_TRAINING,
+    SAMPLES_SCHEMA,
+    eventually,
+    samples_body,
+    samples_request,
+)
 
 http = common.http
 
@@ -41,10 +47,10 @@ async def post_samples(http: aiohttp.ClientSession, url: str, body: Any) -> tupl
 
 async def test_accepts_samples_of_both_models(server: TrainingServer, http: aiohttp.ClientSession) -> None:
     samples = samples_body(10)
-    status, body = await post_samples(http, server.url, {"samples": samples})
+    status, body = await post_samples(http, server.url, samples_request(samples))
     assert (status, body) == (202, {"accepted": 20})
     assert server.store.count("ttft") == 10 and server.store.count("tpot") == 10
-    status, body = await post_samples(http, server.url, {"samples": [], "extra": "ignored"})
+    status, body = await post_samples(http, server.url, samples_request([], extra="ignored"))
     assert (status, body) == (202, {"accepted": 0})
     async with http.get(server.url + "/v1/status") as r:
         status_body = await r.json()
@@ -77,43 +83,66 @@ BAD_BODIES = [
         b'{"samples": [{"model": "ttft", "features": {}, "latency_ms": NaN}]}', "NaN", id="nan-literal"
     ),
     pytest.param([1, 2], "must be a JSON object", id="body-list"),
-    pytest.param({"entries": []}, '"samples" must be a list', id="no-samples"),
-    pytest.param({"samples": {"a": 1}}, '"samples" must be a list', id="samples-object"),
-    pytest.param({"samples": [*_valid(), 7]}, "samples[4]: must be an object", id="sample-not-object"),
-    pytest.param({"samples": _with(1, ("model",), "e2e")}, "samples[1].model: must be one of", id="model"),
-    pytest.param({"samples": _with(3, ("model",), _DELETE)}, "samples[3].model", id="model-missing"),
+    pytest.param({"schema": SAMPLES_SCHEMA, "entries": []}, '"samples" must be a list', id="no-samples"),
+    pytest.param({"samples": _valid()}, '"schema" must be the feature schema', id="no-schema"),
     pytest.param(
-        {"samples": _with(2, ("features",), [1, 2])}, "samples[2].features: must be an object", id="feat"
+        {"schema": {**SAMPLES_SCHEMA, "version": 1}, "samples": _valid()},
+        "got {'version': 1, 'pod_class': False}",
+        id="other-schema-version",
     ),
     pytest.param(
-        {"samples": _with(1, ("latency_ms",), -1)}, "samples[1].latency_ms: must be a positive", id="neg"
+        {"schema": {**SAMPLES_SCHEMA, "pod_class": True}, "samples": _valid()},
+        '"schema" must be the feature schema',
+        id="other-pod-class",
     ),
-    pytest.param({"samples": _with(1, ("latency_ms",), 0)}, "samples[1].latency_ms", id="zero-latency"),
-    pytest.param({"samples": _with(1, ("latency_ms",), True)}, "samples[1].latency_ms", id="bool-latency"),
-    pytest.param({"samples": _with(1, ("latency_ms",), "12")}, "samples[1].latency_ms", id="str-latency"),
-    pytest.param({"samples": _with(0, ("latency_ms",), _DELETE)}, "samples[0].latency_ms", id="no-latency"),
+    pytest.param(samples_request(_valid(), pool_shape=[16]), '"pool_shape": invalid pool shape', id="shape"),
     pytest.param(
-        {"samples": _with(3, ("features", "kv_cache_percentage"), 1.7)},
+        samples_request(_valid(), pool_shape={"kv_caches": [{"block_size": 16, "num_gpu_blocks": -1}]}),
+        '"pool_shape": invalid pool shape',
+        id="shape-negative",
+    ),
+    pytest.param(samples_request({"a": 1}), '"samples" must be a list', id="samples-object"),
+    pytest.param(samples_request([*_valid(), 7]), "samples[4]: must be an object", id="sample-not-object"),
+    pytest.param(
+        samples_request(_with(1, ("model",), "e2e")), "samples[1].model: must be one of", id="model"
+    ),
+    pytest.param(samples_request(_with(3, ("model",), _DELETE)), "samples[3].model", id="model-missing"),
+    pytest.param(
+        samples_request(_with(2, ("features",), [1, 2])), "samples[2].features: must be an object", id="feat"
+    ),
+    pytest.param(
+        samples_request(_with(1, ("latency_ms",), -1)), "samples[1].latency_ms: must be a positive", id="neg"
+    ),
+    pytest.param(samples_request(_with(1, ("latency_ms",), 0)), "samples[1].latency_ms", id="zero-latency"),
+    pytest.param(
+        samples_request(_with(1, ("latency_ms",), True)), "samples[1].latency_ms", id="bool-latency"
+    ),
+    pytest.param(samples_request(_with(1, ("latency_ms",), "12")), "samples[1].latency_ms", id="str-latency"),
+    pytest.param(
+        samples_request(_with(0, ("latency_ms",), _DELETE)), "samples[0].latency_ms", id="no-latency"
+    ),
+    pytest.param(
+        samples_request(_with(3, ("features", "kv_cache_percentage"), 1.7)),
         "samples[3].features.kv_cache_percentage: must be between 0 and 1, got 1.7",
         id="kv-range",
     ),
     pytest.param(
-        {"samples": _with(1, ("features", "input_token_length"), _DELETE)},
+        samples_request(_with(1, ("features", "input_token_length"), _DELETE)),
         "samples[1].features.input_token_length: required field is missing",
         id="missing-feature",
     ),
     pytest.param(
-        {"samples": _with(2, ("features", "num_tokens_generated"), _DELETE)},
+        samples_request(_with(2, ("features", "num_tokens_generated"), _DELETE)),
         "samples[2].features.num_tokens_generated: required field is missing",
         id="missing-tpot-feature",
     ),
     pytest.param(
-        {"samples": _with(1, ("features", "num_request_waiting"), "3")},
+        samples_request(_with(1, ("features", "num_request_waiting"), "3")),
         "samples[1].features.num_request_waiting: must be a number",
         id="string-feature",
     ),
     pytest.param(
-        {"samples": _with(0, ("features", "num_request_running"), -2)},
+        samples_request(_with(0, ("features", "num_request_running"), -2)),
         "samples[0].features.num_request_running: must be >= 0",
         id="negative-feature",
     ),
@@ -133,7 +162,7 @@ async def test_invalid_samples_are_rejected_whole(
 
 
 async def test_request_limits(server: TrainingServer, http: aiohttp.ClientSession) -> None:
-    status, error = await post_samples(http, server.url, {"samples": samples_body(26)})  # 52 > 50 samples
+    status, error = await post_samples(http, server.url, samples_request(samples_body(26)))  # 52 > 50 samples
     assert status == 413
     assert "at most 50" in error["error"]["message"]
     status, error = await post_samples(http, server.url, b'{"samples": [' + b" " * 200_000 + b"]}")
@@ -158,13 +187,13 @@ async def test_model_404_before_training(server: TrainingServer, http: aiohttp.C
 async def test_trains_once_enough_samples_then_serves_models(
     server: TrainingServer, http: aiohttp.ClientSession
 ) -> None:
-    status, _ = await post_samples(http, server.url, {"samples": samples_body(25, seed=1)})
+    status, _ = await post_samples(http, server.url, samples_request(samples_body(25, seed=1)))
     assert status == 202
     await eventually(lambda: server.trainer.status()["models"]["ttft"]["added_since_training"] == 25, 5)
     assert server.trainer.current_version("ttft") is None  # 25 < min_samples (200): no model, no stub
 
     for seed in range(2, 10):
-        status, _ = await post_samples(http, server.url, {"samples": samples_body(25, seed=seed)})
+        status, _ = await post_samples(http, server.url, samples_request(samples_body(25, seed=seed)))
         assert status == 202
     await eventually(lambda: all(server.trainer.current_version(k) for k in ("ttft", "tpot")))
 
@@ -224,7 +253,7 @@ async def test_probes_and_restart_keeps_models(server: TrainingServer, http: aio
     async with http.get(server.url + "/readyz") as r:
         assert r.status == 200
     for seed in range(9):
-        await post_samples(http, server.url, {"samples": samples_body(25, seed=seed)})
+        await post_samples(http, server.url, samples_request(samples_body(25, seed=seed)))
     await eventually(lambda: server.trainer.current_version("tpot") is not None)
     version = server.trainer.current_version("tpot")
 
