@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import selectors
 import signal
 import subprocess
 import sys
@@ -13,11 +14,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from slorouter.predictor import command
+from slorouter.predictor.training_server import TrainingServer
 from tests.predictor.conftest import synthetic
 from tests.predictor.test_servers_common import (
+    FAST_TRAINING,
+    eventually,
     feature_rows,
     free_port,
     samples_body,
@@ -213,3 +218,75 @@ def test_registered_in_the_main_cli() -> None:
         pytest.skip("the predictor subcommand is not registered in slorouter.cli yet")
     args = cli.build_parser().parse_args(["predictor", "prediction-server", "--model-dir", "m"])
     assert args.func is command.run_prediction_server
+
+
+def _spawn_listening(*argv: str) -> tuple[subprocess.Popen[str], float]:
+    """A server process, and the monotonic time at which it said it was listening."""
+    process = _spawn(*argv)
+    assert process.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        if selector.select(timeout=0.1) and "listening on" in process.stdout.readline():
+            return process, time.monotonic()
+    process.kill()
+    raise AssertionError(f"{argv[0]} did not start: {process.communicate()[1][-2000:]}")
+
+
+async def test_restarted_servers_serve_the_saved_models_at_once(tmp_path: Path) -> None:
+    # The previous run (in-process, to keep the test short): trained on samples of one pool, then stopped.
+    shape = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 29205}]}
+    previous = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await previous.start()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            previous.url + "/v1/samples", json=samples_request(samples_body(300), pool_shape=shape)
+        ) as r,
+    ):
+        assert r.status == 202
+    await eventually(lambda: all(previous.trainer.current_version(kind) for kind in ("ttft", "tpot")))
+    await previous.stop()
+    versions = {kind: previous.trainer.current_version(kind) for kind in ("ttft", "tpot")}
+
+    training_port, port = free_port(), free_port()
+    training_url = f"http://127.0.0.1:{training_port}"
+    training, _ = _spawn_listening(
+        "training-server",
+        "--port",
+        str(training_port),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--log-level",
+        "WARNING",
+    )
+    prediction = None
+    try:
+        state = _get(training_url + "/v1/status")[1]
+        assert state["model_versions"] == versions
+        assert state["state"]["warm_start"]["samples"] == {"ttft": 300, "tpot": 300}
+        assert state["pool_shape"] == shape
+        prediction, listening = _spawn_listening(
+            "prediction-server",
+            "--port",
+            str(port),
+            "--training-server",
+            training_url,
+            "--log-level",
+            "WARNING",
+        )
+        _wait(
+            lambda: (
+                _get(f"http://127.0.0.1:{port}/readyz")[1] == {"status": "ready", "model_versions": versions}
+            )
+        )
+        assert time.monotonic() - listening < 1.0
+        rows = feature_rows(*synthetic(2)[::2])
+        status, body = _post(f"http://127.0.0.1:{port}/v1/predict/bulk", {"rows": rows})
+        assert status == 200 and body["model_versions"] == versions
+    finally:
+        codes = [_stop(p) for p in (prediction, training) if p is not None]
+    assert codes == [0, 0]
