@@ -14,8 +14,11 @@ import aiohttp
 import pytest
 
 from slorouter.predictor.model_store import decode_model_file
+from slorouter.predictor.pool_shape import PoolShape
+from slorouter.predictor.sample_sink import TrainingSampleSink
 from slorouter.predictor.training_server import MODEL_METADATA_HEADER, TrainingServer
 from tests.predictor import test_servers_common as common
+from tests.predictor.conftest import synthetic
 from tests.predictor.test_servers_common import (
     FAST_TRAINING,
     SAMPLES_SCHEMA,
@@ -265,3 +268,121 @@ async def test_probes_and_restart_keeps_models(server: TrainingServer, http: aio
             assert r.status == 200 and r.headers["ETag"] == f'"{version}"'
     finally:
         await restarted.stop()
+
+
+H100 = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 29205}]}
+H100_AND_A100 = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 17187}, *H100["kv_caches"]]}
+
+
+async def previous_run(state_dir: Path, http: aiohttp.ClientSession, shape: dict[str, Any]) -> dict[str, Any]:
+    """A training server's run on samples of ``shape``'s pool, trained and stopped; its model versions."""
+    server = TrainingServer(state_dir / "models", state_dir=state_dir, trainer_config=FAST_TRAINING)
+    await server.start()
+    try:
+        status, _ = await post_samples(http, server.url, samples_request(samples_body(200), pool_shape=shape))
+        assert status == 202
+        await eventually(lambda: all(server.trainer.current_version(k) for k in ("ttft", "tpot")))
+    finally:
+        await server.stop()
+    return {kind: server.trainer.current_version(kind) for kind in ("ttft", "tpot")}
+
+
+async def test_restart_takes_over_state_that_fits_the_routers_pool(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    versions = await previous_run(tmp_path / "state", http, H100_AND_A100)
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        assert server.store.count("ttft") == 200 and server.status()["model_versions"] == versions
+        # A router whose A100 replicas are down: its pool still fits.
+        status, _ = await post_samples(
+            http, server.url, samples_request(samples_body(5, seed=1), pool_shape=H100)
+        )
+        assert status == 202 and server.store.count("ttft") == 205
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200 and r.headers["ETag"] == f'"{versions["ttft"]}"'
+        assert server.status()["pool_shape"] == H100_AND_A100
+        assert server.status()["state"]["warm_start"]["refused"] == []
+    finally:
+        await server.stop()
+
+
+async def test_restart_refuses_state_of_another_pool_once_a_router_says(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    versions = await previous_run(tmp_path / "state", http, H100)
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200  # published at once: the pool is not known before a router says
+        status, _ = await post_samples(
+            http, server.url, samples_request(samples_body(5, seed=1), pool_shape=H100_AND_A100)
+        )
+        assert status == 202
+        assert server.store.count("ttft") == 5  # the restored samples are gone, the new ones kept
+        assert server.trainer.current_version("ttft") is None  # no baseline: the next model is a first one
+        for kind in ("ttft", "tpot"):
+            async with http.get(f"{server.url}/v1/models/{kind}") as r:
+                assert r.status == 404  # withheld until a new training replaces it
+        status_body = server.status()
+        assert status_body["pool_shape"] == H100_AND_A100 and status_body["model_versions"] == dict.fromkeys(
+            versions
+        )
+        refused = [(r["item"], r["kind"], r["reason"]) for r in status_body["state"]["warm_start"]["refused"]]
+        assert refused == [
+            ("model", "ttft", "pool_shape"),
+            ("model", "tpot", "pool_shape"),
+            ("samples", "all", "pool_shape"),
+        ]
+        async with http.get(server.url + "/metrics") as r:
+            text = await r.text()
+        assert 'slorouter_training_warm_start_refused_total{item="model",reason="pool_shape"} 2.0' in text
+        assert 'slorouter_training_warm_start_refused_total{item="samples",reason="pool_shape"} 1.0' in text
+        assert "slorouter_training_model_version_info{" not in text
+        status, _ = await post_samples(
+            http, server.url, samples_request(samples_body(200, seed=2), pool_shape=H100)
+        )
+        await eventually(lambda: server.trainer.current_version("ttft") is not None)
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200 and r.headers["ETag"] != f'"{versions["ttft"]}"'
+    finally:
+        await server.stop()
+
+
+async def test_a_damaged_window_is_refused_and_training_starts_over(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    await previous_run(tmp_path / "state", http, H100)
+    (tmp_path / "state" / "samples.window").write_bytes(b"SLOROUTER-SAMPLES/1\n\x00\x00")
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        assert server.store.count("ttft") == 0 and all(server.status()["model_versions"].values())
+        (refusal,) = server.status()["state"]["warm_start"]["refused"]
+        assert (refusal["item"], refusal["reason"]) == ("samples", "damaged")
+    finally:
+        await server.stop()
+
+
+async def test_the_routers_sink_declares_its_schema_and_pool(server: TrainingServer) -> None:
+    sink = TrainingSampleSink(server.url, flush_interval_s=0.05, pool_shape=lambda: PoolShape.from_dict(H100))
+    sink.start()
+    try:
+        await eventually(
+            lambda: server.trainer.pool_shape == PoolShape.from_dict(H100), 5
+        )  # before any sample
+        x_ttft, y_ttft, _, _ = synthetic(3)
+        for row, y in zip(x_ttft, y_ttft, strict=True):
+            sink.add("ttft", row, float(y))
+        await eventually(lambda: server.store.count("ttft") == 3, 5)
+        assert sink.stats.rejected == 0
+    finally:
+        await sink.stop()
