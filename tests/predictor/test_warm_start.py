@@ -357,12 +357,13 @@ async def test_one_process_per_state_directory(tmp_path: Path) -> None:
     first = EmbeddedPredictor(tmp_path / "state", background=False)
     first.start()
     second = EmbeddedPredictor(tmp_path / "state", background=False)
-    with pytest.raises(
-        StateDirBusyError, match=f"in use by another slorouter process \\(pid {os.getpid()}\\)"
-    ):
+    busy = f"in use by another slorouter process \\(pid {os.getpid()}\\)"
+    with pytest.raises(StateDirBusyError, match=busy):
         second.start()
     await first.stop()
-    second.start()  # released at stop
+    second.start()  # released at stop: the second one takes it now
+    with pytest.raises(StateDirBusyError, match=busy):
+        EmbeddedPredictor(tmp_path / "state", background=False).start()
     await second.stop()
 
 

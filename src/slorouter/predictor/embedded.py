@@ -113,12 +113,11 @@ class EmbeddedPredictor:
         """Lock the state directory, load its models and sample window (what fits this pool); once."""
         if self._warm:
             return
+        if self.persistence is not None:  # else a fresh temporary directory: nothing to take over
+            self._lock = StateDirLock(self.state_dir)  # raises StateDirBusyError: nothing is taken over
+            shape = None if self._pool_shape is None else self._pool_shape()
+            self.persistence.restore(self.trainer, shape, self.predictor)
         self._warm = True
-        if self.persistence is None:  # a fresh temporary directory: nothing to take over
-            return
-        self._lock = StateDirLock(self.state_dir)
-        shape = None if self._pool_shape is None else self._pool_shape()
-        self.persistence.restore(self.trainer, shape, self.predictor)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -266,7 +266,10 @@ class Trainer:
         self._state = {kind: _KindState() for kind in MODEL_KINDS}
         self._status_lock = threading.Lock()
         self.pool_shape: PoolShape | None = None  # recorded with every model; checked on load when set
-        self.load_current()
+        for kind, exc in self.load_current().items():
+            log.warning(
+                "ignoring the stored %s model: %s; it will be replaced at the next training", kind, exc
+            )
 
     def set_pool_shape(self, shape: PoolShape) -> dict[ModelKind, Exception]:
         """Record ``shape`` with the models trained from now on, and reload the stored models, refusing
@@ -282,7 +285,7 @@ class Trainer:
 
     def load_current(self) -> dict[ModelKind, Exception]:
         """Take the models in the model store (e.g. after a restart) as the current ones, the baselines new
-        models are compared with; a model that cannot be used is not (logged, and returned by kind)."""
+        models are compared with; a model that cannot be used is not, and is returned by kind."""
         refused: dict[ModelKind, Exception] = {}
         for kind in MODEL_KINDS:
             try:
@@ -295,9 +298,6 @@ class Trainer:
                 ValueError,
                 xgb.core.XGBoostError,
             ) as exc:
-                log.warning(
-                    "ignoring the stored %s model: %s; it will be replaced at the next training", kind, exc
-                )
                 self._state[kind].current = None
                 refused[kind] = exc
         return refused
