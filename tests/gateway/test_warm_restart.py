@@ -12,12 +12,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from slorouter.config import ConfigError, parse_config
+from slorouter.gateway.runtime import Router
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.sample_window import read_window
-from slorouter.predictor.state_dir import SAMPLE_WINDOW, default_state_dir
+from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirLock, default_state_dir
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.sim.profiles import LLAMA3_8B_H100
+from slorouter.sim.server import SimCluster
 from tests.predictor.conftest import synthetic
 
 # The embedded default's pool: 4 simulated llama3-8b-h100 pods.
@@ -120,3 +125,21 @@ async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None
         stderr = stop(process)
     assert "refused the saved ttft model (pool_shape)" in stderr
     assert "learnt on a pool of 1234 blocks of 16 tokens, but this pool also has 29205 blocks" in stderr
+
+
+async def test_a_state_directory_in_use_is_a_configuration_error(tmp_path: Path, cluster: SimCluster) -> None:
+    lock = StateDirLock(tmp_path / "state")
+    config = parse_config(
+        {
+            "gateway": {"port": 0},
+            "pool": {"endpoints": list(cluster.addresses)},
+            "predictor": {"embedded": {"state_dir": str(tmp_path / "state")}},
+        }
+    )
+    router = Router.build(config)
+    try:
+        with pytest.raises(ConfigError, match=r"predictor.embedded.state_dir: state directory .* is in use"):
+            await router.start()
+    finally:
+        await router.stop()
+        lock.release()

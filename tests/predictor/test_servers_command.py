@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from slorouter.predictor import command
+from slorouter.predictor.state_dir import StateDirLock
 from slorouter.predictor.training_server import TrainingServer
 from tests.predictor.conftest import synthetic
 from tests.predictor.test_servers_common import (
@@ -107,6 +108,17 @@ def test_listen_failure_is_reported(tmp_path: Path, capsys: pytest.CaptureFixtur
     )
     assert args.func(args) == 1
     assert "cannot listen" in capsys.readouterr().err
+
+
+def test_a_busy_state_directory_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lock = StateDirLock(tmp_path / "state")
+    try:
+        args = parser().parse_args(["predictor", "training-server", "--state-dir", str(tmp_path / "state")])
+        assert args.func(args) == 2
+    finally:
+        lock.release()
+    assert "--state-dir: state directory" in capsys.readouterr().err
+    assert (tmp_path / "state" / "models").is_dir()  # the default model directory
 
 
 def _get(url: str) -> tuple[int, Any]:
