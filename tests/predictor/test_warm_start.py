@@ -45,7 +45,7 @@ def filled_store(n: int = 500, seed: int = 0, config: StoreConfig | None = None)
     return store
 
 
-async def restart(
+def start_on(
     state_dir: Path, shape: PoolShape | None, registry: CollectorRegistry | None = None
 ) -> EmbeddedPredictor:
     embedded = EmbeddedPredictor(
@@ -61,7 +61,7 @@ async def restart(
 
 async def run_and_stop(state_dir: Path, shape: PoolShape | None = H100) -> dict[str, str | None]:
     """A router's run that trained both models on ``shape``'s pool, then stopped (saving its window)."""
-    embedded = await restart(state_dir, shape)
+    embedded = start_on(state_dir, shape)
     x_ttft, y_ttft, x_tpot, y_tpot = synthetic(400, seed=3)
     embedded.store.add("ttft", x_ttft, y_ttft)
     embedded.store.add("tpot", x_tpot, y_tpot)
@@ -210,7 +210,7 @@ def test_pool_shape_of_a_pool() -> None:
 
 async def test_a_restart_serves_the_saved_models_and_resumes_training(tmp_path: Path) -> None:
     versions = await run_and_stop(tmp_path / "state")
-    embedded = await restart(tmp_path / "state", H100)
+    embedded = start_on(tmp_path / "state", H100)
     try:
         assert embedded.ready and embedded.versions == versions
         assert embedded.store.count("ttft") == 400 and embedded.store.count("tpot") == 400
@@ -233,7 +233,7 @@ async def test_models_and_window_of_another_pool_shape_are_refused(
     await run_and_stop(tmp_path / "state", H100)
     registry = CollectorRegistry()
     with caplog.at_level(logging.WARNING, "slorouter.predictor.warm_start"):
-        embedded = await restart(tmp_path / "state", H100_AND_A100, registry)
+        embedded = start_on(tmp_path / "state", H100_AND_A100, registry)
     try:
         assert not embedded.ready and embedded.store.count("ttft") == 0
         assert embedded.trainer.current_version("ttft") is None
@@ -260,7 +260,7 @@ async def test_models_and_window_of_another_pool_shape_are_refused(
 
 async def test_a_pool_that_lost_a_configuration_keeps_its_state(tmp_path: Path) -> None:
     await run_and_stop(tmp_path / "state", H100_AND_A100)
-    embedded = await restart(tmp_path / "state", H100)  # the A100 replicas are down at the restart
+    embedded = start_on(tmp_path / "state", H100)  # the A100 replicas are down at the restart
     try:
         assert embedded.ready and embedded.store.count("ttft") == 400
         assert embedded.trainer.pool_shape == H100_AND_A100  # what the window holds samples of
@@ -297,7 +297,7 @@ async def test_a_damaged_window_is_refused_and_the_models_still_serve(
     path = tmp_path / "state" / SAMPLE_WINDOW
     path.write_bytes(path.read_bytes()[:1000])  # torn (not by us: our writes are atomic)
     with caplog.at_level(logging.WARNING, "slorouter.predictor.warm_start"):
-        embedded = await restart(tmp_path / "state", H100)
+        embedded = start_on(tmp_path / "state", H100)
     try:
         assert embedded.ready and embedded.store.count("ttft") == 0
         assert "refused the saved sample window (damaged): truncated sample-window file" in caplog.text
@@ -311,7 +311,7 @@ async def test_a_damaged_model_is_refused_and_the_window_trains_at_once(tmp_path
     data = bytearray(model_file.read_bytes())
     data[-10] ^= 0xFF
     model_file.write_bytes(bytes(data))
-    embedded = await restart(tmp_path / "state", H100)
+    embedded = start_on(tmp_path / "state", H100)
     try:
         assert not embedded.ready and embedded.versions["tpot"] == versions["tpot"]
         assert [r["reason"] for r in embedded.persistence.report.refused] == ["damaged"]  # type: ignore[union-attr]
@@ -323,7 +323,7 @@ async def test_a_damaged_model_is_refused_and_the_window_trains_at_once(tmp_path
 
 async def test_models_saved_without_a_pool_shape_are_refused(tmp_path: Path) -> None:
     await run_and_stop(tmp_path / "state", shape=None)
-    embedded = await restart(tmp_path / "state", H100)
+    embedded = start_on(tmp_path / "state", H100)
     try:
         assert not embedded.ready
         assert {r["reason"] for r in embedded.persistence.report.refused} == {"pool_shape"}  # type: ignore[union-attr]

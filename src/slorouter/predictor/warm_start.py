@@ -1,7 +1,7 @@
 """Warm start: what a trainer's owner (the embedded predictor, the training server) keeps across restarts.
 
 At start, ``StatePersistence.restore`` takes the models already in the model store and the saved sample
-window, refusing what does not fit (``REFUSAL_REASONS``): state of another feature schema (``schema``),
+window, refusing what does not fit, for one of three reasons: state of another feature schema (``schema``),
 learnt on a pool this one does not fit (``pool_shape``, see ``pool_shape.py``), or a damaged file
 (``damaged``). A refusal is logged with its reason and counted; the refused part then warms up as from
 scratch (no model until the first training; an empty window). Nothing refused is deleted: it is replaced
@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -31,10 +31,8 @@ from slorouter.predictor.trainer import Trainer
 
 log = logging.getLogger("slorouter.predictor.warm_start")
 
-REFUSAL_REASONS: Final = ("schema", "pool_shape", "damaged")
-
-
 def refusal_reason(exc: BaseException) -> str:
+    """``schema``, ``pool_shape`` or ``damaged`` (anything else that made a file unusable)."""
     if isinstance(exc, SchemaMismatchError):
         return "schema"
     if isinstance(exc, PoolShapeMismatchError):
