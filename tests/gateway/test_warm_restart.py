@@ -4,10 +4,11 @@ prediction at once, and refuses (and counts) models of another pool."""
 from __future__ import annotations
 
 import json
-import selectors
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -52,16 +53,20 @@ def start_serve() -> tuple[subprocess.Popen[str], str, float]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert process.stdout is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
+    lines: queue.Queue[tuple[str, float]] = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put((line, time.monotonic())) for line in process.stdout or ()], daemon=True
+    ).start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and process.poll() is None:
-        if selector.select(timeout=0.1):
-            line = process.stdout.readline()
-            if "routing on http://" in line:
-                address = line.split("http://", 1)[1].split()[0]
-                return process, address, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            line, at = lines.get(timeout=0.1)
+        except queue.Empty:
+            if process.poll() is not None:
+                break
+            continue
+        if "routing on http://" in line:
+            return process, line.split("http://", 1)[1].split()[0], at
     process.kill()
     raise AssertionError(f"slorouter serve did not start: {process.communicate()[1][-2000:]}")
 
@@ -99,7 +104,7 @@ async def test_a_restarted_router_routes_by_prediction_within_a_second(state_hom
     process, address, listening = start_serve()
     try:
         route, answered = complete(address)
-        assert route == "predicted"
+        assert route == "predicted", stop(process)
         print(f"first request answered {answered - listening:.3f} s after the gateway listened")
         assert answered - listening < 1.0
         text = metrics(address)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import selectors
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -235,13 +236,20 @@ def test_registered_in_the_main_cli() -> None:
 def _spawn_listening(*argv: str) -> tuple[subprocess.Popen[str], float]:
     """A server process, and the monotonic time at which it said it was listening."""
     process = _spawn(*argv)
-    assert process.stdout is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
+    lines: queue.Queue[tuple[str, float]] = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put((line, time.monotonic())) for line in process.stdout or ()], daemon=True
+    ).start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and process.poll() is None:
-        if selector.select(timeout=0.1) and "listening on" in process.stdout.readline():
-            return process, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            line, at = lines.get(timeout=0.1)
+        except queue.Empty:
+            if process.poll() is not None:
+                break
+            continue
+        if "listening on" in line:
+            return process, at
     process.kill()
     raise AssertionError(f"{argv[0]} did not start: {process.communicate()[1][-2000:]}")
 

@@ -31,6 +31,7 @@ from slorouter.predictor.trainer import Trainer
 
 log = logging.getLogger("slorouter.predictor.warm_start")
 
+
 def refusal_reason(exc: BaseException) -> str:
     """``schema``, ``pool_shape`` or ``damaged`` (anything else that made a file unusable)."""
     if isinstance(exc, SchemaMismatchError):
