@@ -372,7 +372,12 @@ def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> d
                 plugin["parameters"] = {"streamingMode": True}
             if plugin["type"] == "latency-scorer" and policy == "predicted-most":
                 plugin["parameters"] = {"headroomSelectionStrategy": "most"}
-        config["predictor"] = {"mode": "embedded", "prediction_by_default": True}
+        # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
+        config["predictor"] = {
+            "mode": "embedded",
+            "prediction_by_default": True,
+            "embedded": {"persist": False},
+        }
         config["scheduler"] = scheduler
     else:
         config["scheduler"] = copy.deepcopy(DEFAULT_SCHEDULER_CONFIG)

@@ -42,12 +42,22 @@ def test_full_file(tmp_path):
         ({"gateway": {"max_buffered_bytes": 10}}, "gateway.max_buffered_bytes"),
         ({"pool": {"endpoints": ["nohostport"]}}, "pool.endpoints"),
         ({"seed": "x"}, "seed"),
+        ({"predictor": {"embedded": {"model_dir": "/x"}}}, "predictor.embedded.model_dir"),
+        ({"predictor": {"embedded": {"state_dir": ""}}}, "predictor.embedded.state_dir"),
+        ({"predictor": {"embedded": {"save_interval_s": 0}}}, "predictor.embedded.save_interval_s"),
+        ({"predictor": {"embedded": {"persist": "maybe"}}}, "predictor.embedded.persist"),
+        ({"predictor": {"embedded": {"persist": False, "state_dir": "/x"}}}, "predictor.embedded"),
     ],
 )
 def test_errors_name_the_key(data, needle):
     with pytest.raises(ConfigError) as info:
         parse_config(data)
     assert needle in str(info.value)
+
+
+def test_predictor_state_defaults():
+    embedded = parse_config({"predictor": {}}).predictor.embedded  # type: ignore[union-attr]
+    assert (embedded.persist, embedded.state_dir, embedded.save_interval_s) == (True, None, 60.0)
 
 
 def test_top_level_must_be_a_mapping():

@@ -42,7 +42,16 @@ class GatewayConfig(StrictModel):
 class EmbeddedPredictorConfig(StrictModel):
     """Store, trainer and predictor inside the router (no sidecars)."""
 
-    model_dir: str | None = Field(default=None, description="where models are written; a temp dir if unset")
+    persist: bool = Field(
+        default=True, description="keep models and samples in state_dir across restarts; false: a temp dir"
+    )
+    state_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="models and sample window; default $XDG_STATE_HOME/slorouter/serve or "
+        "~/.local/state/slorouter/serve",
+    )
+    save_interval_s: float = Field(default=60.0, gt=0, description="how often the sample window is saved")
     retrain_interval_s: float = Field(default=5.0, gt=0)
     min_samples: int = Field(default=200, ge=10)
     objective: Literal["conformal", "quantile", "mean"] = "conformal"
@@ -50,6 +59,12 @@ class EmbeddedPredictorConfig(StrictModel):
     n_estimators: int = Field(default=200, ge=1, le=5000)
     max_depth: int = Field(default=6, ge=1, le=16)
     per_bucket: int = Field(default=500, ge=1, description="newest samples kept per stratified bucket")
+
+    @model_validator(mode="after")
+    def _state_dir_needs_persist(self) -> EmbeddedPredictorConfig:
+        if self.state_dir is not None and not self.persist:
+            raise ValueError("state_dir is set but persist is false (nothing would be kept there)")
+        return self
 
 
 class RemotePredictorConfig(StrictModel):

@@ -21,7 +21,7 @@ trained_dir = common.trained_dir
 
 
 async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
-    embedded = EmbeddedPredictor(tmp_path / "models", trainer_config=FAST_TRAINING)
+    embedded = EmbeddedPredictor(tmp_path / "state", trainer_config=FAST_TRAINING)
     assert isinstance(embedded, LatencyPredictorBackend) and embedded.synchronous
     embedded.start()
     try:
@@ -54,7 +54,7 @@ async def test_learns_in_the_background_then_predicts(tmp_path: Path) -> None:
 
 
 async def test_training_happens_off_the_event_loop(tmp_path: Path) -> None:
-    embedded = EmbeddedPredictor(tmp_path / "models", trainer_config=FAST_TRAINING)
+    embedded = EmbeddedPredictor(tmp_path / "state", trainer_config=FAST_TRAINING)
     threads: set[str] = set()
     original = embedded.trainer.train
 
@@ -77,7 +77,7 @@ async def test_training_happens_off_the_event_loop(tmp_path: Path) -> None:
 async def test_manual_cadence_in_virtual_time(tmp_path: Path) -> None:
     clock = ManualClock(0.0)
     config = replace(FAST_TRAINING, retrain_interval_s=5.0)
-    embedded = EmbeddedPredictor(tmp_path / "models", trainer_config=config, clock=clock, background=False)
+    embedded = EmbeddedPredictor(tmp_path / "state", trainer_config=config, clock=clock, background=False)
     embedded.start()  # no thread: the owner drives training
     try:
         x_ttft, y_ttft, x_tpot, _ = synthetic(600, seed=1)
@@ -99,9 +99,11 @@ async def test_manual_cadence_in_virtual_time(tmp_path: Path) -> None:
         await embedded.stop()
 
 
-async def test_picks_up_models_already_in_the_directory(trained_dir: Path, tmp_path: Path) -> None:
-    common.copy_models(trained_dir, tmp_path / "models")
-    embedded = EmbeddedPredictor(tmp_path / "models", trainer_config=FAST_TRAINING, background=False)
+async def test_picks_up_models_already_in_the_state_directory(trained_dir: Path, tmp_path: Path) -> None:
+    common.copy_models(trained_dir, tmp_path / "state" / "models")
+    embedded = EmbeddedPredictor(tmp_path / "state", trainer_config=FAST_TRAINING, background=False)
+    assert not embedded.ready  # nothing is read before start
+    embedded.start()
     assert embedded.ready
     await embedded.stop()
 
@@ -109,14 +111,14 @@ async def test_picks_up_models_already_in_the_directory(trained_dir: Path, tmp_p
 async def test_temporary_model_directory_is_removed() -> None:
     embedded = EmbeddedPredictor(trainer_config=FAST_TRAINING)
     embedded.start()
-    directory = embedded.model_dir
-    assert directory.is_dir()
+    directory = embedded.state_dir
+    assert embedded.model_dir.is_dir() and embedded.persistence is None
     await embedded.stop()
     assert not directory.exists()
 
 
 async def test_sample_and_input_validation(tmp_path: Path) -> None:
-    embedded = EmbeddedPredictor(tmp_path / "models", background=False)
+    embedded = EmbeddedPredictor(tmp_path / "state", background=False)
     x_ttft, _, x_tpot, _ = synthetic(2)
     row = feature_rows(x_ttft, x_tpot)[0]
     with pytest.raises(ValueError, match="unknown model kind"):

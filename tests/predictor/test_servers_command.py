@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from slorouter.predictor import command
+from slorouter.predictor.state_dir import StateDirLock
+from slorouter.predictor.training_server import TrainingServer
 from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import feature_rows, free_port, samples_body
+from tests.predictor.test_servers_common import (
+    FAST_TRAINING,
+    eventually,
+    feature_rows,
+    free_port,
+    samples_body,
+    samples_request,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,6 +49,8 @@ def test_defaults() -> None:
     )
     assert (args.retrain_interval_s, args.min_samples, args.samples_per_bucket) == (5.0, 200, 500)
     assert args.func is command.run_training_server
+    args = parser().parse_args(["predictor", "training-server"])  # models and samples in the state dir
+    assert (args.state_dir, args.model_dir, args.save_interval_s) == (None, None, 60.0)
     args = parser().parse_args(["predictor", "prediction-server", "--training-server", "http://h:8000/"])
     assert (args.host, args.port, args.training_server, args.model_dir, args.poll_interval_s) == (
         "127.0.0.1",
@@ -51,7 +65,7 @@ def test_defaults() -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["training-server"],  # --model-dir is required
+        ["training-server", "--save-interval-s", "0"],
         ["training-server", "--model-dir", "m", "--port", "70000"],
         ["training-server", "--model-dir", "m", "--quantile", "1.5"],
         ["training-server", "--model-dir", "m", "--quantile", "nan"],
@@ -95,6 +109,17 @@ def test_listen_failure_is_reported(tmp_path: Path, capsys: pytest.CaptureFixtur
     )
     assert args.func(args) == 1
     assert "cannot listen" in capsys.readouterr().err
+
+
+def test_a_busy_state_directory_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lock = StateDirLock(tmp_path / "state")
+    try:
+        args = parser().parse_args(["predictor", "training-server", "--state-dir", str(tmp_path / "state")])
+        assert args.func(args) == 2
+    finally:
+        lock.release()
+    assert "--state-dir: state directory" in capsys.readouterr().err
+    assert (tmp_path / "state" / "models").is_dir()  # the default model directory
 
 
 def _get(url: str) -> tuple[int, Any]:
@@ -180,7 +205,7 @@ def test_both_servers_as_separate_processes(tmp_path: Path) -> None:
         _wait(lambda: _get(training_url + "/readyz")[0] == 200)
         _wait(lambda: _get(prediction_url + "/healthz")[0] == 200)
         assert _get(prediction_url + "/readyz")[0] == 503
-        status, body = _post(training_url + "/v1/samples", {"samples": samples_body(300)})
+        status, body = _post(training_url + "/v1/samples", samples_request(samples_body(300)))
         assert (status, body) == (202, {"accepted": 600})
         _wait(lambda: _get(prediction_url + "/readyz")[0] == 200)
         rows = feature_rows(*synthetic(3, seed=4)[::2])
@@ -206,3 +231,82 @@ def test_registered_in_the_main_cli() -> None:
         pytest.skip("the predictor subcommand is not registered in slorouter.cli yet")
     args = cli.build_parser().parse_args(["predictor", "prediction-server", "--model-dir", "m"])
     assert args.func is command.run_prediction_server
+
+
+def _spawn_listening(*argv: str) -> tuple[subprocess.Popen[str], float]:
+    """A server process, and the monotonic time at which it said it was listening."""
+    process = _spawn(*argv)
+    lines: queue.Queue[tuple[str, float]] = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put((line, time.monotonic())) for line in process.stdout or ()], daemon=True
+    ).start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            line, at = lines.get(timeout=0.1)
+        except queue.Empty:
+            if process.poll() is not None:
+                break
+            continue
+        if "listening on" in line:
+            return process, at
+    process.kill()
+    raise AssertionError(f"{argv[0]} did not start: {process.communicate()[1][-2000:]}")
+
+
+async def test_restarted_servers_serve_the_saved_models_at_once(tmp_path: Path) -> None:
+    # The previous run (in-process, to keep the test short): trained on samples of one pool, then stopped.
+    shape = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 29205}]}
+    previous = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await previous.start()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            previous.url + "/v1/samples", json=samples_request(samples_body(300), pool_shape=shape)
+        ) as r,
+    ):
+        assert r.status == 202
+    await eventually(lambda: all(previous.trainer.current_version(kind) for kind in ("ttft", "tpot")))
+    await previous.stop()
+    versions = {kind: previous.trainer.current_version(kind) for kind in ("ttft", "tpot")}
+
+    training_port, port = free_port(), free_port()
+    training_url = f"http://127.0.0.1:{training_port}"
+    training, _ = _spawn_listening(
+        "training-server",
+        "--port",
+        str(training_port),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--log-level",
+        "WARNING",
+    )
+    prediction = None
+    try:
+        state = _get(training_url + "/v1/status")[1]
+        assert state["model_versions"] == versions
+        assert state["state"]["warm_start"]["samples"] == {"ttft": 300, "tpot": 300}
+        assert state["pool_shape"] == shape
+        prediction, listening = _spawn_listening(
+            "prediction-server",
+            "--port",
+            str(port),
+            "--training-server",
+            training_url,
+            "--log-level",
+            "WARNING",
+        )
+        _wait(
+            lambda: (
+                _get(f"http://127.0.0.1:{port}/readyz")[1] == {"status": "ready", "model_versions": versions}
+            )
+        )
+        assert time.monotonic() - listening < 1.0
+        rows = feature_rows(*synthetic(2)[::2])
+        status, body = _post(f"http://127.0.0.1:{port}/v1/predict/bulk", {"rows": rows})
+        assert status == 200 and body["model_versions"] == versions
+    finally:
+        codes = [_stop(p) for p in (prediction, training) if p is not None]
+    assert codes == [0, 0]

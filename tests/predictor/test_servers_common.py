@@ -18,7 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from slorouter.predictor.features import MODEL_KINDS
+from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.trainer import Trainer, TrainerConfig
@@ -36,6 +36,14 @@ def feature_rows(x_ttft: np.ndarray, x_tpot: np.ndarray) -> list[dict[str, float
     names = RowEncoder().names
     wire = np.hstack([x_ttft, x_tpot[:, -1:]])
     return [dict(zip(names, row, strict=True)) for row in wire.astype(np.float64).tolist()]
+
+
+SAMPLES_SCHEMA = DEFAULT_SCHEMA.key()  # the "schema" member of POST /v1/samples
+
+
+def samples_request(samples: list[dict[str, Any]], **members: Any) -> dict[str, Any]:
+    """A ``POST /v1/samples`` body for this schema."""
+    return {"schema": SAMPLES_SCHEMA, "samples": samples, **members}
 
 
 def samples_body(n: int, seed: int = 0) -> list[dict[str, Any]]:

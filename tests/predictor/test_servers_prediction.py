@@ -36,6 +36,7 @@ from tests.predictor.test_servers_common import (
     feature_rows,
     republish,
     samples_body,
+    samples_request,
 )
 
 http = common.http
@@ -260,7 +261,7 @@ async def test_models_polled_from_the_training_server(tmp_path: Path, http: aioh
     try:
         await prediction.wait_synced()
         assert not prediction.ready
-        async with http.post(training.url + "/v1/samples", json={"samples": samples_body(300)}) as r:
+        async with http.post(training.url + "/v1/samples", json=samples_request(samples_body(300))) as r:
             assert r.status == 202
         await eventually(
             lambda: (

@@ -14,9 +14,18 @@ import aiohttp
 import pytest
 
 from slorouter.predictor.model_store import decode_model_file
+from slorouter.predictor.pool_shape import PoolShape
+from slorouter.predictor.sample_sink import TrainingSampleSink
 from slorouter.predictor.training_server import MODEL_METADATA_HEADER, TrainingServer
 from tests.predictor import test_servers_common as common
-from tests.predictor.test_servers_common import FAST_TRAINING, eventually, samples_body
+from tests.predictor.conftest import synthetic
+from tests.predictor.test_servers_common import (
+    FAST_TRAINING,
+    SAMPLES_SCHEMA,
+    eventually,
+    samples_body,
+    samples_request,
+)
 
 http = common.http
 
@@ -41,10 +50,10 @@ async def post_samples(http: aiohttp.ClientSession, url: str, body: Any) -> tupl
 
 async def test_accepts_samples_of_both_models(server: TrainingServer, http: aiohttp.ClientSession) -> None:
     samples = samples_body(10)
-    status, body = await post_samples(http, server.url, {"samples": samples})
+    status, body = await post_samples(http, server.url, samples_request(samples))
     assert (status, body) == (202, {"accepted": 20})
     assert server.store.count("ttft") == 10 and server.store.count("tpot") == 10
-    status, body = await post_samples(http, server.url, {"samples": [], "extra": "ignored"})
+    status, body = await post_samples(http, server.url, samples_request([], extra="ignored"))
     assert (status, body) == (202, {"accepted": 0})
     async with http.get(server.url + "/v1/status") as r:
         status_body = await r.json()
@@ -77,43 +86,66 @@ BAD_BODIES = [
         b'{"samples": [{"model": "ttft", "features": {}, "latency_ms": NaN}]}', "NaN", id="nan-literal"
     ),
     pytest.param([1, 2], "must be a JSON object", id="body-list"),
-    pytest.param({"entries": []}, '"samples" must be a list', id="no-samples"),
-    pytest.param({"samples": {"a": 1}}, '"samples" must be a list', id="samples-object"),
-    pytest.param({"samples": [*_valid(), 7]}, "samples[4]: must be an object", id="sample-not-object"),
-    pytest.param({"samples": _with(1, ("model",), "e2e")}, "samples[1].model: must be one of", id="model"),
-    pytest.param({"samples": _with(3, ("model",), _DELETE)}, "samples[3].model", id="model-missing"),
+    pytest.param({"schema": SAMPLES_SCHEMA, "entries": []}, '"samples" must be a list', id="no-samples"),
+    pytest.param({"samples": _valid()}, '"schema" must be the feature schema', id="no-schema"),
     pytest.param(
-        {"samples": _with(2, ("features",), [1, 2])}, "samples[2].features: must be an object", id="feat"
+        {"schema": {**SAMPLES_SCHEMA, "version": 1}, "samples": _valid()},
+        "got {'version': 1, 'pod_class': False}",
+        id="other-schema-version",
     ),
     pytest.param(
-        {"samples": _with(1, ("latency_ms",), -1)}, "samples[1].latency_ms: must be a positive", id="neg"
+        {"schema": {**SAMPLES_SCHEMA, "pod_class": True}, "samples": _valid()},
+        '"schema" must be the feature schema',
+        id="other-pod-class",
     ),
-    pytest.param({"samples": _with(1, ("latency_ms",), 0)}, "samples[1].latency_ms", id="zero-latency"),
-    pytest.param({"samples": _with(1, ("latency_ms",), True)}, "samples[1].latency_ms", id="bool-latency"),
-    pytest.param({"samples": _with(1, ("latency_ms",), "12")}, "samples[1].latency_ms", id="str-latency"),
-    pytest.param({"samples": _with(0, ("latency_ms",), _DELETE)}, "samples[0].latency_ms", id="no-latency"),
+    pytest.param(samples_request(_valid(), pool_shape=[16]), '"pool_shape": invalid pool shape', id="shape"),
     pytest.param(
-        {"samples": _with(3, ("features", "kv_cache_percentage"), 1.7)},
+        samples_request(_valid(), pool_shape={"kv_caches": [{"block_size": 16, "num_gpu_blocks": -1}]}),
+        '"pool_shape": invalid pool shape',
+        id="shape-negative",
+    ),
+    pytest.param(samples_request({"a": 1}), '"samples" must be a list', id="samples-object"),
+    pytest.param(samples_request([*_valid(), 7]), "samples[4]: must be an object", id="sample-not-object"),
+    pytest.param(
+        samples_request(_with(1, ("model",), "e2e")), "samples[1].model: must be one of", id="model"
+    ),
+    pytest.param(samples_request(_with(3, ("model",), _DELETE)), "samples[3].model", id="model-missing"),
+    pytest.param(
+        samples_request(_with(2, ("features",), [1, 2])), "samples[2].features: must be an object", id="feat"
+    ),
+    pytest.param(
+        samples_request(_with(1, ("latency_ms",), -1)), "samples[1].latency_ms: must be a positive", id="neg"
+    ),
+    pytest.param(samples_request(_with(1, ("latency_ms",), 0)), "samples[1].latency_ms", id="zero-latency"),
+    pytest.param(
+        samples_request(_with(1, ("latency_ms",), True)), "samples[1].latency_ms", id="bool-latency"
+    ),
+    pytest.param(samples_request(_with(1, ("latency_ms",), "12")), "samples[1].latency_ms", id="str-latency"),
+    pytest.param(
+        samples_request(_with(0, ("latency_ms",), _DELETE)), "samples[0].latency_ms", id="no-latency"
+    ),
+    pytest.param(
+        samples_request(_with(3, ("features", "kv_cache_percentage"), 1.7)),
         "samples[3].features.kv_cache_percentage: must be between 0 and 1, got 1.7",
         id="kv-range",
     ),
     pytest.param(
-        {"samples": _with(1, ("features", "input_token_length"), _DELETE)},
+        samples_request(_with(1, ("features", "input_token_length"), _DELETE)),
         "samples[1].features.input_token_length: required field is missing",
         id="missing-feature",
     ),
     pytest.param(
-        {"samples": _with(2, ("features", "num_tokens_generated"), _DELETE)},
+        samples_request(_with(2, ("features", "num_tokens_generated"), _DELETE)),
         "samples[2].features.num_tokens_generated: required field is missing",
         id="missing-tpot-feature",
     ),
     pytest.param(
-        {"samples": _with(1, ("features", "num_request_waiting"), "3")},
+        samples_request(_with(1, ("features", "num_request_waiting"), "3")),
         "samples[1].features.num_request_waiting: must be a number",
         id="string-feature",
     ),
     pytest.param(
-        {"samples": _with(0, ("features", "num_request_running"), -2)},
+        samples_request(_with(0, ("features", "num_request_running"), -2)),
         "samples[0].features.num_request_running: must be >= 0",
         id="negative-feature",
     ),
@@ -133,7 +165,7 @@ async def test_invalid_samples_are_rejected_whole(
 
 
 async def test_request_limits(server: TrainingServer, http: aiohttp.ClientSession) -> None:
-    status, error = await post_samples(http, server.url, {"samples": samples_body(26)})  # 52 > 50 samples
+    status, error = await post_samples(http, server.url, samples_request(samples_body(26)))  # 52 > 50 samples
     assert status == 413
     assert "at most 50" in error["error"]["message"]
     status, error = await post_samples(http, server.url, b'{"samples": [' + b" " * 200_000 + b"]}")
@@ -158,13 +190,13 @@ async def test_model_404_before_training(server: TrainingServer, http: aiohttp.C
 async def test_trains_once_enough_samples_then_serves_models(
     server: TrainingServer, http: aiohttp.ClientSession
 ) -> None:
-    status, _ = await post_samples(http, server.url, {"samples": samples_body(25, seed=1)})
+    status, _ = await post_samples(http, server.url, samples_request(samples_body(25, seed=1)))
     assert status == 202
     await eventually(lambda: server.trainer.status()["models"]["ttft"]["added_since_training"] == 25, 5)
     assert server.trainer.current_version("ttft") is None  # 25 < min_samples (200): no model, no stub
 
     for seed in range(2, 10):
-        status, _ = await post_samples(http, server.url, {"samples": samples_body(25, seed=seed)})
+        status, _ = await post_samples(http, server.url, samples_request(samples_body(25, seed=seed)))
         assert status == 202
     await eventually(lambda: all(server.trainer.current_version(k) for k in ("ttft", "tpot")))
 
@@ -224,7 +256,7 @@ async def test_probes_and_restart_keeps_models(server: TrainingServer, http: aio
     async with http.get(server.url + "/readyz") as r:
         assert r.status == 200
     for seed in range(9):
-        await post_samples(http, server.url, {"samples": samples_body(25, seed=seed)})
+        await post_samples(http, server.url, samples_request(samples_body(25, seed=seed)))
     await eventually(lambda: server.trainer.current_version("tpot") is not None)
     version = server.trainer.current_version("tpot")
 
@@ -236,3 +268,121 @@ async def test_probes_and_restart_keeps_models(server: TrainingServer, http: aio
             assert r.status == 200 and r.headers["ETag"] == f'"{version}"'
     finally:
         await restarted.stop()
+
+
+H100 = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 29205}]}
+H100_AND_A100 = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 17187}, *H100["kv_caches"]]}
+
+
+async def previous_run(state_dir: Path, http: aiohttp.ClientSession, shape: dict[str, Any]) -> dict[str, Any]:
+    """A training server's run on samples of ``shape``'s pool, trained and stopped; its model versions."""
+    server = TrainingServer(state_dir / "models", state_dir=state_dir, trainer_config=FAST_TRAINING)
+    await server.start()
+    try:
+        status, _ = await post_samples(http, server.url, samples_request(samples_body(200), pool_shape=shape))
+        assert status == 202
+        await eventually(lambda: all(server.trainer.current_version(k) for k in ("ttft", "tpot")))
+    finally:
+        await server.stop()
+    return {kind: server.trainer.current_version(kind) for kind in ("ttft", "tpot")}
+
+
+async def test_restart_takes_over_state_that_fits_the_routers_pool(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    versions = await previous_run(tmp_path / "state", http, H100_AND_A100)
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        assert server.store.count("ttft") == 200 and server.status()["model_versions"] == versions
+        # A router whose A100 replicas are down: its pool still fits.
+        status, _ = await post_samples(
+            http, server.url, samples_request(samples_body(5, seed=1), pool_shape=H100)
+        )
+        assert status == 202 and server.store.count("ttft") == 205
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200 and r.headers["ETag"] == f'"{versions["ttft"]}"'
+        assert server.status()["pool_shape"] == H100_AND_A100
+        assert server.status()["state"]["warm_start"]["refused"] == []
+    finally:
+        await server.stop()
+
+
+async def test_restart_refuses_state_of_another_pool_once_a_router_says(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    versions = await previous_run(tmp_path / "state", http, H100)
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200  # published at once: the pool is not known before a router says
+        status, _ = await post_samples(
+            http, server.url, samples_request(samples_body(5, seed=1), pool_shape=H100_AND_A100)
+        )
+        assert status == 202
+        assert server.store.count("ttft") == 5  # the restored samples are gone, the new ones kept
+        assert server.trainer.current_version("ttft") is None  # no baseline: the next model is a first one
+        for kind in ("ttft", "tpot"):
+            async with http.get(f"{server.url}/v1/models/{kind}") as r:
+                assert r.status == 404  # withheld until a new training replaces it
+        status_body = server.status()
+        assert status_body["pool_shape"] == H100_AND_A100 and status_body["model_versions"] == dict.fromkeys(
+            versions
+        )
+        refused = [(r["item"], r["kind"], r["reason"]) for r in status_body["state"]["warm_start"]["refused"]]
+        assert refused == [
+            ("model", "ttft", "pool_shape"),
+            ("model", "tpot", "pool_shape"),
+            ("samples", "all", "pool_shape"),
+        ]
+        async with http.get(server.url + "/metrics") as r:
+            text = await r.text()
+        assert 'slorouter_training_warm_start_refused_total{item="model",reason="pool_shape"} 2.0' in text
+        assert 'slorouter_training_warm_start_refused_total{item="samples",reason="pool_shape"} 1.0' in text
+        assert "slorouter_training_model_version_info{" not in text
+        status, _ = await post_samples(
+            http, server.url, samples_request(samples_body(200, seed=2), pool_shape=H100)
+        )
+        await eventually(lambda: server.trainer.current_version("ttft") is not None)
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200 and r.headers["ETag"] != f'"{versions["ttft"]}"'
+    finally:
+        await server.stop()
+
+
+async def test_a_damaged_window_is_refused_and_training_starts_over(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    await previous_run(tmp_path / "state", http, H100)
+    (tmp_path / "state" / "samples.window").write_bytes(b"SLOROUTER-SAMPLES/1\n\x00\x00")
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        assert server.store.count("ttft") == 0 and all(server.status()["model_versions"].values())
+        (refusal,) = server.status()["state"]["warm_start"]["refused"]
+        assert (refusal["item"], refusal["reason"]) == ("samples", "damaged")
+    finally:
+        await server.stop()
+
+
+async def test_the_routers_sink_declares_its_schema_and_pool(server: TrainingServer) -> None:
+    sink = TrainingSampleSink(server.url, flush_interval_s=0.05, pool_shape=lambda: PoolShape.from_dict(H100))
+    sink.start()
+    try:
+        await eventually(
+            lambda: server.trainer.pool_shape == PoolShape.from_dict(H100), 5
+        )  # before any sample
+        x_ttft, y_ttft, _, _ = synthetic(3)
+        for row, y in zip(x_ttft, y_ttft, strict=True):
+            sink.add("ttft", row, float(y))
+        await eventually(lambda: server.store.count("ttft") == 3, 5)
+        assert sink.stats.rejected == 0
+    finally:
+        await sink.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -20,9 +21,11 @@ from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.prediction_client import PredictionClient
 from slorouter.predictor.remote import RemotePredictor
 from slorouter.predictor.sample_sink import TrainingSampleSink
+from slorouter.predictor.state_dir import StateDirBusyError, default_state_dir
 from slorouter.predictor.store import StoreConfig
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
@@ -58,7 +61,7 @@ class Router:
         scheduler_config = config.scheduler
         predictor = None
         if config.predictor is not None and config.predictor.mode != "off":
-            predictor = _build_predictor(config.predictor, clock, metrics)
+            predictor = _build_predictor(config.predictor, clock, metrics, pool)
             ctx.predictor = predictor
             ctx.metrics = LatencyMetrics(metrics.registry)
             metrics.registry.register(PredictorCollector(predictor))
@@ -84,7 +87,10 @@ class Router:
         await self.scraper.scrape_once()
         self.scraper.start()
         if self.predictor is not None:
-            self.predictor.start()
+            try:
+                self.predictor.start()
+            except StateDirBusyError as exc:
+                raise ConfigError(f"predictor.embedded.state_dir: {exc}") from None
         await self.gateway.open()
         self._server = self.gateway.build_server(server_limits(self.config.gateway))
         host, port = await self._server.start(self.config.gateway.host, self.config.gateway.port)
@@ -113,7 +119,7 @@ def server_limits(config: GatewayConfig) -> ServerLimits:
 
 
 def _build_predictor(
-    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics
+    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState
 ) -> LatencyPredictorBackend:
     if config.mode == "remote":
         assert config.remote is not None
@@ -129,6 +135,7 @@ def _build_predictor(
             flush_interval_s=remote.flush_interval_s,
             max_buffer=remote.max_buffered_samples,
             registry=metrics.registry,
+            pool_shape=lambda: PoolShape.of(pool),
         )
         return RemotePredictor(client, sink)
     embedded = config.embedded
@@ -141,9 +148,17 @@ def _build_predictor(
         min_samples=embedded.min_samples,
         nthread=1,  # leave the other core to the gateway: training never competes with requests for both
     )
+    state_dir = None
+    if embedded.persist:
+        state_dir = (
+            Path(embedded.state_dir).expanduser() if embedded.state_dir else default_state_dir("serve")
+        )
     return EmbeddedPredictor(
-        embedded.model_dir,
+        state_dir,
         store_config=StoreConfig(per_bucket=embedded.per_bucket),
         trainer_config=trainer,
         clock=clock,
+        save_interval_s=embedded.save_interval_s,
+        pool_shape=lambda: PoolShape.of(pool),  # read at start, after the first scrape
+        registry=metrics.registry,
     )

@@ -6,11 +6,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import uvloop
 
 from slorouter.http.running import RunningServer, wait_for_signal
+from slorouter.predictor.state_dir import MODELS, StateDirBusyError, default_state_dir
 
 PROG = "slorouter predictor"
 
@@ -85,11 +87,24 @@ def _add_training(servers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "training-server",
         help="ingest samples, train the TTFT/TPOT models, publish them",
         description="Ingest latency samples (POST /v1/samples), retrain on a cadence in a background thread, "
-        "and publish each model atomically into --model-dir and at GET /v1/models/{ttft,tpot}.",
+        "and publish each model atomically into --model-dir and at GET /v1/models/{ttft,tpot}. Models and "
+        "the sample window are kept in --state-dir across restarts.",
     )
     _common(parser, 8000)
     parser.add_argument(
-        "--model-dir", required=True, metavar="DIR", help="directory the models are written to"
+        "--state-dir",
+        metavar="DIR",
+        help="where the sample window (and, by default, the models) survive restarts "
+        "(default $XDG_STATE_HOME/slorouter/training-server, or ~/.local/state/slorouter/training-server)",
+    )
+    parser.add_argument(
+        "--model-dir", metavar="DIR", help="directory the models are written to (default STATE_DIR/models)"
+    )
+    parser.add_argument(
+        "--save-interval-s",
+        type=_positive,
+        default=60.0,
+        help="seconds between saves of the sample window, also saved at shutdown (default %(default)s)",
     )
     parser.add_argument(
         "--objective",
@@ -168,9 +183,12 @@ def run_training_server(args: argparse.Namespace) -> int:
     from slorouter.predictor.training_server import TrainingServer
 
     _configure_logging(args.log_level)
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir("training-server")
     try:
         server = TrainingServer(
-            args.model_dir,
+            Path(args.model_dir).expanduser() if args.model_dir else state_dir / MODELS,
+            state_dir=state_dir,
+            save_interval_s=args.save_interval_s,
             store_config=StoreConfig(
                 queue_buckets=args.queue_buckets,
                 kv_buckets=args.kv_buckets,
@@ -220,6 +238,9 @@ def _serve(server: _Server, args: argparse.Namespace, name: str) -> int:
 
     try:
         return uvloop.run(main())
+    except StateDirBusyError as exc:
+        print(f"{PROG} {name}: error: --state-dir: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"{PROG} {name}: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

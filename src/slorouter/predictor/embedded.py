@@ -5,6 +5,11 @@ the (thread-safe) ``SampleStore``. Training runs in one background thread on the
 new model is picked up by the predictor's atomic swap, so requests never wait for a training. With
 ``background=False`` nothing runs by itself and the owner calls ``maybe_train()`` (the discrete-event
 simulator does, in virtual time).
+
+Warm start: with a ``state_dir`` the models live in ``state_dir/models`` and the sample window is saved to
+``state_dir/samples.window`` every ``save_interval_s`` (by the training thread) and at ``stop``; ``start``
+takes both over (``warm_start.StatePersistence``), so a restarted router predicts at once and training
+resumes from the saved window. Without one, everything lives in a temporary directory removed by ``stop``.
 """
 
 from __future__ import annotations
@@ -13,18 +18,22 @@ import asyncio
 import logging
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, ModelKind, check_kind, rows_to_matrix
 from slorouter.predictor.model_store import ModelStore
+from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.predictor import Predictor, PredictorNotReady
+from slorouter.predictor.state_dir import MODELS, SAMPLE_WINDOW, StateDirLock
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import Trainer, TrainerConfig, TrainingReport
+from slorouter.predictor.warm_start import StatePersistence, refusal_counter
 
 log = logging.getLogger("slorouter.predictor.embedded")
 
@@ -36,7 +45,7 @@ class EmbeddedPredictor:
 
     def __init__(
         self,
-        model_dir: str | Path | None = None,
+        state_dir: str | Path | None = None,
         *,
         store_config: StoreConfig | None = None,
         trainer_config: TrainerConfig | None = None,
@@ -44,20 +53,39 @@ class EmbeddedPredictor:
         clock: Clock | None = None,
         background: bool = True,
         train_poll_interval_s: float = 0.1,
+        save_interval_s: float = 60.0,
+        pool_shape: Callable[[], PoolShape] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if model_dir is None:
+        if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="slorouter-models-")
-            model_dir = self._tmp.name
-        self.model_dir = Path(model_dir)
+            state_dir = self._tmp.name
+        self.state_dir = Path(state_dir)
+        self.model_dir = self.state_dir / MODELS
         self.schema = schema
+        clock = clock or MonotonicClock()
         self.store = SampleStore(store_config or StoreConfig(), schema=schema)
         self.model_store = ModelStore(self.model_dir)
-        self.trainer = Trainer(
-            self.store, self.model_store, trainer_config or TrainerConfig(), clock or MonotonicClock()
-        )
+        self.trainer = Trainer(self.store, self.model_store, trainer_config or TrainerConfig(), clock)
         self.predictor = Predictor(self.model_store, expected_schema=schema)
-        self.predictor.refresh()  # a model left in model_dir by an earlier run serves at once
+        self.persistence: StatePersistence | None = None
+        if self._tmp is None:
+            counter = (
+                None
+                if registry is None
+                else refusal_counter("slorouter_predictor_warm_start_refused", registry)
+            )
+            self.persistence = StatePersistence(
+                self.state_dir / SAMPLE_WINDOW,
+                self.store,
+                save_interval_s=save_interval_s,
+                clock=clock,
+                refused=counter,
+            )
+        self._pool_shape = pool_shape
+        self._lock: StateDirLock | None = None
+        self._warm = False
         self.background = background
         self.train_poll_interval_s = train_poll_interval_s
         self.training_errors = 0
@@ -74,16 +102,33 @@ class EmbeddedPredictor:
         return self.predictor.versions
 
     def start(self) -> None:
+        """Take over the saved state (once), then start the training thread (unless ``background=False``)."""
+        self.warm_start()
         if self.background and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="slorouter-embedded-trainer", daemon=True)
             self._thread.start()
+
+    def warm_start(self) -> None:
+        """Lock the state directory, load its models and sample window (what fits this pool); once."""
+        if self._warm:
+            return
+        if self.persistence is not None:  # else a fresh temporary directory: nothing to take over
+            self._lock = StateDirLock(self.state_dir)  # raises StateDirBusyError: nothing is taken over
+            shape = None if self._pool_shape is None else self._pool_shape()
+            self.persistence.restore(self.trainer, shape, self.predictor)
+        self._warm = True
 
     async def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        if self._lock is not None:
+            assert self.persistence is not None
+            await asyncio.to_thread(self.persistence.save)
+            self._lock.release()
+            self._lock = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -91,6 +136,8 @@ class EmbeddedPredictor:
     def _loop(self) -> None:
         while not self._stop.wait(self.train_poll_interval_s):
             self.maybe_train()
+            if self.persistence is not None:
+                self.persistence.maybe_save()
 
     def maybe_train(self) -> list[TrainingReport]:
         """Train what is due and load accepted models (the background thread's work; callable directly)."""

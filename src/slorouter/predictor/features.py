@@ -115,6 +115,10 @@ class FeatureSchema:
             return slice(start, start + len(columns))
         return columns
 
+    def key(self) -> dict[str, Any]:
+        """Version and ``pod_class`` flag, which decide the columns and their meaning (samples carry this)."""
+        return {"version": self.version, "pod_class": self.pod_class}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,

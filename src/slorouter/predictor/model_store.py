@@ -23,11 +23,11 @@ import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slorouter.predictor.atomic import write_atomic
 from slorouter.predictor.features import ModelKind, check_kind
 
 MAGIC = b"SLOROUTER-MODEL/1\n"
@@ -54,6 +54,7 @@ class ModelMetadata:
     target_transform: str = "identity"  # "log": the booster predicts log(ms)
     offset: float = 0.0  # added to the booster's margin (the conformal p-quantile offset, in log space)
     baseline: dict[str, Any] | None = None  # the linear load baseline under the trees (see baseline.py)
+    pool_shape: dict[str, Any] | None = None  # PoolShape.to_dict() of the pool it learnt on, if known
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,6 +75,7 @@ class ModelMetadata:
                 target_transform=str(data.get("target_transform", "identity")),
                 offset=float(data.get("offset", 0.0)),
                 baseline=None if data.get("baseline") is None else dict(data["baseline"]),
+                pool_shape=None if data.get("pool_shape") is None else dict(data["pool_shape"]),
                 extra=dict(data.get("extra") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -122,28 +124,6 @@ def decode_model_file(data: bytes) -> tuple[bytes, ModelMetadata]:
     return raw, ModelMetadata.from_dict(header["metadata"])
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 class ModelStore:
     """A directory of versioned model files with a current-version pointer per kind."""
 
@@ -168,10 +148,8 @@ class ModelStore:
         version = metadata.version
         if not _VERSION_RE.match(version):
             raise ValueError(f"invalid model version {version!r} (letters, digits, '.', '_', '-')")
-        _write_atomic(self._model_path(kind, version), encode_model_file(booster_raw, metadata))
-        _fsync_dir(self.directory)
-        _write_atomic(self._pointer_path(kind), version.encode())
-        _fsync_dir(self.directory)
+        write_atomic(self._model_path(kind, version), encode_model_file(booster_raw, metadata))
+        write_atomic(self._pointer_path(kind), version.encode())
         self._prune(kind, version)
         return version
 

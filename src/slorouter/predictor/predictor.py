@@ -2,7 +2,8 @@
 
 The same object serves in-process (embedded mode) and behind the prediction server. It loads models from
 a ``ModelStore`` (``refresh``, cheap when nothing changed: one small file read per kind) or from bytes
-downloaded elsewhere (``load_raw``), refuses models trained on another feature schema, and swaps models
+downloaded elsewhere (``load_raw``), refuses models trained on another feature schema (or, when it is told
+its ``pool_shape``, on a pool this one does not fit), and swaps models
 atomically: a predict running during a reload finishes with the model it started with.
 
 Readiness: ``ready`` is True once a TTFT model is loaded. Before that ``predict`` raises
@@ -41,6 +42,7 @@ from slorouter.predictor.features import (
 )
 from slorouter.predictor.forest import CompiledForest
 from slorouter.predictor.model_store import ModelFileError, ModelMetadata, ModelStore
+from slorouter.predictor.pool_shape import PoolShape, PoolShapeMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,9 @@ class Predictor:
         self._load_lock = threading.Lock()
         self._refused: dict[str, str] = {}  # kind -> version refused (not retried until the version moves)
         self.errors: dict[str, str] = {}  # kind -> last load error
+        self.pool_shape: PoolShape | None = (
+            None  # when set, models learnt on a pool it does not fit are refused
+        )
 
     @property
     def _models(self) -> dict[str, LoadedModel]:
@@ -219,7 +224,13 @@ class Predictor:
                     continue
                 raw, metadata = loaded
                 prepared.append(self._prepare(kind, raw, metadata))
-            except (SchemaMismatchError, ModelFileError, xgb.core.XGBoostError, OSError) as exc:
+            except (
+                SchemaMismatchError,
+                PoolShapeMismatchError,
+                ModelFileError,
+                xgb.core.XGBoostError,
+                OSError,
+            ) as exc:
                 self._refused[kind] = version
                 self.errors[kind] = str(exc)
                 log.error("refused %s model %s: %s", kind, version, exc)
@@ -241,6 +252,8 @@ class Predictor:
         if metadata.kind != kind:
             raise ValueError(f"metadata is for a {metadata.kind} model, not {kind}")
         self.schema.check(metadata.schema, what=f"{kind} model {metadata.version}")
+        if self.pool_shape is not None:
+            self.pool_shape.check_saved(metadata.pool_shape, what=f"{kind} model {metadata.version}")
         booster = xgb.Booster()
         booster.load_model(bytearray(raw))
         booster.set_param({"nthread": 1})

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -21,6 +21,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS, FeatureSchema, ModelKind, rows_to_matrix
+from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.wire import JSON_TYPE, error_message
 
 log = logging.getLogger("slorouter.predictor.sample_sink")
@@ -86,6 +87,7 @@ class TrainingSampleSink:
     session: aiohttp.ClientSession | None = None
     registry: CollectorRegistry | None = None
     schema: FeatureSchema = DEFAULT_SCHEMA
+    pool_shape: Callable[[], PoolShape] | None = None  # the router's pool, declared with every post
     stats: SinkStats = field(default_factory=SinkStats, init=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +144,8 @@ class TrainingSampleSink:
             self._metrics.samples.labels("dropped").inc(n)
 
     async def _flush_loop(self) -> None:
+        if self.pool_shape is not None:
+            await self._post([])  # declare the pool at once: the training server checks its saved state
         while True:
             await asyncio.sleep(self.flush_interval_s)
             await self.flush()
@@ -166,7 +170,12 @@ class TrainingSampleSink:
 
     async def _post(self, batch: list[str]) -> bool:
         assert self.session is not None
-        body = ('{"samples":[' + ",".join(batch) + "]}").encode()
+        head = {"schema": self.schema.key()}
+        if self.pool_shape is not None:
+            head["pool_shape"] = self.pool_shape().to_dict()
+        body = (
+            json.dumps(head, separators=(",", ":"))[:-1] + ',"samples":[' + ",".join(batch) + "]}"
+        ).encode()
         try:
             async with self.session.post(
                 self.url + "/v1/samples",

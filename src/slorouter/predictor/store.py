@@ -156,7 +156,7 @@ class SampleStore:
                 self._add_pending(kind, ring, X[0].tolist(), float(y[0]))
             else:
                 self._flush(kind, ring)
-                self._write(kind, ring, X, y, ring.added)
+                self._write(kind, ring, X, y, ring.added + np.arange(m))
                 ring.added += m
         return m
 
@@ -195,10 +195,10 @@ class SampleStore:
         X = np.array(ring.pending_X, dtype=np.float32)
         y = np.array(ring.pending_y, dtype=np.float64)
         ring.pending_X, ring.pending_y = [], []
-        self._write(kind, ring, X, y, ring.added - len(y))
+        self._write(kind, ring, X, y, ring.added - len(y) + np.arange(len(y)))
 
-    def _write(self, kind: ModelKind, ring: _Ring, X: np.ndarray, y: np.ndarray, first_seq: int) -> None:
-        """Write rows numbered ``first_seq``, ``first_seq + 1``... into their buckets (lock held)."""
+    def _write(self, kind: ModelKind, ring: _Ring, X: np.ndarray, y: np.ndarray, seq: np.ndarray) -> None:
+        """Write rows with arrival numbers ``seq`` (increasing) into their buckets (lock held)."""
         m = len(X)
         per = self.config.per_bucket
         buckets = self.bucket_of(kind, X)
@@ -211,7 +211,7 @@ class SampleStore:
         dest = kept_buckets * per + (ring.head[kept_buckets] + ranks) % per
         ring.X[dest] = X[rows]
         ring.y[dest] = y[rows]
-        ring.seq[dest] = first_seq + rows
+        ring.seq[dest] = seq[rows]
         ring.head = (ring.head + sizes) % per
         np.minimum(ring.count + sizes, per, out=ring.count)
 
@@ -250,6 +250,47 @@ class SampleStore:
         snap = self.snapshot(kind)
         return snap.X, snap.y
 
+    def restore(
+        self,
+        kind: ModelKind,
+        X: np.ndarray,
+        y_ms: np.ndarray,
+        seq: np.ndarray,
+        total_added: int,
+        trained_mark: int,
+    ) -> None:
+        """Put back ``kind``'s samples saved from a store of the same schema (a ``snapshot``, its
+        ``total_added`` and ``trained_mark``), keeping their arrival numbers: the trainer's hold-out and
+        calibration flags derive from them. The kind must hold nothing yet. With another bucket configuration
+        each bucket keeps its newest samples. ``ValueError`` (and nothing restored) on inconsistent data."""
+        ring = self._rings[check_kind(kind)]
+        X = np.asarray(X, dtype=np.float32)
+        y = np.asarray(y_ms, dtype=np.float64)
+        seq = np.asarray(seq, dtype=np.int64)
+        n = len(seq)
+        if X.shape != (n, ring.X.shape[1]) or y.shape != (n,):
+            raise ValueError(f"{kind}: {n} arrival numbers, features of shape {X.shape}, latencies {y.shape}")
+        if n and (seq[0] < 0 or seq[-1] >= total_added or np.any(np.diff(seq) <= 0)):
+            raise ValueError(f"{kind}: arrival numbers must increase, from 0 up to total_added {total_added}")
+        if not 0 <= trained_mark <= total_added:
+            raise ValueError(f"{kind}: trained_mark {trained_mark} is not within 0..{total_added}")
+        with np.errstate(invalid="ignore"):
+            if not (np.isfinite(X).all() and np.isfinite(y).all() and (y > 0).all()):
+                raise ValueError(f"{kind}: features must be finite and latencies positive and finite")
+        with self._lock:
+            if ring.added or ring.pending_y:
+                raise ValueError(f"{kind}: restore needs an empty store")
+            if n:
+                self._write(kind, ring, X, y, seq)
+            ring.added = int(total_added)
+            ring.trained_mark = int(trained_mark)
+
+    def trained_mark(self, kind: ModelKind) -> int:
+        """``total_added`` of the samples the last training used (see ``mark_trained``)."""
+        ring = self._rings[check_kind(kind)]
+        with self._lock:
+            return ring.trained_mark
+
     def mark_trained(self, kind: ModelKind, total_added: int) -> None:
         """Record that a training used the samples added up to ``total_added`` (a ``Snapshot`` field)."""
         ring = self._rings[check_kind(kind)]
@@ -270,6 +311,12 @@ class SampleStore:
                 ring.seq.fill(-1)
                 ring.head.fill(0)
                 ring.count.fill(0)
+
+    def capacity(self, kind: ModelKind) -> int:
+        """The most samples ``kind`` can hold (its reachable buckets × ``per_bucket``)."""
+        cfg = self.config
+        prefix = cfg.prefix_buckets if PREFIX_CACHE_SCORE in self._columns[check_kind(kind)] else 1
+        return cfg.queue_buckets * cfg.kv_buckets * prefix * cfg.per_bucket
 
     def memory_bytes(self) -> int:
         """Bytes held by the preallocated buffers (constant: the store never grows)."""

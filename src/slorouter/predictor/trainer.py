@@ -37,12 +37,14 @@ model is reported and dropped; the current one stays.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -59,6 +61,7 @@ from slorouter.predictor.features import (
     check_kind,
 )
 from slorouter.predictor.model_store import ModelFileError, ModelMetadata, ModelStore
+from slorouter.predictor.pool_shape import PoolShape, PoolShapeMismatchError
 from slorouter.predictor.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -262,33 +265,56 @@ class Trainer:
         self.schema: FeatureSchema = store.schema
         self._state = {kind: _KindState() for kind in MODEL_KINDS}
         self._status_lock = threading.Lock()
+        self.pool_shape: PoolShape | None = None  # recorded with every model; checked on load when set
+        for kind, exc in self.load_current().items():
+            log.warning(
+                "ignoring the stored %s model: %s; it will be replaced at the next training", kind, exc
+            )
+
+    def set_pool_shape(self, shape: PoolShape) -> dict[ModelKind, Exception]:
+        """Record ``shape`` with the models trained from now on, and reload the stored models, refusing
+        those learnt on a pool this one does not fit; returns the refusals."""
+        self.pool_shape = shape
+        return self.load_current()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No training runs inside (one in progress finishes first)."""
+        with self._state["ttft"].lock, self._state["tpot"].lock:
+            yield
+
+    def load_current(self) -> dict[ModelKind, Exception]:
+        """Take the models in the model store (e.g. after a restart) as the current ones, the baselines new
+        models are compared with; a model that cannot be used is not, and is returned by kind."""
+        refused: dict[ModelKind, Exception] = {}
         for kind in MODEL_KINDS:
-            self._state[kind].current = self._load_current(kind)
+            try:
+                self._state[kind].current = self._load_current(kind)
+            except (
+                ModelFileError,
+                SchemaMismatchError,
+                PoolShapeMismatchError,
+                OSError,
+                ValueError,
+                xgb.core.XGBoostError,
+            ) as exc:
+                self._state[kind].current = None
+                refused[kind] = exc
+        return refused
 
     def _load_current(self, kind: ModelKind) -> _Current | None:
-        """The model already in the model store, if usable (e.g. after a restart), as the baseline."""
-        try:
-            loaded = self.model_store.load(kind)
-        except (ModelFileError, OSError) as exc:
-            log.warning("ignoring the stored %s model: %s", kind, exc)
-            return None
+        loaded = self.model_store.load(kind)
         if loaded is None:
             return None
         raw, metadata = loaded
-        try:
-            self.schema.check(metadata.schema, what=f"stored {kind} model {metadata.version}")
-        except SchemaMismatchError as exc:
-            log.warning("%s; it will be replaced at the next training", exc)
-            return None
+        self.schema.check(metadata.schema, what=f"stored {kind} model {metadata.version}")
+        if self.pool_shape is not None:
+            self.pool_shape.check_saved(metadata.pool_shape, what=f"stored {kind} model {metadata.version}")
         booster = xgb.Booster()
         booster.load_model(bytearray(raw))
         baseline = None
         if metadata.baseline is not None:
-            try:
-                baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
-            except ValueError as exc:
-                log.warning("ignoring the stored %s model: %s", kind, exc)
-                return None
+            baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
         return _Current(booster, metadata, baseline)
 
     # --------------------------------------------------------------------------------------- cadence
@@ -406,6 +432,7 @@ class Trainer:
                 target_transform=cfg.target_transform,
                 offset=offset,
                 baseline=None if baseline is None else baseline.to_dict(),
+                pool_shape=None if self.pool_shape is None else self.pool_shape.to_dict(),
                 extra={
                     "holdout_count": len(hold),
                     "xgboost": xgb.__version__,
@@ -490,9 +517,13 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- status
 
-    def current_version(self, kind: ModelKind) -> str | None:
+    def current_metadata(self, kind: ModelKind) -> ModelMetadata | None:
         current = self._state[check_kind(kind)].current
-        return None if current is None else current.metadata.version
+        return None if current is None else current.metadata
+
+    def current_version(self, kind: ModelKind) -> str | None:
+        metadata = self.current_metadata(kind)
+        return None if metadata is None else metadata.version
 
     def status(self) -> dict[str, Any]:
         """JSON-serialisable state: samples, buckets, versions, last metrics and training durations."""

@@ -37,8 +37,11 @@ from slorouter.predictor.features import (
     rows_to_matrix,
 )
 from slorouter.predictor.model_store import ModelMetadata, ModelStore, decode_model_file
+from slorouter.predictor.pool_shape import PoolShape, PoolShapeMismatchError
+from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirLock
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import Trainer, TrainerConfig, TrainingReport
+from slorouter.predictor.warm_start import StatePersistence, refusal_counter
 
 log = logging.getLogger("slorouter.predictor.training_server")
 
@@ -50,14 +53,38 @@ MODEL_CONTENT_TYPE = "application/vnd.slorouter.model"
 Parsed = dict[ModelKind, tuple[np.ndarray, np.ndarray]]
 
 
-def parse_samples(data: Any, *, max_samples: int = MAX_SAMPLES_PER_REQUEST, schema: FeatureSchema) -> Parsed:
-    """Validate a ``POST /v1/samples`` body; per model kind, its feature matrix and latencies (ms).
+@dataclass(frozen=True, slots=True)
+class SampleBatch:
+    rows: Parsed  # per model kind, its feature matrix and latencies (ms)
+    pool_shape: PoolShape | None  # the pool the samples come from, when the sender says
 
-    Raises ``RequestError`` naming the first bad sample, before anything is returned (so before anything is
-    stored).
+
+def parse_samples(
+    data: Any, *, max_samples: int = MAX_SAMPLES_PER_REQUEST, schema: FeatureSchema
+) -> SampleBatch:
+    """Validate a ``POST /v1/samples`` body: its feature schema (which must be ``schema``), its pool shape
+    (optional) and its samples.
+
+    Raises ``RequestError`` naming the first bad member or sample, before anything is returned (so before
+    anything is stored).
     """
     if not isinstance(data, dict):
-        raise RequestError('body must be a JSON object {"samples": [...]}')
+        raise RequestError('body must be a JSON object {"schema": {...}, "samples": [...]}')
+    expected = schema.key()
+    if data.get("schema") != expected:
+        got = "missing" if "schema" not in data else f"{data['schema']!r}"
+        raise RequestError(
+            f'"schema" must be the feature schema the samples were measured with, {json.dumps(expected)} on '
+            f"this server (samples of another one are refused: one window never mixes two); got {got}",
+            param="schema",
+        )
+    pool_shape = None
+    if data.get("pool_shape") is not None:
+        shape = data["pool_shape"]
+        try:
+            pool_shape = PoolShape.from_dict(shape if isinstance(shape, dict) else {})
+        except ValueError as exc:
+            raise RequestError(f'"pool_shape": {exc}', param="pool_shape") from None
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise RequestError('"samples" must be a list', param="samples")
@@ -107,7 +134,7 @@ def parse_samples(data: Any, *, max_samples: int = MAX_SAMPLES_PER_REQUEST, sche
             param = f"samples[{exc.index}].features" if exc.index is not None else "samples"
             raise RequestError(str(exc), param=param) from None
         parsed[kind] = (matrix, np.asarray(latencies[kind], dtype=np.float64))
-    return parsed
+    return SampleBatch(parsed, pool_shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +156,7 @@ class _Metrics:
     holdout_coverage: Gauge
     stored: Gauge
     model_requests: Counter
+    refused: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Metrics:
@@ -191,6 +219,7 @@ class _Metrics:
                 ["model", "status"],
                 registry=registry,
             ),
+            refused=refusal_counter("slorouter_training_warm_start_refused", registry),
         )
 
 
@@ -201,6 +230,8 @@ class TrainingServer:
         self,
         model_dir: str | Path,
         *,
+        state_dir: str | Path | None = None,
+        save_interval_s: float = 60.0,
         store_config: StoreConfig | None = None,
         trainer_config: TrainerConfig | None = None,
         schema: FeatureSchema | None = None,
@@ -228,9 +259,26 @@ class TrainingServer:
         self._server: RunningServer | None = None
         self._published: dict[str, _PublishedModel] = {}
         self._model_versions: dict[str, str] = {}
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.persistence: StatePersistence | None = None
+        if self.state_dir is not None:
+            self.persistence = StatePersistence(
+                self.state_dir / SAMPLE_WINDOW,
+                self.store,
+                save_interval_s=save_interval_s,
+                clock=self.trainer.clock,
+                refused=self.metrics.refused,
+            )
+        self._lock: StateDirLock | None = None
+        # The pool is known only once a router says (``pool_shape`` in its samples): the first one checks what
+        # this server took over at start; models refused then are not served again.
+        self._pool_check: asyncio.Future[None] | None = None
+        self._withheld: dict[str, str] = {}  # kind -> refused version
+        self._publish_current()
+
+    def _publish_current(self) -> None:
         for kind in MODEL_KINDS:
-            version = self.trainer.current_version(kind)
-            if version is not None:
+            if self.trainer.current_version(kind) is not None:
                 self._on_published(kind, self.model_store.load(kind))
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -247,6 +295,13 @@ class TrainingServer:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+        if self.persistence is not None and self._lock is None:
+            assert self.state_dir is not None
+            self._lock = StateDirLock(self.state_dir)
+            self.persistence.restore(self.trainer, None)
+            self._publish_current()
+            for kind in MODEL_KINDS:
+                self.metrics.stored.labels(kind).set(self.store.count(kind))
         self._server = await listen(self.build_app(), host, port)
         self._stop.clear()
         self._thread = threading.Thread(target=self._training_loop, name="slorouter-trainer", daemon=True)
@@ -262,6 +317,11 @@ class TrainingServer:
         if self._server is not None:
             await self._server.close()
             self._server = None
+        if self._lock is not None:
+            assert self.persistence is not None
+            await asyncio.to_thread(self.persistence.save)
+            self._lock.release()
+            self._lock = None
 
     @property
     def url(self) -> str:
@@ -277,6 +337,8 @@ class TrainingServer:
     def _training_loop(self) -> None:
         while not self._stop.wait(self.train_poll_interval_s):
             self.train_due()
+            if self.persistence is not None:
+                self.persistence.maybe_save()
 
     def train_due(self) -> list[TrainingReport]:
         """Run the trainings that are due. Called by the training thread, the only one that trains."""
@@ -317,9 +379,12 @@ class TrainingServer:
             self.metrics.rejected_requests.labels(str(exc.status)).inc()
             return request_error_response(exc)
         try:
-            parsed = parse_samples(data, max_samples=self.max_samples_per_request, schema=self.schema)
+            batch = parse_samples(data, max_samples=self.max_samples_per_request, schema=self.schema)
+            if batch.pool_shape is not None:
+                await self._observe_pool_shape(batch.pool_shape)
             accepted = {
-                kind: self.store.add(kind, matrix, latencies) for kind, (matrix, latencies) in parsed.items()
+                kind: self.store.add(kind, matrix, latencies)
+                for kind, (matrix, latencies) in batch.rows.items()
             }
         except (RequestError, FeatureError) as exc:
             self.metrics.rejected_requests.labels(str(getattr(exc, "status", 400))).inc()
@@ -334,9 +399,64 @@ class TrainingServer:
             self.metrics.stored.labels(kind).set(self.store.count(kind))
         return json_response({"accepted": sum(accepted.values())}, status=202)
 
+    async def _observe_pool_shape(self, shape: PoolShape) -> None:
+        if self._pool_check is None:  # the first router to say checks the state taken over at start
+            self._pool_check = asyncio.ensure_future(self._check_restored_state(shape))
+        await self._pool_check  # later posts wait for that check, then find it done
+        current = self.trainer.pool_shape
+        merged = shape if current is None else current.union(shape)
+        self.trainer.pool_shape = merged
+        if self.persistence is not None:
+            self.persistence.pool_shape = merged
+
+    async def _check_restored_state(self, shape: PoolShape) -> None:
+        """Refuse the models and samples taken over at start unless they were learnt on a pool ``shape``
+        fits: the samples are dropped, and the models neither serve as baselines nor are downloadable."""
+        refused = await asyncio.to_thread(self._drop_unfitting_state, shape)
+        if refused is None:
+            return
+        versions, samples, exc = refused
+        for kind, version in versions.items():
+            self._withheld[kind] = version
+            if self._model_versions.pop(kind, None) is not None:
+                self.metrics.model_version.remove(kind, version)
+            if self.persistence is not None:
+                self.persistence.refuse_restored("model", kind, exc)
+            else:
+                self.metrics.refused.labels("model", "pool_shape").inc()
+                log.warning("refused the stored %s model %s: %s", kind, version, exc)
+        if samples:
+            assert self.persistence is not None
+            self.persistence.refuse_restored("samples", "all", exc)
+            for kind in MODEL_KINDS:
+                self.metrics.stored.labels(kind).set(self.store.count(kind))
+
+    def _drop_unfitting_state(
+        self, shape: PoolShape
+    ) -> tuple[dict[ModelKind, str], bool, PoolShapeMismatchError] | None:
+        """Between trainings: the restored models (by kind) and whether samples were dropped, and why; None
+        when the state fits (or there is none)."""
+        with self.trainer.paused():
+            versions = {kind: v for kind in MODEL_KINDS if (v := self.trainer.current_version(kind))}
+            samples = self.persistence is not None and bool(self.persistence.report.samples)
+            if not (samples or versions):
+                return None
+            saved = self.trainer.pool_shape
+            try:
+                shape.check_saved(
+                    None if saved is None else saved.to_dict(), what="the state taken over at start"
+                )
+                return None
+            except PoolShapeMismatchError as exc:
+                refusal = exc
+            self.trainer.set_pool_shape(shape)  # refuses the stored models: they are no baselines any more
+            if samples:
+                self.store.clear()
+        return versions, samples, refusal
+
     async def _published_model(self, kind: ModelKind) -> _PublishedModel | None:
         version = self.model_store.latest_version(kind)
-        if version is None:
+        if version is None or self._withheld.get(kind) == version:
             return None
         cached = self._published.get(kind)
         if cached is not None and cached.version == version:
@@ -398,6 +518,16 @@ class TrainingServer:
             "model_versions": {kind: self.trainer.current_version(kind) for kind in MODEL_KINDS},
             "training_errors": self.training_errors,
             "last_training_error": self.last_training_error,
+            "pool_shape": None if self.trainer.pool_shape is None else self.trainer.pool_shape.to_dict(),
+            "state": None
+            if self.persistence is None
+            else {
+                "state_dir": str(self.state_dir),
+                "save_interval_s": self.persistence.save_interval_s,
+                "saves": self.persistence.saves,
+                "save_errors": self.persistence.save_errors,
+                "warm_start": self.persistence.report.to_dict(),
+            },
             "store": {
                 "queue_buckets": self.store.config.queue_buckets,
                 "kv_buckets": self.store.config.kv_buckets,

@@ -1,0 +1,150 @@
+"""``slorouter serve`` restarted on a state directory that holds a previous run's models: it routes by
+prediction at once, and refuses (and counts) models of another pool."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from slorouter.config import ConfigError, parse_config
+from slorouter.gateway.runtime import Router
+from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.pool_shape import PoolShape
+from slorouter.predictor.sample_window import read_window
+from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirLock, default_state_dir
+from slorouter.predictor.trainer import TrainerConfig
+from slorouter.sim.profiles import LLAMA3_8B_H100
+from slorouter.sim.server import SimCluster
+from tests.predictor.conftest import synthetic
+
+# The embedded default's pool: 4 simulated llama3-8b-h100 pods.
+EMBEDDED_POOL = PoolShape(((LLAMA3_8B_H100.block_size, LLAMA3_8B_H100.num_gpu_blocks),))
+OTHER_POOL = PoolShape(((16, 1234),))
+
+
+async def previous_run(state_dir: Path, shape: PoolShape) -> dict[str, str | None]:
+    """What a router leaves behind: both models trained on ``shape``'s pool, and its sample window."""
+    config = TrainerConfig(n_estimators=20, max_depth=4, retrain_interval_s=0.0, nthread=1)
+    embedded = EmbeddedPredictor(state_dir, trainer_config=config, background=False, pool_shape=lambda: shape)
+    embedded.start()
+    x_ttft, y_ttft, x_tpot, y_tpot = synthetic(400, seed=1)
+    embedded.store.add("ttft", x_ttft, y_ttft)
+    embedded.store.add("tpot", x_tpot, y_tpot)
+    assert len(embedded.maybe_train()) == 2
+    await embedded.stop()
+    return embedded.versions
+
+
+def start_serve() -> tuple[subprocess.Popen[str], str, float]:
+    """``slorouter serve`` (the embedded default) on a free port: the process, its address, and the
+    monotonic time at which it said it was listening."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "slorouter.cli", "serve", "--port", "0", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[tuple[str, float]] = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put((line, time.monotonic())) for line in process.stdout or ()], daemon=True
+    ).start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            line, at = lines.get(timeout=0.1)
+        except queue.Empty:
+            if process.poll() is not None:
+                break
+            continue
+        if "routing on http://" in line:
+            return process, line.split("http://", 1)[1].split()[0], at
+    process.kill()
+    raise AssertionError(f"slorouter serve did not start: {process.communicate()[1][-2000:]}")
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert process.returncode == 0, stderr[-2000:]
+    return stderr
+
+
+def complete(address: str) -> tuple[str, float]:
+    body = json.dumps({"model": LLAMA3_8B_H100.model, "prompt": "Hello, world", "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        f"http://{address}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+        return response.headers["x-slorouter-route"], time.monotonic()
+
+
+def metrics(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def test_a_restarted_router_routes_by_prediction_within_a_second(state_home: Path) -> None:
+    state_dir = default_state_dir("serve")  # the per-user default, under this test's XDG_STATE_HOME
+    assert state_dir.is_relative_to(state_home)
+    versions = await previous_run(state_dir, EMBEDDED_POOL)
+    process, address, listening = start_serve()
+    try:
+        route, answered = complete(address)
+        assert route == "predicted", stop(process)
+        print(f"first request answered {answered - listening:.3f} s after the gateway listened")
+        assert answered - listening < 1.0
+        text = metrics(address)
+        assert "slorouter_predictor_ready 1.0" in text
+        assert f'slorouter_predictor_model_info{{model="ttft",version="{versions["ttft"]}"}} 1.0' in text
+        assert "slorouter_predictor_warm_start_refused_total{" not in text
+    finally:
+        stop(process)
+    window = read_window(state_dir / SAMPLE_WINDOW)  # saved again at shutdown, with the new sample
+    assert window is not None and len(window.kinds["ttft"].seq) == 401
+
+
+async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None:
+    await previous_run(default_state_dir("serve"), OTHER_POOL)
+    process, address, _ = start_serve()
+    try:
+        route, _ = complete(address)
+        assert route == "fallback"  # warming up as from scratch
+        text = metrics(address)
+        assert 'slorouter_predictor_warm_start_refused_total{item="model",reason="pool_shape"} 2.0' in text
+        assert 'slorouter_predictor_warm_start_refused_total{item="samples",reason="pool_shape"} 1.0' in text
+    finally:
+        stderr = stop(process)
+    assert "refused the saved ttft model (pool_shape)" in stderr
+    assert "learnt on a pool of 1234 blocks of 16 tokens, but this pool also has 29205 blocks" in stderr
+
+
+async def test_a_state_directory_in_use_is_a_configuration_error(tmp_path: Path, cluster: SimCluster) -> None:
+    lock = StateDirLock(tmp_path / "state")
+    config = parse_config(
+        {
+            "gateway": {"port": 0},
+            "pool": {"endpoints": list(cluster.addresses)},
+            "predictor": {"embedded": {"state_dir": str(tmp_path / "state")}},
+        }
+    )
+    router = Router.build(config)
+    try:
+        with pytest.raises(ConfigError, match=r"predictor.embedded.state_dir: state directory .* is in use"):
+            await router.start()
+    finally:
+        await router.stop()
+        lock.release()
