@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import msgspec
 
-# Block hashes are 64-bit integers from vLLM's xxhash/sha256-to-int hashes and from the simulator; vLLM's
-# ``ExternalBlockHash`` may also be bytes.
-BlockHash = int | bytes
+# Block hashes are integers: vLLM publishes its block hashes as 64-bit ints, the simulator its xxh3 chain.
+BlockHash = int
 
 SEQ_BYTES = 8
 END_OF_REPLAY = (-1).to_bytes(SEQ_BYTES, "big", signed=True)
@@ -124,7 +123,9 @@ def decode_batch(payload: bytes) -> KVEventBatch:
         raise KVEventDecodeError(f"malformed KV event batch: {exc}") from None
     for event in events:
         if isinstance(event, BlockStored) and event.block_size < 1:
-            raise KVEventDecodeError(f"malformed KV event batch: BlockStored.block_size {event.block_size} < 1")
+            raise KVEventDecodeError(
+                f"malformed KV event batch: BlockStored.block_size {event.block_size} < 1"
+            )
     return KVEventBatch(raw.ts, events, raw.data_parallel_rank)
 
 
@@ -167,4 +168,3 @@ def parse_message(frames: list[bytes]) -> tuple[bytes, int, bytes]:
         raise KVEventDecodeError(f"a KV event message has 3 frames (topic, seq, payload), got {len(frames)}")
     topic, seq, payload = frames
     return topic, parse_seq(seq), payload
-

@@ -8,9 +8,13 @@ vLLM's block pool reports them. ``drain`` returns the events since the last drai
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.kvevents.wire import MEDIUM_GPU, BlockRemoved, BlockStored, KVEvent
+from slorouter.sim.engine import Engine
 from slorouter.sim.kv_cache import KVBlockManager, KVSequence
 
 _TOKEN_DTYPE = np.dtype("<u4")
@@ -72,5 +76,21 @@ class KVEventRecorder:
             tokens = np.frombuffer(data, dtype=_TOKEN_DTYPE).tolist()
         parent = seq.block_hashes[start - 1] if start else None
         self._events.append(
-            BlockStored(seq.block_hashes[start:end], parent, tokens, manager.block_size, None, MEDIUM_GPU, None)
+            BlockStored(
+                seq.block_hashes[start:end], parent, tokens, manager.block_size, None, MEDIUM_GPU, None
+            )
         )
+
+
+class PodKVEvents:
+    """A simulated pod's KV-event publishing: its engine's recorder and the ZMQ publisher of its batches."""
+
+    def __init__(self, engine: Engine, publisher: ZmqEventPublisher) -> None:
+        self.recorder = KVEventRecorder.attach(engine.kv_blocks)
+        self.publisher = publisher
+
+    def flush(self) -> None:
+        """Publish what the engine changed since the last flush (called after every step)."""
+        events = self.recorder.drain()
+        if events:
+            self.publisher.publish(events, time.time())
