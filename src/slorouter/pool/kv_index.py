@@ -6,6 +6,12 @@
 those back before it can skip their prefill. ``match`` walks a request's block hashes and tells, per pod, how
 many leading blocks it holds.
 
+**Speculative** entries are the router's own: the blocks of a request dispatched to a pod and not yet
+computed there, which its events cannot show yet (the request may wait in the pod's queue for seconds).
+``speculate`` adds them, ``unspeculate`` takes them away (the producer does so once the events had time to
+arrive); ``match`` counts them as held. They are reference-counted per (hash, pod), so the memory they take
+is bounded by the requests in flight.
+
 Memory is bounded per pod (``max_blocks_per_pod``): a pod whose events claim more blocks than that (lost
 removals, or a bound set below its real cache) is cleared, counted in ``overflows``, and refills from its
 next events. Each pod has a slot and a hash's holders are a bitmask of slots, so ``match`` is integer ANDs
@@ -63,6 +69,8 @@ class KVBlockIndex:
         self._holders: dict[BlockHash, int] = {}
         self._pods: dict[str, _Pod] = {}
         self._free_bits: list[int] = []
+        self._speculative: dict[BlockHash, int] = {}  # hash → bitmask of pods with a claim
+        self._claims: dict[tuple[BlockHash, int], int] = {}  # (hash, pod bit) → claims
 
     # --- the pods ------------------------------------------------------------------------------------
     def pod_stats(self, address: str) -> PodEventStats:
@@ -99,11 +107,20 @@ class KVBlockIndex:
         pod.blocks = set()
 
     def remove_pod(self, address: str) -> None:
-        """Forget a pod that left the pool (its slot is reused)."""
+        """Forget a pod that left the pool, its speculative entries too (its slot is reused)."""
         self.clear_pod(address)
         pod = self._pods.pop(address, None)
-        if pod is not None:
-            self._free_bits.append(pod.bit)
+        if pod is None:
+            return
+        bit = pod.bit
+        for key in [key for key in self._claims if key[1] == bit]:
+            del self._claims[key]
+            mask = self._speculative.get(key[0], 0) & ~bit
+            if mask:
+                self._speculative[key[0]] = mask
+            else:
+                self._speculative.pop(key[0], None)
+        self._free_bits.append(bit)
 
     def retain_pods(self, keep: Iterable[str]) -> list[str]:
         keep_set = set(keep)
@@ -145,9 +162,47 @@ class KVBlockIndex:
         pod.stats.batches += 1
         pod.stats.events += len(batch.events)
 
+    # --- speculation --------------------------------------------------------------------------------
+    def speculate(self, address: str, hashes: list[BlockHash]) -> None:
+        """Count ``hashes`` as held by the pod until ``unspeculate`` with the same hashes."""
+        bit = self._pod(address).bit
+        claims = self._claims
+        speculative = self._speculative
+        for block_hash in hashes:
+            key = (block_hash, bit)
+            count = claims.get(key, 0)
+            claims[key] = count + 1
+            if not count:
+                speculative[block_hash] = speculative.get(block_hash, 0) | bit
+
+    def unspeculate(self, address: str, hashes: list[BlockHash]) -> None:
+        pod = self._pods.get(address)
+        if pod is None:
+            return
+        bit = pod.bit
+        claims = self._claims
+        speculative = self._speculative
+        for block_hash in hashes:
+            key = (block_hash, bit)
+            count = claims.get(key, 0)
+            if count > 1:
+                claims[key] = count - 1
+            elif count == 1:
+                del claims[key]
+                mask = speculative.get(block_hash, 0) & ~bit
+                if mask:
+                    speculative[block_hash] = mask
+                else:
+                    speculative.pop(block_hash, None)
+
+    @property
+    def speculative_claims(self) -> int:
+        return len(self._claims)
+
     # --- lookups -------------------------------------------------------------------------------------
     def match(self, hashes: list[int], addresses: Iterable[str]) -> dict[str, int]:
-        """Per pod of ``addresses``, how many leading blocks of ``hashes`` it holds (0 for none)."""
+        """Per pod of ``addresses``, how many leading blocks of ``hashes`` it holds or is speculated to hold
+        (0 for none)."""
         matched: dict[str, int] = {}
         alive = 0
         pod_of_bit: dict[int, str] = {}
@@ -158,11 +213,12 @@ class KVBlockIndex:
                 alive |= pod.bit
                 pod_of_bit[pod.bit] = address
         holders = self._holders
+        speculative = self._speculative
         depth = 0
         for block_hash in hashes:
             if not alive:
                 break
-            survivors = alive & holders.get(block_hash, 0)
+            survivors = alive & (holders.get(block_hash, 0) | speculative.get(block_hash, 0))
             if survivors != alive:
                 for bit in _bits(alive & ~survivors):
                     matched[pod_of_bit[bit]] = depth

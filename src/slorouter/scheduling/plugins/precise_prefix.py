@@ -14,14 +14,23 @@ The pod's hashes are ``slorouter.kvevents.sim_hash`` over the prompt's token ids
 tokenizes it (``slorouter.tokenizer``; chat messages through its template), which is what ``slorouter sim``
 publishes. A real vLLM hashes its own tokenizer's ids with its own (seeded) hash, which this producer does
 not reproduce: such pods' events never match and their candidates score 0.
+
+**Speculative entries** (``speculativeIndexing``): a pod reports a prompt's blocks once it has computed them,
+which under load is seconds after the dispatch (the request waits in the pod's queue). Meanwhile the next
+request with the same prefix would find it on no pod and go elsewhere, where the approximate index, which
+records dispatches, keeps it together. So at dispatch the producer also records the request's blocks in
+the index as speculative for its target, and takes them away ``speculativeGraceMs`` after the request's
+first token (or its end, if it failed first): by then the pod's own events say what it kept.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import ClassVar
 
 import numpy as np
+from pydantic import Field
 
 from slorouter.api.replies import CHAT
 from slorouter.kvevents.sim_hash import block_hashes
@@ -31,7 +40,7 @@ from slorouter.scheduling.datakeys import (
     PREFIX_MATCH_FROM_EVENTS,
     PREFIX_TOTAL_BLOCKS,
 )
-from slorouter.scheduling.plugin import PluginContext, PreRequestResult
+from slorouter.scheduling.plugin import PluginContext, PreRequestResult, ResponseInfo
 from slorouter.scheduling.plugins.prefix import (
     ApproxPrefixCacheParams,
     ApproxPrefixCacheProducer,
@@ -53,14 +62,23 @@ def pod_token_bytes(request: InferenceRequest) -> bytes:
     return encode_bytes(request.prompt_text)
 
 
-class PreciseMatch:
-    """What ``produce`` leaves for ``pre_request``: per pod matched from events, its blocks and block size."""
+class PrecisePrefixCacheParams(ApproxPrefixCacheParams):
+    speculative_indexing: bool = Field(True, alias="speculativeIndexing")
+    speculative_grace_ms: float = Field(1000.0, alias="speculativeGraceMs", ge=0, allow_inf_nan=False)
 
-    __slots__ = ("block_size", "blocks")
+
+class PreciseMatch:
+    """What ``produce`` leaves for the later hooks: per pod matched from events, its blocks and block size,
+    the request's hashes by block size, and the speculative claim made at dispatch."""
+
+    __slots__ = ("block_size", "blocks", "claim", "hashes", "released")
 
     def __init__(self) -> None:
         self.blocks: dict[str, int] = {}
         self.block_size: dict[str, int] = {}
+        self.hashes: dict[int, list[int]] = {}
+        self.claim: tuple[str, list[int]] | None = None
+        self.released = False
 
 
 @register_plugin(default_producer=(PREFIX_MATCH_FROM_EVENTS,))
@@ -68,7 +86,8 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
     """Each candidate's prefix match from its KV events, or from the approximate index if it has none."""
 
     type_name = "precise-prefix-cache-producer"
-    Params = ApproxPrefixCacheParams
+    Params = PrecisePrefixCacheParams
+    params: PrecisePrefixCacheParams
     produces: ClassVar[tuple[str, ...]] = (
         PREFIX_MATCH_BLOCKS,
         PREFIX_TOTAL_BLOCKS,
@@ -76,12 +95,14 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
         PREFIX_MATCH_FROM_EVENTS,
     )
 
-    def __init__(self, name: str, params: ApproxPrefixCacheParams, ctx: PluginContext) -> None:
+    def __init__(self, name: str, params: PrecisePrefixCacheParams, ctx: PluginContext) -> None:
         super().__init__(name, params, ctx)
         self.precise_key = f"precise-prefix-cache:{self.name}"
+        self._releases: deque[tuple[float, str, list[int]]] = deque()  # (when, pod, hashes), in time order
 
     def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
         super().produce(request, candidates)
+        self._release_due()
         n = len(candidates)
         from_events = np.zeros(n, dtype=bool)
         candidates.attrs[PREFIX_MATCH_FROM_EVENTS] = from_events
@@ -104,7 +125,9 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
         tokens = pod_token_bytes(request)
         state = PreciseMatch()
         for size, members in by_block_size.items():
-            hashes = block_hashes(tokens, size)  # every full block: the pod caches them all
+            hashes = state.hashes[size] = block_hashes(
+                tokens, size
+            )  # every full block: the pod caches them all
             matched = index.match(hashes, [addresses[i] for i in members])
             for i in members:
                 address = addresses[i]
@@ -120,8 +143,41 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
         address = result.target.address
         if state is None or address not in state.blocks:
             return approximate
-        cached = min(state.blocks[address] * state.block_size[address], request.prompt_tokens)
+        size = state.block_size[address]
+        index = self.ctx.kv_index
+        if self.params.speculative_indexing and index is not None and state.hashes[size]:
+            state.claim = (address, state.hashes[size])
+            index.speculate(address, state.hashes[size])
+        cached = min(state.blocks[address] * size, request.prompt_tokens)
         return PreRequestResult(cached_prompt_tokens=cached)
+
+    def on_response_body(
+        self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
+    ) -> None:
+        super().on_response_body(
+            request, response, start_of_stream=start_of_stream, end_of_stream=end_of_stream
+        )
+        if not (start_of_stream or end_of_stream):
+            return
+        state: PreciseMatch | None = request.state.get(self.precise_key)
+        if state is None or state.claim is None or state.released:
+            return
+        state.released = True
+        address, hashes = state.claim
+        self._releases.append(
+            (self.ctx.clock.now() + self.params.speculative_grace_ms / 1000, address, hashes)
+        )
+        self._release_due()
+
+    def _release_due(self) -> None:
+        releases = self._releases
+        index = self.ctx.kv_index
+        if not releases or index is None:
+            return
+        now = self.ctx.clock.now()
+        while releases and releases[0][0] <= now:
+            _, address, hashes = releases.popleft()
+            index.unspeculate(address, hashes)
 
 
 @register_plugin
