@@ -36,6 +36,7 @@ from slorouter.kvevents.wire import (
     parse_seq,
     seq_frame,
 )
+from slorouter.pool.config import PoolConfig
 from slorouter.pool.kv_index import KVBlockIndex
 
 logger = logging.getLogger(__name__)
@@ -194,3 +195,20 @@ class KVEventSubscriber:
             return None
         finally:
             dealer.close(linger=0)
+
+
+def subscribers_from_config(config: PoolConfig, index: KVBlockIndex) -> list[KVEventSubscriber]:
+    """One subscriber per endpoint with ``kv_events``."""
+    return [
+        KVEventSubscriber(
+            endpoint.address,
+            PublisherAddress(
+                endpoint.kv_events.endpoint, endpoint.kv_events.replay_endpoint, endpoint.kv_events.topic
+            ),
+            index,
+            replay_timeout_s=config.kv_events_replay_timeout_ms / 1000,
+            reconnect_s=config.kv_events_reconnect_ms / 1000,
+        )
+        for endpoint in config.endpoints
+        if endpoint.kv_events is not None
+    ]
