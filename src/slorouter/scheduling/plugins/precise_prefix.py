@@ -185,4 +185,5 @@ class PrecisePrefixCacheScorer(PrefixCacheScorer):
     """matched / total prompt blocks per candidate, from ``precise-prefix-cache-producer``."""
 
     type_name = "precise-prefix-cache-scorer"
-    consumes: ClassVar[tuple[str, ...]] = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS, PREFIX_MATCH_FROM_EVENTS)
+    # The marker key first: the loader then auto-creates the precise producer, which writes the other two.
+    consumes: ClassVar[tuple[str, ...]] = (PREFIX_MATCH_FROM_EVENTS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS)
