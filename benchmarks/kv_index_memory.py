@@ -54,7 +54,8 @@ def main() -> None:
     match_us = (time.perf_counter() - started) / runs * 1e6
     print(
         f"{args.pods} pods × {args.blocks:,} blocks ({args.shared:.0%} shared): "
-        f"{index.distinct_blocks:,} distinct hashes, index {current / 2**20:,.0f} MiB = {current / entries:.0f} B per (pod, block); "
+        f"{index.distinct_blocks:,} distinct hashes, index {current / 2**20:,.0f} MiB = "
+        f"{current / entries:.0f} B per (pod, block); "
         f"match of 256 blocks over {args.pods} pods {match_us:,.0f} µs"
     )
 
