@@ -39,7 +39,7 @@ _WORKLOADS: dict[str, Workload] = {
     "high-churn": Workload(
         shared_prefix.SCENARIOS["high-churn"],
         shared_prefix.build,
-        "160 documents of 20,000 tokens × 5 users, 300-token questions: more prefixes than the pods' KV holds",
+        "160 documents of 20,000 tokens × 5 users, 300-token questions: more prefixes than the KV holds",
     ),
     "maas-mix": Workload(
         maas.MaasParams, maas.build, "production-like heavy-tailed sessions, alternating low/high rate"
