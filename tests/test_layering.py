@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"clock", "validation", "tokenizer", "yamlfile"},  # ground
     {"http"},  # HTTP/1.1 server, upstream client, OpenAI-style error bodies
     {"api"},  # the OpenAI API: request parsing, routing headers, reading responses
+    {"kvevents"},  # vLLM's KV-event wire format and publisher, the simulated block hash chain
     {"pool"},  # endpoints, scraping, in-flight accounting
     {"sim"},  # engine model and simulated model servers
     {"predictor"},  # features, samples, training, models, prediction, servers, client

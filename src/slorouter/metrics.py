@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
 
+from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.state import PoolState
 
 if TYPE_CHECKING:
@@ -254,6 +255,55 @@ class PoolCollector(Collector):
             for address, value in zip(addresses, self.pool.columns[column].tolist(), strict=True):
                 family.add_metric([address], float(value))
             yield family
+
+
+class KVEventsCollector(Collector):
+    """Per endpoint, its KV-event stream's counters and whether the precise prefix index has its blocks."""
+
+    _COUNTERS = (
+        ("batches", "KV event batches applied."),
+        ("events", "KV events applied."),
+        ("gaps", "Sequence gaps seen in the KV event stream."),
+        ("replays", "Sequence gaps recovered in full through the replay socket."),
+        ("unrecovered", "Sequence gaps the replay could not fill (the endpoint's blocks were cleared)."),
+        ("decode_errors", "KV event messages or batches that did not follow the protocol."),
+        ("restarts", "Times the publisher's sequence numbers went back (its engine restarted)."),
+        ("reconnects", "Subscriber sessions that failed and were reopened."),
+        ("overflows", "Clears because the endpoint claimed more blocks than kv_events_max_blocks_per_pod."),
+    )
+
+    def __init__(self, index: KVBlockIndex, pool: PoolState) -> None:
+        self.index = index
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        index = self.index
+        addresses = [e.address for e in self.pool.endpoints]
+        for key, doc in self._COUNTERS:
+            counter = CounterMetricFamily(f"slorouter_kv_events_{key}", doc, labels=["endpoint"])
+            for address in addresses:
+                counter.add_metric([address], float(getattr(index.pod_stats(address), key)))
+            yield counter
+        publishing = GaugeMetricFamily(
+            "slorouter_kv_events_publishing",
+            "1 if the endpoint's KV events feed the precise prefix index, 0 if it falls back to the "
+            "approximate index (no event received).",
+            labels=["endpoint"],
+        )
+        blocks = GaugeMetricFamily(
+            "slorouter_kv_events_blocks", "Blocks the endpoint's KV events say it holds.", labels=["endpoint"]
+        )
+        for address in addresses:
+            publishing.add_metric([address], float(index.publishing(address)))
+            blocks.add_metric([address], float(index.num_blocks(address)))
+        yield publishing
+        yield blocks
+        silent = sum(1 for address in addresses if not index.publishing(address))
+        yield GaugeMetricFamily(
+            "slorouter_kv_events_silent_endpoints",
+            "Endpoints from which no KV event was received.",
+            value=silent,
+        )
 
 
 PREDICTION_DURATION_BUCKETS = (

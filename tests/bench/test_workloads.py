@@ -31,6 +31,7 @@ ALL = [
     "shared-prefix-c",
     "shared-prefix-d",
     "b2b-saas",
+    "high-churn",
     "maas-mix",
     "code-generation",
     "reasoning",

@@ -51,6 +51,25 @@ def test_port_range_past_65535_is_an_error(capsys):
     assert "exceed 65535" in capsys.readouterr().err
 
 
+def test_kv_events_are_off_by_default_and_their_port_range_is_checked(capsys):
+    assert parser().parse_args(["sim"]).kv_events_port is None
+    args = parser().parse_args(["sim", "--pods", "2", "--port", "0", "--kv-events-port", "65533"])
+    assert command.run(args) == 2
+    assert "KV-event ports from 65533 exceed 65535" in capsys.readouterr().err
+
+
+def test_a_busy_kv_events_port_is_a_clear_error(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = parser().parse_args(
+            ["sim", "--port", "0", "--profile", "instant", "--kv-events-port", str(port)]
+        )
+        assert command.run(args) == 1
+    assert "cannot listen" in capsys.readouterr().err
+
+
 def test_busy_port_is_a_clear_error(capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

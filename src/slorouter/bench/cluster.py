@@ -15,6 +15,9 @@ what the network and the clock would do:
   needs them, and a pod's decode batch would cost an event per token.
 - **Metrics scraping** of every pod every ``scrape_interval_s`` (one phase for all pods), so the scraped
   signals are as stale as in production; router-local in-flight counts are always fresh.
+- **KV events** (policies with the precise prefix plugins): each engine's prefix-cache changes of a step are
+  one event batch, applied to the router's ``KVBlockIndex`` ``kv_event_delay_s`` after the step ended (the
+  publisher → subscriber path of the gateway, without the encoding).
 - **Training**: every ``train_poll_s`` the embedded predictor trains what is due on its own cadence
   (``retrain_interval_s``), synchronously, so a run is deterministic; the model is used from the next
   request on (a real training takes ~0.1–3 s of wall time, small next to the 5 s cadence).
@@ -40,7 +43,9 @@ from slorouter.api.replies import TEXT
 from slorouter.bench.workloads import BenchRequest
 from slorouter.clock import ManualClock
 from slorouter.director import Director, RequestLifecycle
+from slorouter.kvevents.wire import KVEventBatch
 from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.trainer import TrainerConfig
@@ -48,6 +53,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestId, RequestRejected, Step
+from slorouter.sim.kv_events import KVEventRecorder
 from slorouter.sim.profiles import Profile
 from slorouter.sim.text import output_text
 from slorouter.tokenizer import BYTES_PER_TOKEN, encode_bytes
@@ -61,7 +67,7 @@ NO_ENDPOINT = 503
 UNFINISHED = -1
 
 # Event kinds; at equal times events run in the order they were pushed.
-_ARRIVAL, _WAKE, _STEP_END, _FIRST_TOKEN, _DONE, _SCRAPE, _TRAIN = range(7)
+_ARRIVAL, _WAKE, _STEP_END, _FIRST_TOKEN, _DONE, _SCRAPE, _TRAIN, _KV_EVENTS = range(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +80,13 @@ class ClusterSettings:
     drain_s: float = 300.0  # after the last arrival, how long in-flight requests may take to finish
     jitter_sigma: float | None = None  # engine step-time jitter; None: the engine's default
     model: str = "sim-model"
+    kv_event_delay_s: float = 0.005  # step end → its KV events in the router's index (with kv_events)
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s <= 0 or self.train_poll_s <= 0:
             raise ValueError("scrape_interval_s and train_poll_s must be > 0")
-        if self.network_s < 0 or self.drain_s < 0 or self.retrain_interval_s < 0:
-            raise ValueError("network_s, drain_s and retrain_interval_s must be >= 0")
+        if self.network_s < 0 or self.drain_s < 0 or self.retrain_interval_s < 0 or self.kv_event_delay_s < 0:
+            raise ValueError("network_s, drain_s, retrain_interval_s and kv_event_delay_s must be >= 0")
 
 
 @dataclass(slots=True)
@@ -133,6 +140,7 @@ class ClusterSimulator:
         settings: ClusterSettings | None = None,
         seed: int = 0,
         trainer_config: TrainerConfig | None = None,
+        kv_events: bool = False,
     ) -> None:
         if not profiles:
             raise ValueError("the pool needs at least one pod")
@@ -168,8 +176,17 @@ class ClusterSimulator:
             self.predictor = EmbeddedPredictor(
                 self._model_dir.name, trainer_config=config, clock=self.clock, background=False
             )
+        self.kv_index: KVBlockIndex | None = None
+        self._kv_recorders: list[KVEventRecorder] = []
+        if kv_events:
+            self.kv_index = KVBlockIndex()
+            self._kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
         ctx = PluginContext(
-            clock=self.clock, rng=np.random.default_rng(seed), pool=self.pool, predictor=self.predictor
+            clock=self.clock,
+            rng=np.random.default_rng(seed),
+            pool=self.pool,
+            predictor=self.predictor,
+            kv_index=self.kv_index,
         )
         setup = build_scheduler_setup(dict(scheduler_config) if scheduler_config else None, ctx)
         self.tracker = InFlightTracker(self.pool)
@@ -237,6 +254,9 @@ class ClusterSimulator:
         model = settings.model
         arrivals_left = n
         steps = events = trainings = 0
+        recorders = self._kv_recorders
+        kv_index = self.kv_index
+        kv_delay = settings.kv_event_delay_s
 
         def kick(pod: int, now: float) -> None:
             if busy[pod] is not None:
@@ -276,6 +296,12 @@ class ClusterSimulator:
                     push(heap, (first.time + net, next(seq), _FIRST_TOKEN, first))
                 for done in out.finished:
                     push(heap, (done.done_time + net, next(seq), _DONE, done))
+                if recorders:
+                    kv_events = recorders[pod].drain()
+                    if kv_events:
+                        push(
+                            heap, (now + kv_delay, next(seq), _KV_EVENTS, (pod, KVEventBatch(now, kv_events)))
+                        )
                 kick(pod, now)
             elif kind == _FIRST_TOKEN:
                 first_token: FirstToken = arg
@@ -320,6 +346,9 @@ class ClusterSimulator:
                 self._scrape_all(now)
                 if arrivals_left:  # after the last arrival no routing decision reads them
                     push(heap, (now + settings.scrape_interval_s, next(seq), _SCRAPE, None))
+            elif kind == _KV_EVENTS:
+                assert kv_index is not None
+                kv_index.apply(self.addresses[arg[0]], arg[1])
             elif kind == _TRAIN:
                 assert self.predictor is not None
                 trainings += len(self.predictor.maybe_train())

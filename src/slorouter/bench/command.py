@@ -115,6 +115,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--scrape-interval-ms", type=_positive_float, default=50.0)
     parser.add_argument("--network-ms", type=_non_negative_float, default=0.5, help="one way, router ↔ pod")
     parser.add_argument(
+        "--kv-event-delay-ms",
+        type=_non_negative_float,
+        default=5.0,
+        help="engine step end → its KV events in the router's index, for precise-prefix policies",
+    )
+    parser.add_argument(
         "--drain", type=_non_negative_float, default=300.0, help="seconds after the last arrival"
     )
     parser.add_argument("--cdf-qps", type=_positive_float, default=None, help="load of the TTFT CDF plot")
@@ -145,6 +151,7 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         scrape_interval_s=args.scrape_interval_ms / 1000,
         network_s=args.network_ms / 1000,
         drain_s=args.drain,
+        kv_event_delay_s=args.kv_event_delay_ms / 1000,
     )
     known = workload_names()
     for name in workloads:

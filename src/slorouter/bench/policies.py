@@ -5,6 +5,9 @@ prefix 3 — the original's default), ``heuristic-tuned`` (3, 2, 2 — its best 
 ``token-aware`` (prefix-affinity filter 0.8 with its throughput TTFT gate, token-load scorer on uncached
 prefill tokens, max-score picker — llm-d's current default, "Sticky Until Saturated")
 and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
+``heuristic-precise``, ``heuristic-tuned-precise``, ``token-aware-precise`` and ``predicted-latency-precise``
+are those pipelines with ``precise-prefix-cache-producer`` reading the engines' KV events (named only, not run
+by default).
 The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
 as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
 the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
@@ -21,6 +24,7 @@ from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
+KV_EVENT_PLUGINS = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,11 @@ class Policy:
     @property
     def uses_predictor(self) -> bool:
         return any(p.get("type") == PREDICTOR_PLUGIN for p in self.config.get("plugins", []))
+
+    @property
+    def uses_kv_events(self) -> bool:
+        """Whether the policy reads the pods' KV events (the benchmark then delivers them)."""
+        return any(p.get("type") in KV_EVENT_PLUGINS for p in self.config.get("plugins", []))
 
 
 def _single_profile(plugins: list[dict[str, Any]], refs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,6 +122,25 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(BUILTIN_POLICIES)
 
 
+def _precise(config: dict[str, Any]) -> dict[str, Any]:
+    """The policy with the prefix index fed by the pods' KV events: ``precise-prefix-cache-producer`` in
+    place of the approximate producer (same parameters, so the fallback for silent pods is the same index)."""
+    config = copy.deepcopy(config)
+    producers = [p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer"]
+    for plugin in producers:
+        plugin["type"] = "precise-prefix-cache-producer"
+    if not producers:
+        config["plugins"].append({"type": "precise-prefix-cache-producer"})
+    return config
+
+
+# The KV-event variants (issue 12), by name only: not in POLICY_NAMES, so a default run is unchanged.
+PRECISE_POLICIES: dict[str, dict[str, Any]] = {
+    f"{name}-precise": _precise(BUILTIN_POLICIES[name])
+    for name in ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency")
+}
+
+
 class PolicyError(ValueError):
     pass
 
@@ -120,15 +148,16 @@ class PolicyError(ValueError):
 def resolve_policy(spec: str) -> Policy:
     """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``)."""
     spec = spec.strip()
-    if spec in BUILTIN_POLICIES:
-        return Policy(spec, copy.deepcopy(BUILTIN_POLICIES[spec]), "built-in")
+    builtin = BUILTIN_POLICIES.get(spec) or PRECISE_POLICIES.get(spec)
+    if builtin is not None:
+        return Policy(spec, copy.deepcopy(builtin), "built-in")
     name, sep, path = spec.partition("=")
     if not sep:
         name, path = Path(spec).stem, spec
     if not path.endswith((".yaml", ".yml")) and not Path(path).exists():
         raise PolicyError(
-            f"unknown policy {spec!r}: use one of {', '.join(POLICY_NAMES)}, or NAME=PATH / PATH of a "
-            "scheduler config file"
+            f"unknown policy {spec!r}: use one of {', '.join((*POLICY_NAMES, *PRECISE_POLICIES))}, or "
+            "NAME=PATH / PATH of a scheduler config file"
         )
     parsed = load_scheduler_config_file(path)  # raises SchedulerConfigError naming the file and field
     config = parsed.model_dump(by_alias=True, exclude_none=True)

@@ -81,6 +81,7 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     plan.profiles,
                     policy.config,
                     use_predictor=policy.uses_predictor,
+                    kv_events=policy.uses_kv_events,
                     settings=plan.settings,
                     seed=plan.seed,
                 ) as sim:

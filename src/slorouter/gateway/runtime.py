@@ -14,9 +14,11 @@ from slorouter.config import Config, ConfigError, GatewayConfig, PredictorConfig
 from slorouter.director import Director
 from slorouter.gateway.app import Gateway
 from slorouter.http.server import HttpServer, ServerLimits
-from slorouter.metrics import GatewayMetrics, LatencyMetrics, PredictorCollector
+from slorouter.metrics import GatewayMetrics, KVEventsCollector, LatencyMetrics, PredictorCollector
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_subscriber import KVEventSubscriber, subscribers_from_config
 from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
@@ -46,6 +48,7 @@ class Router:
     scraper: MetricsScraper
     metrics: GatewayMetrics
     predictor: LatencyPredictorBackend | None = None
+    kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)
     _server: HttpServer | None = field(default=None, repr=False)
     _scrape_session: aiohttp.ClientSession | None = field(default=None, repr=False)
     address: str = ""
@@ -58,6 +61,11 @@ class Router:
         pool = PoolState(endpoints_from_config(config.pool))
         metrics = GatewayMetrics(pool)
         ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
+        kv_subscribers: list[KVEventSubscriber] = []
+        if any(endpoint.kv_events is not None for endpoint in config.pool.endpoints):
+            ctx.kv_index = KVBlockIndex(config.pool.kv_events_max_blocks_per_pod)
+            kv_subscribers = subscribers_from_config(config.pool, ctx.kv_index)
+            metrics.registry.register(KVEventsCollector(ctx.kv_index, pool))
         scheduler_config = config.scheduler
         predictor = None
         if config.predictor is not None and config.predictor.mode != "off":
@@ -80,12 +88,14 @@ class Router:
             prediction_by_default=bool(config.predictor and config.predictor.prediction_by_default),
         )
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
-        return cls(config, pool, director, gateway, scraper, metrics, predictor)
+        return cls(config, pool, director, gateway, scraper, metrics, predictor, kv_subscribers)
 
     async def start(self) -> None:
         """Scrape every endpoint once, then serve; returns once the gateway is listening."""
         await self.scraper.scrape_once()
         self.scraper.start()
+        for subscriber in self.kv_subscribers:
+            subscriber.start()
         if self.predictor is not None:
             try:
                 self.predictor.start()
@@ -99,6 +109,8 @@ class Router:
 
     async def stop(self) -> None:
         await self.scraper.stop()
+        for subscriber in self.kv_subscribers:
+            await subscriber.stop()
         if self.predictor is not None:
             await self.predictor.stop()
         if self._server is not None:

@@ -31,12 +31,38 @@ def validate_address(address: str) -> str:
     return address
 
 
+def validate_zmq_endpoint(endpoint: str) -> str:
+    """Check a ZMQ address a subscriber connects to: ``tcp://host:port``, ``ipc://path`` or ``inproc://name``."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
+        raise ValueError(f"{endpoint!r} must be a ZMQ address: tcp://host:port, ipc://path or inproc://name")
+    if scheme == "tcp":
+        validate_address(rest)
+    return endpoint
+
+
+class KVEventsSourceConfig(StrictModel):
+    """Where a model server publishes its KV events (vLLM ``--kv-events-config``: ``endpoint``,
+    ``replay_endpoint``, ``topic``; here the addresses the router connects to)."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""  # prefix filter of the SUB socket; "" takes every topic
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        return None if value is None else validate_zmq_endpoint(value)
+
+
 class EndpointConfig(StrictModel):
-    """One model server: a bare ``"host:port"`` in YAML, or this mapping to add a name and labels."""
+    """One model server: a bare ``"host:port"`` in YAML, or this mapping to add a name, labels and its KV
+    events."""
 
     address: str
     name: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
+    kv_events: KVEventsSourceConfig | None = None
 
     @field_validator("address")
     @classmethod
@@ -51,6 +77,9 @@ class PoolConfig(StrictModel):
     scrape_interval_ms: float = Field(default=50, gt=0)
     scrape_timeout_ms: float = Field(default=1000, gt=0)
     unhealthy_after_failures: int = Field(default=3, ge=1)
+    kv_events_max_blocks_per_pod: int = Field(default=1_000_000, ge=1)
+    kv_events_replay_timeout_ms: float = Field(default=1000, gt=0)
+    kv_events_reconnect_ms: float = Field(default=1000, gt=0)
 
     @field_validator("endpoints", mode="before")
     @classmethod

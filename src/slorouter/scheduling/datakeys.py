@@ -10,6 +10,10 @@ from __future__ import annotations
 PREFIX_MATCH_BLOCKS = "prefix_match_blocks"  # leading blocks of the request's prompt the candidate holds
 PREFIX_TOTAL_BLOCKS = "prefix_total_blocks"  # blocks the request's prompt hashed to (same for all candidates)
 PREFIX_BLOCK_SIZE_TOKENS = "prefix_block_size_tokens"  # tokens per block used for this request
+# precise-prefix-cache-producer writes the three above (per candidate: the pod's own block size and blocks)
+# and this bool array: True where the match came from the pod's KV events, False where from the approximate
+# index (the pod publishes no events).
+PREFIX_MATCH_FROM_EVENTS = "prefix_match_from_events"
 
 # inflight-load-producer: int64 arrays aligned with the candidates, from the router's own accounting.
 INFLIGHT_TOKENS = "inflight_tokens"  # prefill + decode tokens of requests dispatched and not finished

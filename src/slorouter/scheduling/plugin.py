@@ -20,6 +20,7 @@ from slorouter.validation import StrictModel
 
 if TYPE_CHECKING:
     from slorouter.metrics import LatencyMetrics
+    from slorouter.pool.kv_index import KVBlockIndex
     from slorouter.pool.state import Endpoint, PoolState
     from slorouter.predictor.backend import LatencyPredictorBackend
     from slorouter.scheduling.types import (
@@ -39,13 +40,15 @@ class PluginParams(StrictModel):
 
 @dataclass
 class PluginContext:
-    """What the framework hands every plugin: time, randomness, the pool, the latency predictor, metrics."""
+    """What the framework hands every plugin: time, randomness, the pool, the latency predictor, metrics, the
+    pods' KV-event index."""
 
     clock: Clock = field(default_factory=MonotonicClock)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng())
     pool: PoolState | None = None
     predictor: LatencyPredictorBackend | None = None
     metrics: LatencyMetrics | None = None
+    kv_index: KVBlockIndex | None = None  # the pods' KV events, where subscribed (precise prefix plugins)
 
 
 class Plugin:

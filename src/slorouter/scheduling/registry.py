@@ -37,16 +37,19 @@ class UnknownPluginTypeError(KeyError):
 @overload
 def register_plugin(cls: PluginClass, /) -> PluginClass: ...
 @overload
-def register_plugin(*, default_producer: bool = False) -> Callable[[PluginClass], PluginClass]: ...
+def register_plugin(
+    *, default_producer: bool | tuple[str, ...] = False
+) -> Callable[[PluginClass], PluginClass]: ...
 
 
 def register_plugin(
-    cls: PluginClass | None = None, /, *, default_producer: bool = False
+    cls: PluginClass | None = None, /, *, default_producer: bool | tuple[str, ...] = False
 ) -> PluginClass | Callable[[PluginClass], PluginClass]:
     """Class decorator: register a plugin class under its ``type_name``.
 
     ``@register_plugin(default_producer=True)`` also makes a DataProducer the default producer of every key
-    in its ``produces``.
+    in its ``produces``; a tuple of keys, of those keys only (a producer that also writes another
+    producer's keys).
     """
 
     def register(plugin_cls: PluginClass) -> PluginClass:
@@ -56,7 +59,7 @@ def register_plugin(
     return register if cls is None else register(cls)
 
 
-def _add(cls: type[Plugin], default_producer: bool) -> None:
+def _add(cls: type[Plugin], default_producer: bool | tuple[str, ...]) -> None:
     name = cls.type_name
     if not name:
         raise ValueError(f"{cls.__qualname__} has no type_name")
@@ -69,7 +72,13 @@ def _add(cls: type[Plugin], default_producer: bool) -> None:
     if default_producer:
         if not issubclass(cls, DataProducer) or not cls.produces:
             raise ValueError(f"{cls.__qualname__} is a default producer but produces no data key")
-        for key in cls.produces:
+        keys = default_producer if isinstance(default_producer, tuple) else cls.produces
+        unknown = set(keys) - set(cls.produces)
+        if unknown:
+            raise ValueError(
+                f"{cls.__qualname__} is the default producer of keys it does not produce: {unknown}"
+            )
+        for key in keys:
             _default_producers[key] = name
 
 

@@ -8,6 +8,7 @@ import signal
 import sys
 
 import uvloop
+import zmq
 
 from slorouter.sim.profiles import PROFILES
 from slorouter.sim.server import start_pods
@@ -48,6 +49,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--model", default=None, help="served model name (default: the profile's)")
+    parser.add_argument(
+        "--kv-events-port",
+        type=_port,
+        default=None,
+        help="publish vLLM KV events: pod i's ZMQ PUB on this port + 2i, its replay ROUTER on the next "
+        "(0: free ports; default: off)",
+    )
+    parser.add_argument(
+        "--kv-events-topic", default=None, help="topic of the KV events (default: kv@<host:port>@<model>)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -58,16 +69,28 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.kv_events_port and args.kv_events_port + 2 * args.pods - 1 > 65535:
+        print(
+            f"slorouter sim: error: KV-event ports from {args.kv_events_port} exceed 65535", file=sys.stderr
+        )
+        return 2
     try:
         return uvloop.run(_serve(args))
-    except OSError as exc:
+    except (OSError, zmq.ZMQError) as exc:
         print(f"slorouter sim: error: cannot listen: {exc}", file=sys.stderr)
         return 1
 
 
 async def _serve(args: argparse.Namespace) -> int:
     cluster = await start_pods(
-        args.pods, args.port, args.profile, host=args.host, seed=args.seed, model=args.model
+        args.pods,
+        args.port,
+        args.profile,
+        host=args.host,
+        seed=args.seed,
+        model=args.model,
+        kv_events_port=args.kv_events_port,
+        kv_events_topic=args.kv_events_topic,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -76,7 +99,11 @@ async def _serve(args: argparse.Namespace) -> int:
     model = cluster.pods[0].model
     print(f"slorouter sim: {len(cluster.pods)} pod(s), profile {args.profile}, model {model}", flush=True)
     for pod in cluster.pods:
-        print(f"  {pod.name} http://{pod.address}", flush=True)
+        line = f"  {pod.name} http://{pod.address}"
+        if pod.kv_events is not None:
+            publisher = pod.kv_events.publisher
+            line += f" kv-events {publisher.endpoint} replay {publisher.replay_endpoint}"
+        print(line, flush=True)
     try:
         await stop.wait()
     finally:

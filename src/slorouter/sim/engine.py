@@ -240,6 +240,11 @@ class Engine:
         return self._kv.num_free_blocks
 
     @property
+    def kv_blocks(self) -> KVBlockManager:
+        """The block manager (a KV-event recorder attaches to it)."""
+        return self._kv
+
+    @property
     def kv_usage(self) -> float:
         """Fraction of KV blocks referenced by requests (cached but unreferenced blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_gpu_blocks

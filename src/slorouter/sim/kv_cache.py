@@ -15,13 +15,14 @@ the ``KVSequence`` part of each request.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Protocol
 
 import xxhash
 
+from slorouter.kvevents.sim_hash import ROOT_HASH as _ROOT_HASH
+from slorouter.kvevents.sim_hash import block_hashes
 from slorouter.sim.text import PERIOD, output_bytes
 from slorouter.tokenizer import BYTES_PER_TOKEN
-
-_ROOT_HASH = 0x5EED_0F_B10C  # parent of a request's first block in the hash chain
 
 
 class KVSequence:
@@ -49,6 +50,16 @@ class KVSequence:
         self.hit_mark = -1
 
 
+class BlockEvents(Protocol):
+    """Where a manager reports changes to its prefix cache, in the order they happen (vLLM's KV events)."""
+
+    def stored(self, seq: KVSequence, j: int) -> None:
+        """Block ``j`` of ``seq`` entered the prefix cache under ``seq.block_hashes[j]``."""
+
+    def removed(self, block_hash: int) -> None:
+        """The block cached under ``block_hash`` was evicted."""
+
+
 class KVBlockManager:
     """Blocks, their reference counts, the free queue and the prefix cache. Callers check for free blocks
     (``num_free_blocks``, ``can_admit``) before they allocate."""
@@ -64,6 +75,7 @@ class KVBlockManager:
         self._evictions = 0  # hashes ever removed from _cached (the only change that can shorten a hit run)
         # Bytes of a block of generated tokens, by the output position it starts at modulo the text's period.
         self._output_blocks = [output_bytes(k, k + block_size) for k in range(PERIOD)]
+        self.events: BlockEvents | None = None  # off unless a KV-event publisher listens
 
     @property
     def num_free_blocks(self) -> int:
@@ -72,14 +84,7 @@ class KVBlockManager:
 
     def prompt_block_hashes(self, prompt: bytes) -> list[int]:
         """The hash chain of the prompt's full blocks (``prompt``: packed uint32 token ids)."""
-        stride = self.block_size * BYTES_PER_TOKEN
-        hashes: list[int] = []
-        parent = _ROOT_HASH
-        digest = xxhash.xxh3_64_intdigest
-        for offset in range(0, len(prompt) - stride + 1, stride):
-            parent = digest(prompt[offset : offset + stride], parent)
-            hashes.append(parent)
-        return hashes
+        return block_hashes(prompt, self.block_size)
 
     # ------------------------------------------------------------------------------------ admission
 
@@ -146,6 +151,8 @@ class KVBlockManager:
                 if self._cached.get(block_hash) == bid:
                     del self._cached[block_hash]
                     self._evictions += 1
+                    if self.events is not None:
+                        self.events.removed(block_hash)
                 self._hash_of[bid] = None
             self._ref[bid] = 1
         seq.blocks.append(bid)
@@ -170,6 +177,8 @@ class KVBlockManager:
                     if cached.get(block_hash) == bid:
                         del cached[block_hash]
                         self._evictions += 1
+                        if self.events is not None:
+                            self.events.removed(block_hash)
                     hash_of[bid] = None
                 ref[bid] = 1
                 blocks.append(bid)
@@ -208,6 +217,8 @@ class KVBlockManager:
             if block_hash not in self._cached:
                 self._cached[block_hash] = bid = seq.blocks[start]
                 self._hash_of[bid] = block_hash
+                if self.events is not None:
+                    self.events.stored(seq, start)
             seq.num_cached_blocks = full
             return
         j = len(hashes)
@@ -220,22 +231,26 @@ class KVBlockManager:
                 if first >= prompt_len:  # all generated: one of the precomputed blocks
                     data = output_blocks[(first - prompt_len) % PERIOD]
                 else:
-                    data = self._block_bytes(seq, j)
+                    data = self.block_bytes(seq, j)
                 parent = digest(data, parent)
                 hashes.append(parent)
                 j += 1
         cached = self._cached
         hash_of = self._hash_of
         blocks = seq.blocks
+        events = self.events
         for j in range(start, full):
             block_hash = hashes[j]
             if block_hash not in cached:
                 bid = blocks[j]
                 cached[block_hash] = bid
                 hash_of[bid] = block_hash
+                if events is not None:
+                    events.stored(seq, j)
         seq.num_cached_blocks = full
 
-    def _block_bytes(self, seq: KVSequence, j: int) -> bytes:
+    def block_bytes(self, seq: KVSequence, j: int) -> bytes:
+        """The token bytes of the sequence's block ``j`` (prompt, generated tokens or both)."""
         block_size = self.block_size
         first, last = j * block_size, (j + 1) * block_size
         prompt_len = seq.prompt_len

@@ -26,7 +26,9 @@ from typing import Any
 
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.http.server import HttpRequest, HttpServer, Response
+from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
+from slorouter.sim.kv_events import PodKVEvents
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
 from slorouter.sim.protocol import (
@@ -100,6 +102,7 @@ class SimPod:
         self._stepping = False  # the driver planned a step and has not committed it yet
         self._step_soon = False  # a zero-cost step is scheduled for the end of this loop iteration
         self._driver: asyncio.Task[None] | None = None
+        self.kv_events: PodKVEvents | None = None  # see publish_kv_events
         self._server: HttpServer | None = None
         self.address = ""
         self.http = HttpServer(max_body_bytes=_MAX_BODY_BYTES)
@@ -127,6 +130,11 @@ class SimPod:
         self._driver = asyncio.create_task(self._drive(), name=f"sim-driver-{self.name}")
         return self.address
 
+    def publish_kv_events(self, publisher: ZmqEventPublisher) -> None:
+        """Publish the engine's KV events (one batch per step that changed its prefix cache)."""
+        self.kv_events = PodKVEvents(self.engine, publisher)
+        publisher.start()
+
     async def close(self) -> None:
         """Stop serving: requests in flight are cancelled (and aborted in the engine), then the loop stops."""
         for entry in list(self._active.values()):
@@ -140,6 +148,8 @@ class SimPod:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
             self._driver = None
+        if self.kv_events is not None:
+            await self.kv_events.publisher.close()
 
     # ------------------------------------------------------------------------------------------ driver
 
@@ -195,6 +205,8 @@ class SimPod:
             self._wake.set()
 
     def _deliver(self, output: StepOutput) -> None:
+        if self.kv_events is not None:
+            self.kv_events.flush()
         active = self._active
         for request_id in output.tokens:
             entry = active.get(request_id)
@@ -343,12 +355,17 @@ async def start_pods(
     seed: int = 0,
     model: str | None = None,
     jitter_sigma: float | None = None,
+    kv_events_port: int | None = None,
+    kv_events_topic: str | None = None,
 ) -> SimCluster:
     """Start ``count`` pods on ports ``port``..``port+count-1`` (``port=0``: a free port each).
 
     Pod ``i`` is named ``sim-<its port>``, seeds its engine with ``seed + i`` and serves ``model`` (default:
-    the profile's model name). Raises ``ValueError`` for a bad count, port or profile and ``OSError`` when a
-    port cannot be bound (pods already started are closed first).
+    the profile's model name). With ``kv_events_port`` pod ``i`` publishes its KV events on
+    ``tcp://host:kv_events_port + 2i`` and answers replay on the next port (0: free ports), with topic
+    ``kv_events_topic`` (default ``kv@<host:port>@<model>``, as llm-d-inference-sim). Raises ``ValueError``
+    for a bad count, port or profile and ``OSError`` (``zmq.ZMQError`` for a KV-event port) when a port
+    cannot be bound (pods already started are closed first).
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -363,6 +380,19 @@ async def start_pods(
             await pod.start(host, port + index if port else 0)
             pod.name = f"sim-{pod.address.rsplit(':', 1)[1]}"
             pods.append(pod)
+            if kv_events_port is not None:
+                pub, replay = (
+                    (kv_events_port + 2 * index, kv_events_port + 2 * index + 1)
+                    if kv_events_port
+                    else ("*", "*")
+                )
+                zmq_host = f"[{host}]" if ":" in host else host
+                topic = kv_events_topic if kv_events_topic is not None else f"kv@{pod.address}@{pod.model}"
+                pod.publish_kv_events(
+                    ZmqEventPublisher(
+                        f"tcp://{zmq_host}:{pub}", f"tcp://{zmq_host}:{replay}", topic=topic, bind=True
+                    )
+                )
     except BaseException:
         await asyncio.gather(*(pod.close() for pod in pods))
         raise

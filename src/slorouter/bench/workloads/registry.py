@@ -29,12 +29,17 @@ _WORKLOADS: dict[str, Workload] = {
     **{
         name: Workload(model, shared_prefix.build, f"llm-d predicted-latency scenario {name[-1].upper()}")
         for name, model in shared_prefix.SCENARIOS.items()
-        if name != "b2b-saas"
+        if name not in ("b2b-saas", "high-churn")
     },
     "b2b-saas": Workload(
         shared_prefix.SCENARIOS["b2b-saas"],
         shared_prefix.build,
         "150 system prompts of 6,000 tokens × 5 users, 1,200-token questions, 1,000-token answers",
+    ),
+    "high-churn": Workload(
+        shared_prefix.SCENARIOS["high-churn"],
+        shared_prefix.build,
+        "160 documents of 20,000 tokens × 5 users, 300-token questions: more prefixes than the KV holds",
     ),
     "maas-mix": Workload(
         maas.MaasParams, maas.build, "production-like heavy-tailed sessions, alternating low/high rate"

@@ -30,6 +30,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import xxhash
@@ -246,7 +247,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     type_name = "approx-prefix-cache-producer"
     Params = ApproxPrefixCacheParams
     params: ApproxPrefixCacheParams
-    produces = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS, PREFIX_BLOCK_SIZE_TOKENS)
+    produces: ClassVar[tuple[str, ...]] = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS, PREFIX_BLOCK_SIZE_TOKENS)
 
     def __init__(self, name: str, params: ApproxPrefixCacheParams, ctx: PluginContext) -> None:
         super().__init__(name, params, ctx)
@@ -409,7 +410,7 @@ class PrefixCacheScorer(Plugin, ListScorer):
     """Fraction of the request's prompt blocks the candidate already holds: matched / total (0 if unknown)."""
 
     type_name = "prefix-cache-scorer"
-    consumes = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS)
+    consumes: ClassVar[tuple[str, ...]] = (PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS)
 
     def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
         return prefix_match_ratio(candidates)

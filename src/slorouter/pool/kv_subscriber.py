@@ -1,0 +1,214 @@
+"""One subscriber per model server that publishes KV events: SUB on its publisher, replay on its ROUTER.
+
+The subscriber applies each batch to the shared ``KVBlockIndex`` in sequence order and keeps the index
+right when the stream is not:
+
+- **Gap** (a sequence number skipped, e.g. the PUB socket dropped at its high-water mark): ask the replay
+  socket for the missing batches (a DEALER sends ``[b"", start seq]``, the publisher answers
+  ``[b"", seq, payload]`` per buffered batch, then the end marker) and apply them before the new one. If the
+  replay does not cover the gap (the buffer moved on, no replay endpoint, no answer within
+  ``replay_timeout_s``), the pod's blocks are cleared: an index that missed removals would send requests to
+  blocks the pod no longer has. Counted as ``gaps``, ``replays`` and ``unrecovered``.
+- **First batch** after connecting with a sequence number above 0: the same replay from 0, so a router that
+  starts after its pods learns what they cached before (as far as the publisher's buffer reaches).
+- **Restart** (the sequence number goes back): the publisher's engine started over with an empty cache; the
+  pod's blocks are cleared.
+- **Malformed** frames or payloads (``KVEventDecodeError``): counted in ``decode_errors`` and treated as an
+  unrecoverable gap; nothing a publisher sends can stop the subscriber.
+- **Failure** of the session (a ZMQ error): the sockets are closed and reopened after ``reconnect_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from slorouter.kvevents.wire import (
+    KVEventBatch,
+    KVEventDecodeError,
+    decode_batch,
+    parse_message,
+    parse_seq,
+    seq_frame,
+)
+from slorouter.pool.config import PoolConfig
+from slorouter.pool.kv_index import KVBlockIndex
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherAddress:
+    """Where one model server publishes: its PUB endpoint, its replay ROUTER (optional), the topic prefix."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class KVEventSubscriber:
+    def __init__(
+        self,
+        address: str,
+        publisher: PublisherAddress,
+        index: KVBlockIndex,
+        *,
+        replay_timeout_s: float = 1.0,
+        reconnect_s: float = 1.0,
+    ) -> None:
+        self.address = address
+        self.publisher = publisher
+        self.index = index
+        self.stats = index.pod_stats(address)
+        self.replay_timeout_s = replay_timeout_s
+        self.reconnect_s = reconnect_s
+        self._ctx = zmq.asyncio.Context.instance()
+        self._last_seq: int | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name=f"kv-events-{self.address}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.stats.reconnects += 1
+                logger.exception("KV events of %s: session failed; reconnecting", self.address)
+            await asyncio.sleep(self.reconnect_s)
+
+    async def _session(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, self.publisher.topic.encode())
+            sub.connect(self.publisher.endpoint)
+            while True:
+                await self.receive(await sub.recv_multipart())
+        finally:
+            sub.close(linger=0)
+
+    async def receive(self, frames: list[bytes]) -> None:
+        """Handle one published message (public for tests that feed frames directly)."""
+        try:
+            _, seq, payload = parse_message(frames)
+        except KVEventDecodeError as exc:
+            self._lost(f"unreadable message: {exc}", decode_error=True)
+            return
+        last = self._last_seq
+        if last is None:
+            if seq > 0:
+                await self._recover(0, seq, gap=False)
+        elif seq <= last:
+            self.stats.restarts += 1
+            self.index.clear_pod(self.address)
+        elif seq > last + 1:
+            await self._recover(last + 1, seq, gap=True)
+        self._last_seq = seq
+        self._apply(payload)
+
+    def _apply(self, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload)
+        except KVEventDecodeError as exc:
+            self._lost(str(exc), decode_error=True)
+            return
+        self.index.apply(self.address, batch)
+
+    def _lost(self, why: str, *, decode_error: bool = False) -> None:
+        if decode_error:
+            self.stats.decode_errors += 1
+        else:
+            self.stats.unrecovered += 1
+        logger.warning("KV events of %s: %s; clearing its blocks", self.address, why)
+        self.index.clear_pod(self.address)
+
+    async def _recover(self, start: int, upto: int, *, gap: bool) -> None:
+        """Apply batches ``start``..``upto - 1`` from the replay socket, or clear the pod if it cannot."""
+        if gap:
+            self.stats.gaps += 1
+        batches = await self._replay(start, upto)
+        if batches is None or not batches or batches[0][0] != start:
+            if gap:
+                self._lost(f"batches {start}..{upto - 1} missed and not replayed")
+            else:  # joined late and the buffer does not reach back to 0: take what it has
+                for _, batch in batches or []:
+                    self.index.apply(self.address, batch)
+            return
+        expected = start
+        for seq, batch in batches:
+            if seq != expected:
+                self._lost(f"replay skipped from {expected} to {seq}")
+                return
+            self.index.apply(self.address, batch)
+            expected += 1
+        if expected != upto:
+            self._lost(f"replay ended at {expected - 1}, before {upto - 1}")
+            return
+        if gap:
+            self.stats.replays += 1
+
+    async def _replay(self, start: int, upto: int) -> list[tuple[int, KVEventBatch]] | None:
+        """The decoded batches ``start``..``upto - 1`` the publisher still has (None: no answer)."""
+        if self.publisher.replay_endpoint is None:
+            return None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        batches: list[tuple[int, KVEventBatch]] = []
+        try:
+            dealer.connect(self.publisher.replay_endpoint)
+            await dealer.send_multipart((b"", seq_frame(start)))
+            while True:
+                try:
+                    frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                except TimeoutError:
+                    return None
+                if len(frames) != 3 or frames[0] != b"":
+                    raise KVEventDecodeError(
+                        f"a replay answer has 3 frames ('', seq, payload), got {len(frames)}"
+                    )
+                seq = parse_seq(frames[1])
+                if not frames[2]:  # end of replay
+                    return batches
+                if start <= seq < upto:
+                    batches.append((seq, decode_batch(frames[2])))
+        except KVEventDecodeError as exc:
+            self.stats.decode_errors += 1
+            logger.warning("KV events of %s: bad replay: %s", self.address, exc)
+            return None
+        finally:
+            dealer.close(linger=0)
+
+
+def subscribers_from_config(config: PoolConfig, index: KVBlockIndex) -> list[KVEventSubscriber]:
+    """One subscriber per endpoint with ``kv_events``."""
+    return [
+        KVEventSubscriber(
+            endpoint.address,
+            PublisherAddress(
+                endpoint.kv_events.endpoint, endpoint.kv_events.replay_endpoint, endpoint.kv_events.topic
+            ),
+            index,
+            replay_timeout_s=config.kv_events_replay_timeout_ms / 1000,
+            reconnect_s=config.kv_events_reconnect_ms / 1000,
+        )
+        for endpoint in config.endpoints
+        if endpoint.kv_events is not None
+    ]

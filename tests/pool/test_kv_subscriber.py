@@ -1,0 +1,172 @@
+"""KVEventSubscriber over real ZMQ on 127.0.0.1: delivery, gaps replayed, restarts, malformed input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from slorouter.kvevents.publisher import ZmqEventPublisher
+from slorouter.kvevents.wire import BlockStored, KVEventBatch, encode_batch, seq_frame
+from slorouter.pool.config import PoolConfig
+from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_subscriber import KVEventSubscriber, PublisherAddress, subscribers_from_config
+
+
+def stored(*hashes: int) -> BlockStored:
+    return BlockStored(list(hashes), None, [], 16, None, "GPU", None)
+
+
+def frames(seq: int, *hashes: int) -> list[bytes]:
+    return [b"kv", seq_frame(seq), encode_batch(KVEventBatch(0.0, [stored(*hashes)]))]
+
+
+async def started(**kwargs: object) -> ZmqEventPublisher:
+    publisher = ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv@pod@m", **kwargs)  # type: ignore[arg-type]
+    publisher.start()
+    return publisher
+
+
+def subscriber_of(
+    publisher: ZmqEventPublisher, index: KVBlockIndex, replay: bool = True
+) -> KVEventSubscriber:
+    address = PublisherAddress(publisher.endpoint, publisher.replay_endpoint if replay else None, "kv@")
+    return KVEventSubscriber("pod", address, index, replay_timeout_s=0.5, reconnect_s=0.05)
+
+
+async def wait_for(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_published_batches_reach_the_index_and_a_late_joiner_replays_from_zero() -> None:
+    publisher = await started()
+    index = KVBlockIndex()
+    try:
+        publisher.publish([stored(1)], 0.0)  # before anyone subscribed: lost on PUB, kept for replay
+        subscriber = subscriber_of(publisher, index)
+        subscriber.start()
+        await asyncio.sleep(0.2)  # the SUB socket connects
+        publisher.publish([stored(2)], 0.0)
+        await wait_for(lambda: index.num_blocks("pod") == 2)
+        assert index.match([1, 2], ["pod"]) == {"pod": 2}
+        stats = index.pod_stats("pod")
+        assert stats.batches == 2 and stats.gaps == 0
+        await subscriber.stop()
+    finally:
+        await publisher.close()
+
+
+async def test_a_gap_is_recovered_through_the_replay_socket() -> None:
+    publisher = await started()
+    index = KVBlockIndex()
+    subscriber = subscriber_of(publisher, index)
+    try:
+        for k in range(3):
+            publisher.publish([stored(10 + k)], 0.0)
+        await subscriber.receive(frames(0, 10))
+        await subscriber.receive(frames(2, 12))  # 1 was missed
+        stats = index.pod_stats("pod")
+        assert (stats.gaps, stats.replays, stats.unrecovered) == (1, 1, 0)
+        assert index.num_blocks("pod") == 3
+    finally:
+        await publisher.close()
+
+
+async def test_a_gap_the_buffer_no_longer_covers_clears_the_pod() -> None:
+    publisher = await started(buffer_steps=1)
+    index = KVBlockIndex()
+    subscriber = subscriber_of(publisher, index)
+    try:
+        for k in range(3):
+            publisher.publish([stored(10 + k)], 0.0)
+        await subscriber.receive(frames(0, 10))
+        await subscriber.receive(frames(2, 12))
+        stats = index.pod_stats("pod")
+        assert (stats.gaps, stats.replays, stats.unrecovered) == (1, 0, 1)
+        assert index.match([10], ["pod"]) == {"pod": 0}  # cleared: it may have missed removals
+        assert index.match([12], ["pod"]) == {"pod": 1}  # then the new batch
+    finally:
+        await publisher.close()
+
+
+async def test_without_a_replay_endpoint_a_gap_clears_the_pod() -> None:
+    publisher = await started()
+    index = KVBlockIndex()
+    subscriber = subscriber_of(publisher, index, replay=False)
+    try:
+        await subscriber.receive(frames(0, 1))
+        await subscriber.receive(frames(5, 2))
+        assert index.pod_stats("pod").unrecovered == 1
+        assert index.match([1], ["pod"]) == {"pod": 0}
+    finally:
+        await publisher.close()
+
+
+async def test_a_sequence_that_goes_back_is_a_restart() -> None:
+    index = KVBlockIndex()
+    subscriber = KVEventSubscriber("pod", PublisherAddress("tcp://127.0.0.1:1"), index)
+    await subscriber.receive(frames(0, 1))
+    await subscriber.receive(frames(1, 2))
+    await subscriber.receive(frames(0, 3))
+    assert index.pod_stats("pod").restarts == 1
+    assert index.match([1], ["pod"]) == {"pod": 0}
+    assert index.match([3], ["pod"]) == {"pod": 1}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [b"kv", seq_frame(1)],
+        [b"kv", b"\x01", b"payload"],
+        [b"kv", seq_frame(1), b"\xc1garbage"],
+        [b"kv", seq_frame(1), encode_batch(KVEventBatch(0.0, []))[:-2] + b"\x01\xc0"],  # events: 1
+    ],
+)
+async def test_malformed_messages_are_counted_and_never_stop_the_subscriber(bad: list[bytes]) -> None:
+    index = KVBlockIndex()
+    subscriber = KVEventSubscriber("pod", PublisherAddress("tcp://127.0.0.1:1"), index)
+    await subscriber.receive(frames(0, 1))
+    await subscriber.receive(bad)
+    assert index.pod_stats("pod").decode_errors == 1
+    assert index.num_blocks("pod") == 0  # what it missed is unknown: cleared
+    await subscriber.receive(frames(1, 2))
+    assert index.match([2], ["pod"]) == {"pod": 1}
+
+
+async def test_a_session_failure_reconnects() -> None:
+    index = KVBlockIndex()
+    subscriber = KVEventSubscriber("pod", PublisherAddress("tcp://bad host:1"), index, reconnect_s=0.01)
+    subscriber.start()
+    await wait_for(lambda: index.pod_stats("pod").reconnects >= 2)
+    await subscriber.stop()
+
+
+def test_subscribers_from_config() -> None:
+    config = PoolConfig.model_validate(
+        {
+            "endpoints": [
+                "10.0.0.1:8000",
+                {
+                    "address": "10.0.0.2:8000",
+                    "kv_events": {
+                        "endpoint": "tcp://10.0.0.2:5557",
+                        "replay_endpoint": "tcp://10.0.0.2:5558",
+                    },
+                },
+            ],
+            "kv_events_replay_timeout_ms": 250,
+        }
+    )
+    (subscriber,) = subscribers_from_config(config, KVBlockIndex())
+    assert subscriber.address == "10.0.0.2:8000"
+    assert subscriber.publisher == PublisherAddress("tcp://10.0.0.2:5557", "tcp://10.0.0.2:5558", "")
+    assert subscriber.replay_timeout_s == 0.25
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.2:5557", "http://x:1", "tcp://nohost", "tcp://"])
+def test_bad_publisher_addresses_are_config_errors(endpoint: str) -> None:
+    with pytest.raises(ValueError, match=r"ZMQ address|port|host"):
+        PoolConfig.model_validate({"endpoints": [{"address": "a:1", "kv_events": {"endpoint": endpoint}}]})
