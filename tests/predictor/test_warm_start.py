@@ -349,8 +349,9 @@ def test_the_window_is_saved_periodically_when_samples_arrived(tmp_path: Path) -
     store.add_row("ttft", x[1], 1.0)
     clock.advance(30.0)
     assert not persistence.maybe_save()  # new, but within the interval
-    persistence.save()  # at shutdown: whatever the interval
+    assert persistence.save_pending()  # at shutdown: whatever the interval
     assert read_window(tmp_path / SAMPLE_WINDOW).rows == 12  # type: ignore[union-attr]
+    assert not persistence.save_pending() and persistence.saves == 3  # nothing new: not rewritten
 
 
 async def test_one_process_per_state_directory(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ class EmbeddedPredictor:
             self._thread = None
         if self._lock is not None:
             assert self.persistence is not None
-            await asyncio.to_thread(self.persistence.save)
+            await asyncio.to_thread(self.persistence.save_pending)
             self._lock.release()
             self._lock = None
         if self._tmp is not None:

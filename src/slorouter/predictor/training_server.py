@@ -319,7 +319,7 @@ class TrainingServer:
             self._server = None
         if self._lock is not None:
             assert self.persistence is not None
-            await asyncio.to_thread(self.persistence.save)
+            await asyncio.to_thread(self.persistence.save_pending)
             self._lock.release()
             self._lock = None
 

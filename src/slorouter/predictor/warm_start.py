@@ -8,7 +8,7 @@ scratch (no model until the first training; an empty window). Nothing refused is
 by the next training or save.
 
 While running, ``maybe_save`` (called from the owner's training thread) rewrites the window every
-``save_interval_s`` when samples arrived since the last save, and ``save`` does so at shutdown.
+``save_interval_s`` when samples arrived since the last save, and ``save_pending`` does so at shutdown.
 """
 
 from __future__ import annotations
@@ -186,6 +186,10 @@ class StatePersistence:
         if self.clock.now() - self._last_save < self.save_interval_s or self._added() == self._saved_added:
             return False
         return self.save()
+
+    def save_pending(self) -> bool:
+        """At shutdown: save the window if samples arrived since the last save (or the restore)."""
+        return self._added() != self._saved_added and self.save()
 
     def save(self) -> bool:
         """Write the window now (atomically); False, logged, if the write failed."""
