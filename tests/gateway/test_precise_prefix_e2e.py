@@ -5,9 +5,12 @@ approximate index, which only knows what the router sent where, would have been 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import aiohttp
 
+from slorouter.config import load_config
+from slorouter.gateway.runtime import Router
 from slorouter.kvevents.sim_hash import block_hashes
 from slorouter.scheduling.plugins.precise_prefix import PrecisePrefixCacheProducer
 from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
@@ -78,3 +81,13 @@ async def test_requests_follow_the_pods_real_cache_after_an_eviction(http: aioht
     finally:
         await router.stop()
         await cluster.close()
+
+
+def test_the_example_config_builds() -> None:
+    config = load_config(Path(__file__).resolve().parents[2] / "examples" / "precise-prefix.yaml")
+    router = Router.build(config)
+    assert [s.publisher.endpoint for s in router.kv_subscribers] == [
+        "tcp://127.0.0.1:5557",
+        "tcp://127.0.0.1:5559",
+    ]
+    assert "precise-prefix-cache-producer" in router.director.setup.plugins

@@ -94,16 +94,3 @@ def test_speculative_claims_count_as_held_until_released() -> None:
     assert index.speculative_claims == 0
     index.unspeculate("a", [7])  # nothing to release
     index.unspeculate("nobody", [1])
-
-
-def test_removing_a_pod_frees_its_slot_and_claims() -> None:
-    index = KVBlockIndex()
-    index.apply("a", batch(stored([1])))
-    index.apply("b", batch(stored([1])))
-    index.speculate("a", [2])
-    assert index.retain_pods(["b"]) == ["a"]
-    assert index.speculative_claims == 0 and index.pods == ["b"]
-    index.apply("c", batch(stored([3])))  # reuses a's slot
-    assert index.match([1], ["b", "c"]) == {"b": 1, "c": 0}
-    assert index.match([2], ["c"]) == {"c": 0}
-    assert index.match([3], ["b", "c"]) == {"b": 0, "c": 1}

@@ -71,10 +71,6 @@ class ZmqEventPublisher:
         value = socket.getsockopt(zmq.LAST_ENDPOINT)
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    @property
-    def next_seq(self) -> int:
-        return self._seq
-
     def start(self) -> None:
         """Serve replay requests (call from the event loop)."""
         if self._replay is not None and self._replay_task is None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from slorouter.pool.kv_index import DEFAULT_MAX_BLOCKS_PER_POD
 from slorouter.pool.state import Endpoint
 from slorouter.validation import StrictModel
 
@@ -77,7 +78,7 @@ class PoolConfig(StrictModel):
     scrape_interval_ms: float = Field(default=50, gt=0)
     scrape_timeout_ms: float = Field(default=1000, gt=0)
     unhealthy_after_failures: int = Field(default=3, ge=1)
-    kv_events_max_blocks_per_pod: int = Field(default=1_000_000, ge=1)
+    kv_events_max_blocks_per_pod: int = Field(default=DEFAULT_MAX_BLOCKS_PER_POD, ge=1)
     kv_events_replay_timeout_ms: float = Field(default=1000, gt=0)
     kv_events_reconnect_ms: float = Field(default=1000, gt=0)
 

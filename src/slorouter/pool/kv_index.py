@@ -33,9 +33,8 @@ from slorouter.kvevents.wire import (
     KVEventBatch,
 )
 
-DEFAULT_MAX_BLOCKS_PER_POD = (
-    1_000_000  # 16M tokens of 16-token blocks, ~30× an 80 GB H100's cache of an 8B model
-)
+# 4M tokens of 16-token blocks: 4× the cache of an 8B model on a 141 GB H200, 9× on an 80 GB H100.
+DEFAULT_MAX_BLOCKS_PER_POD = 262_144
 
 
 @dataclass(slots=True)
@@ -68,7 +67,6 @@ class KVBlockIndex:
         self.max_blocks_per_pod = max_blocks_per_pod
         self._holders: dict[BlockHash, int] = {}
         self._pods: dict[str, _Pod] = {}
-        self._free_bits: list[int] = []
         self._speculative: dict[BlockHash, int] = {}  # hash → bitmask of pods with a claim
         self._claims: dict[tuple[BlockHash, int], int] = {}  # (hash, pod bit) → claims
 
@@ -91,10 +89,6 @@ class KVBlockIndex:
         return 0 if pod is None else len(pod.blocks)
 
     @property
-    def pods(self) -> list[str]:
-        return list(self._pods)
-
-    @property
     def distinct_blocks(self) -> int:
         return len(self._holders)
 
@@ -105,29 +99,6 @@ class KVBlockIndex:
         for block_hash in pod.blocks:
             self._forget(block_hash, pod.bit)
         pod.blocks = set()
-
-    def remove_pod(self, address: str) -> None:
-        """Forget a pod that left the pool, its speculative entries too (its slot is reused)."""
-        self.clear_pod(address)
-        pod = self._pods.pop(address, None)
-        if pod is None:
-            return
-        bit = pod.bit
-        for key in [key for key in self._claims if key[1] == bit]:
-            del self._claims[key]
-            mask = self._speculative.get(key[0], 0) & ~bit
-            if mask:
-                self._speculative[key[0]] = mask
-            else:
-                self._speculative.pop(key[0], None)
-        self._free_bits.append(bit)
-
-    def retain_pods(self, keep: Iterable[str]) -> list[str]:
-        keep_set = set(keep)
-        dropped = [address for address in self._pods if address not in keep_set]
-        for address in dropped:
-            self.remove_pod(address)
-        return dropped
 
     # --- events --------------------------------------------------------------------------------------
     def apply(self, address: str, batch: KVEventBatch) -> None:
@@ -232,8 +203,7 @@ class KVBlockIndex:
     def _pod(self, address: str) -> _Pod:
         pod = self._pods.get(address)
         if pod is None:
-            slot = self._free_bits.pop().bit_length() - 1 if self._free_bits else len(self._pods)
-            pod = self._pods[address] = _Pod(bit=1 << slot)
+            pod = self._pods[address] = _Pod(bit=1 << len(self._pods))  # pool membership is static
         return pod
 
     def _forget(self, block_hash: BlockHash, bit: int) -> None:
