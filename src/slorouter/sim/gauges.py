@@ -65,6 +65,8 @@ class GaugeReporter:
             return
         engine = self._engine
         history = self._history
+        if history[-1][0] >= now:  # a later state at the same time replaces the earlier one
+            history.pop()
         history.append((now, Gauges(engine.num_waiting, engine.num_running, engine.kv_usage)))
         horizon = now - self._delay_s + _EPSILON_S
         while len(history) > 1 and history[1][0] <= horizon:
@@ -75,7 +77,7 @@ class GaugeReporter:
         if self.live:
             return Gauges(engine.num_waiting, engine.num_running, engine.kv_usage)
         if self._period_s:
-            if now < self._next_refresh:
+            if now + _EPSILON_S < self._next_refresh:
                 return self._shown
             self._next_refresh = (math.floor(now / self._period_s + _EPSILON_S) + 1) * self._period_s
         if self._delay_s:

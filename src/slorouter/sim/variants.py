@@ -40,7 +40,7 @@ NAMED_VARIANTS: dict[str, str] = {
     "fast-decode": "w=0.5,kv=0.5,req=0.5,step=0.5",
     "small-budget": "batch-tokens=2048",
     "small-chunks": "chunk=512",
-    "small-kv": "kv-memory=0.1",
+    "small-kv": "kv-memory=0.12",
     "slow-gpu": "time=2.2,kv-memory=0.5",
     "late-metrics": "metrics-delay-ms=500",
     "coarse-metrics": "metrics-period-ms=1000,kv-usage-step=0.1",
