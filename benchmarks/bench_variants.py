@@ -175,10 +175,22 @@ def chat_ttft_p90_ms(rec: RunRecords, requests: list[BenchRequest], warmup: floa
 def run_variant(name: str, spec: str, args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     profiles = parse_pool(spec)
     params = dict(args.workload_param)
-    bound = engine_capacity(profiles, args.workload, params)
-    log(f"{name}: pool {describe_pool(profiles)}, engines' bound {bound:.1f} req/s")
-    capacity, probes = load_aware_capacity(profiles, bound, args, log)
-    log(f"{name}: load-aware capacity {capacity:.1f} req/s")
+    key = f"{describe_pool(profiles)} | {args.workload} {sorted(params.items())}"
+    cache = (
+        json.loads(args.capacity_cache.read_text())
+        if args.capacity_cache and args.capacity_cache.exists()
+        else {}
+    )
+    if key in cache:
+        bound, capacity, probes = cache[key]
+    else:
+        bound = engine_capacity(profiles, args.workload, params)
+        log(f"{name}: pool {describe_pool(profiles)}, engines' bound {bound:.1f} req/s")
+        capacity, probes = load_aware_capacity(profiles, bound, args, log)
+        if args.capacity_cache:
+            cache[key] = (bound, capacity, probes)
+            args.capacity_cache.write_text(json.dumps(cache, indent=1))
+    log(f"{name}: load-aware capacity {capacity:.1f} req/s (engines' bound {bound:.1f})")
     policies = resolve_policies(args.policies)
     settings = ClusterSettings()
     max_model_len = min(p.max_model_len for p in profiles)
@@ -323,6 +335,12 @@ def main() -> None:
     parser.add_argument("--jsonl", type=Path, default=None, help="append each run's summary here as it ends")
     parser.add_argument(
         "--report", type=Path, nargs="+", default=None, metavar="JSONL", help="only print tables from these"
+    )
+    parser.add_argument(
+        "--capacity-cache",
+        type=Path,
+        default=None,
+        help="reuse (and store) derived capacities in this JSON file",
     )
     parser.add_argument("--list", action="store_true", help="list the variants and exit")
     args = parser.parse_args()

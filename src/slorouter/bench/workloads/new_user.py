@@ -29,7 +29,8 @@ class NewUserParams(WorkloadParams):
     question_tokens: PositiveInt = 100  # mean of a chat turn's new message
     output_tokens: PositiveInt = 200  # mean of every answer (max_tokens)
     length_std: RelStd = 0.3  # relative std of chat questions and of all outputs
-    max_turns: Annotated[int, Field(ge=0)] = 0  # chat turns before a user starts over; 0 = never
+    max_turns: Annotated[int, Field(ge=0)] = 5  # chat turns before a user starts over (0 = never): keeps
+    # the prompt-length mix the same at every load and duration
     long_share: Share = 0.15  # share of arrivals that are a new user's long single prompt
     long_min_tokens: PositiveInt = 4000
     long_max_tokens: PositiveInt = 16000  # long prompts are uniform in [min, max]
