@@ -8,9 +8,10 @@ What it models, after vLLM V1's scheduler and KV-cache manager:
 
 - **Continuous batching** with a token budget per step (``max_num_batched_tokens``) and at most
   ``max_num_seqs`` running requests; FCFS waiting queue.
-- **Chunked prefill**: a prompt is computed over as many steps as the budget needs. Decodes are scheduled
-  first (the budget always covers them since it is at least ``max_num_seqs``), then running prefills in
-  admission order, then waiting requests.
+- **Chunked prefill**: a prompt is computed over as many steps as the budget needs (and, with
+  ``long_prefill_token_threshold``, at most that many tokens per step). Under the default ``vllm`` policy
+  decodes are scheduled first (the budget always covers them since it is at least ``max_num_seqs``), then
+  running prefills in admission order, then waiting requests; ``slorouter.sim.scheduler`` has the others.
 - **Paged KV cache** of ``num_gpu_blocks`` blocks of ``block_size`` tokens, allocated as tokens are scheduled,
   with **automatic prefix caching**: a new request reuses the longest cached run of its leading full blocks
   and skips computing them (``slorouter.sim.kv_cache`` keeps the blocks; this module decides who gets them).
