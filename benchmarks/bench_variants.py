@@ -53,6 +53,7 @@ VARIANTS: dict[str, str] = {
     "prefill-priority": "{n}x llama3-8b-h100@prefill-priority",
     "small-budget": "{n}x llama3-8b-h100@small-budget",
     "small-kv": "{n}x llama3-8b-h100@small-kv",
+    "decode-priority-small-kv": "{n}x llama3-8b-h100@small-kv,decode-priority",
     "mixed-slow-gpu": "{half}x llama3-8b-h100 + {half}x llama3-8b-h100@slow-gpu",
     "late-metrics": "{n}x llama3-8b-h100@late-metrics",
     "coarse-metrics": "{n}x llama3-8b-h100@coarse-metrics",
