@@ -1,13 +1,17 @@
-"""Routing quality in real time: the heuristic profile vs the predicted-latency profile on simulated pods.
+"""Routing quality in real time: the policies of ``slorouter bench`` through the gateway, on simulated pods.
 
-One `slorouter sim --pods 8 --profile llama3-8b-h100` process is the pool. For each policy a fresh pool is
-started (same seed: identical pods, cold caches) with a `slorouter serve --config` gateway in front of it,
-and a load generator (asyncio + aiohttp, in its own process) sends a warm-up phase, then the measured phase.
-Both policies get the same warm-up and the same measured arrival sequence (same seed); only the measured
-phase is reported. The predicted-latency gateway runs the embedded predictor and the built-in
-predicted-latency pipeline with ``streamingMode: true`` (TTFT and TPOT models; in the default E2E mode a TTFT
-SLO would be compared with a predicted end-to-end latency); its warm-up lasts until both models are served.
-The heuristic gateway runs the default profile (queue, KV-cache and prefix-cache scorers).
+The pool is ``--pool`` (``slorouter bench``'s pool spec: ``8x llama3-8b-h100``, mixed classes joined by
+``+``, engine variants as ``@VARIANT`` per term or ``--engine-variant`` for all; docs/simulator.md), run as
+one ``slorouter sim`` process per term. For each policy a fresh pool is started (same seed: identical pods,
+cold caches) with a `slorouter serve --config` gateway in front of it, and a load generator (asyncio +
+aiohttp, in its own process) sends a warm-up phase, then the measured phase. Every policy gets the same
+warm-up and the same measured arrival sequence (same seed); only the measured phase is reported.
+
+Policies are ``slorouter bench``'s built-ins (slorouter.bench.policies), as scheduler configs of the
+gateway: ``heuristic`` (the default profile: queue, KV-cache and prefix-cache scorers), ``heuristic-tuned``,
+``token-aware`` and ``predicted-latency`` (the shipped pipeline with ``streamingMode: true``: TTFT and TPOT
+models; the embedded predictor), plus ``predicted-most`` (predicted-latency with
+``headroomSelectionStrategy: most``). A gateway with a predictor warms up until both models are served.
 
 Workload (deterministic from --seed): Poisson arrivals of streamed chat completions
 (``stream_options.include_usage``): short chat (one of 4 shared 64-token system prompts plus a unique
@@ -18,10 +22,10 @@ taken at the first SSE chunk carrying a token; TPOT = (E2E - TTFT) / (completion
 token count from the usage chunk.
 
 Capacity is derived from the simulator's own latency model, not guessed: one pod's engine
-(``slorouter.sim.engine.Engine``) is driven in virtual time through this workload offered far above its
-capacity; its completions per virtual second in that overload are the pod's maximum throughput, and the
-pool's capacity is that times the number of pods (the best any router could do). The offered rate is
---load (default 0.7) times that, unless --rate is given.
+(``slorouter.sim.engine.Engine``) of each pod class of the pool (profile and variant) is driven in virtual
+time through this workload offered far above its capacity; its completions per virtual second in that
+overload are the pod's maximum throughput, and the pool's capacity is their sum (the best any router could
+do). The offered rate is --load (default 0.7) times that, unless --rate is given.
 
 Why half the requests are long-context by default (--long-share 0.5): on the 2-core development machine a
 streamed request costs about 20-30 ms of CPU in total (the pods, the gateway and the load generator each
@@ -31,8 +35,9 @@ for 8 pods (70%: 180 req/s, out of reach); at 50/50 the capacity is about 10 req
 (about 55 req/s) fits, with the CPU of each process reported. ``--long-share 0.2`` runs the 80/20 mix.
 
     .venv/bin/python benchmarks/bench_quality_realtime.py [--duration 90] [--warmup 30] [--load 0.7]
-        [--rate REQ_PER_S] [--seed 0] [--pods 8] [--long-share 0.5] [--slo-chat 200 25] [--slo-long 600 35]
-        [--policies heuristic,predicted[,predicted-most]] [--json FILE]
+        [--rate REQ_PER_S] [--seed 0] [--pool "8x llama3-8b-h100"] [--engine-variant SPEC]
+        [--long-share 0.5] [--slo-chat 200 25] [--slo-long 600 35]
+        [--policies heuristic,heuristic-tuned,token-aware,predicted-latency[,predicted-most]] [--json FILE]
 """
 
 from __future__ import annotations
@@ -62,8 +67,7 @@ import yaml
 
 from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, markdown_table, wait_for_port
 
-PROFILE = "llama3-8b-h100"
-MODEL = "sim-llama3-8b"
+MODEL = "sim-llama3-8b"  # every pod of the pool serves this name, whatever its profile
 # The capacity is a property of the workload's distribution: derived with one seed, so that --seed changes the
 # arrival sequence but not the offered rate.
 CAPACITY_SEED = 0
@@ -157,17 +161,27 @@ def build_requests(seed: int, rate: float, duration_s: float, workload: Workload
 # --- capacity ---------------------------------------------------------------------------------------------
 
 
-def pod_capacity(workload: Workload, seed: int, overload_rate: float = 80.0, seconds: float = 60.0) -> float:
+def pool_capacity(profiles: list[Any], workload: Workload, seed: int) -> float:
+    """The sum of the pods' maximum throughputs (one measurement per distinct pod class)."""
+    per_class: dict[Any, float] = {}
+    for profile in profiles:
+        if profile not in per_class:
+            per_class[profile] = pod_capacity(profile, workload, seed)
+    return sum(per_class[p] for p in profiles)
+
+
+def pod_capacity(
+    profile: Any, workload: Workload, seed: int, overload_rate: float = 80.0, seconds: float = 60.0
+) -> float:
     """Maximum throughput (requests/s) of one simulated pod on this workload, from its engine in virtual time.
 
     Requests arrive at ``overload_rate`` (far above capacity) for ``seconds``; completions are counted over
     the second half, when the queue is long and the engine runs as full as it can.
     """
     from slorouter.sim.engine import Engine
-    from slorouter.sim.profiles import get_profile
     from slorouter.tokenizer import chat_to_prompt, encode_array
 
-    engine = Engine(get_profile(PROFILE), seed=seed)
+    engine = Engine(profile, seed=seed)
     arrivals = []
     for r in build_requests(seed + 17, overload_rate, seconds, workload):
         messages = json.loads(r.body)["messages"]
@@ -350,44 +364,64 @@ def loadgen_main(spec_path: str, out_path: str) -> None:
 # --- orchestration ----------------------------------------------------------------------------------------
 
 
-POLICIES = ("heuristic", "predicted", "predicted-most")
+POLICIES = ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency", "predicted-most")
 PROBLEM = re.compile(r"(?i)error|warning|traceback|exception")
 
 
 def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> dict[str, Any]:
-    """``heuristic``: the default profile (queue, KV-cache and prefix scorers). ``predicted``: the built-in
-    predicted-latency pipeline in streaming mode, embedded predictor. ``predicted-most``: the same with
+    """The gateway's config for one of POLICIES: ``slorouter bench``'s built-in policy of that name, with
+    the embedded predictor when it uses one. ``predicted-most`` is ``predicted-latency`` with
     ``headroomSelectionStrategy: most`` (spreading instead of bin-packing)."""
-    from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
+    from slorouter.bench.policies import resolve_policy
 
+    built_in = resolve_policy("predicted-latency" if policy == "predicted-most" else policy)
+    scheduler = copy.deepcopy(built_in.config)
+    if policy == "predicted-most":
+        for plugin in scheduler["plugins"]:
+            if plugin["type"] == "latency-scorer":
+                plugin["parameters"] = {**plugin.get("parameters", {}), "headroomSelectionStrategy": "most"}
     config: dict[str, Any] = {
         "gateway": {"host": "127.0.0.1", "port": port},
         "pool": {"endpoints": endpoints},
         "seed": seed,
+        "scheduler": scheduler,
     }
-    if policy != "heuristic":
-        scheduler = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
-        for plugin in scheduler["plugins"]:
-            if plugin["type"] == "predicted-latency-producer":
-                plugin["parameters"] = {"streamingMode": True}
-            if plugin["type"] == "latency-scorer" and policy == "predicted-most":
-                plugin["parameters"] = {"headroomSelectionStrategy": "most"}
+    if built_in.uses_predictor:
         # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
         config["predictor"] = {
             "mode": "embedded",
             "prediction_by_default": True,
             "embedded": {"persist": False},
         }
-        config["scheduler"] = scheduler
-    else:
-        config["scheduler"] = copy.deepcopy(DEFAULT_SCHEDULER_CONFIG)
     return config
 
 
+def uses_predictor(policy: str) -> bool:
+    from slorouter.bench.policies import resolve_policy
+
+    return resolve_policy("predicted-latency" if policy == "predicted-most" else policy).uses_predictor
+
+
+def pool_processes(profiles: list[Any]) -> list[tuple[int, str, str]]:
+    """(pods, base profile, engine variant) per ``slorouter sim`` process: runs of equal pod classes."""
+    from slorouter.bench.pool import describe_pool, parse_pool
+
+    groups: list[tuple[int, str, str]] = []
+    for term in describe_pool(profiles).split(" + "):
+        count, _, name = term.partition("x ")
+        base, _, variant = name.partition("@")
+        groups.append((int(count), base, variant))
+    assert [
+        p.name for p in parse_pool(" + ".join(f"{n}x {b}@{v}" if v else f"{n}x {b}" for n, b, v in groups))
+    ] == [p.name for p in profiles]
+    return groups
+
+
 def run_policy(name: str, args: argparse.Namespace, rate: float, tmp: Path) -> dict[str, Any]:
-    sim_port = free_port_range(args.pods)
+    pods = len(args.profiles)
+    sim_port = free_port_range(pods)
     gw_port = free_port()
-    endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(args.pods)]
+    endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(pods)]
     config_path = tmp / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(gateway_config(gw_port, endpoints, name, args.seed)))
     spec = {
@@ -396,7 +430,7 @@ def run_policy(name: str, args: argparse.Namespace, rate: float, tmp: Path) -> d
         "seed": args.seed,
         "warmup_s": args.warmup,
         "duration_s": args.duration,
-        "wait_ready": name != "heuristic",
+        "wait_ready": uses_predictor(name),
         "max_extra_warmup_s": args.max_extra_warmup,
         "request_timeout_s": 120.0,
         "slo_chat": args.slo_chat,
@@ -405,24 +439,36 @@ def run_policy(name: str, args: argparse.Namespace, rate: float, tmp: Path) -> d
     }
     spec_path, out_path = tmp / f"{name}-spec.json", tmp / f"{name}-out.json"
     spec_path.write_text(json.dumps(spec))
-    sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", PROFILE,
-           "--seed", str(args.seed)]  # fmt: skip
     serve = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
-    with (
-        logged_process(sim, [sim_port + i for i in range(args.pods)], tmp / f"{name}-sim.log") as sim_proc,
-        logged_process(serve, [gw_port], tmp / f"{name}-gateway.log") as gw,
-    ):
-        spec["pids"] = {"sim": sim_proc.pid, "gateway": gw.pid}
+    logs = []
+    with contextlib.ExitStack() as stack:
+        first = 0
+        pids: dict[str, int] = {}
+        for i, (count, profile, variant) in enumerate(pool_processes(args.profiles)):
+            # Pod j of the pool seeds its jitter with seed + j, whichever process runs it.
+            sim = [*SLOROUTER, "sim", "--pods", str(count), "--port", str(sim_port + first),
+                   "--profile", profile, "--engine-variant", variant, "--model", MODEL,
+                   "--seed", str(args.seed + first)]  # fmt: skip
+            logs.append(f"{name}-sim{i}")
+            ports = [sim_port + first + j for j in range(count)]
+            pids[f"sim{i}"] = stack.enter_context(logged_process(sim, ports, tmp / f"{logs[-1]}.log")).pid
+            first += count
+        logs.append(f"{name}-gateway")
+        pids["gateway"] = stack.enter_context(logged_process(serve, [gw_port], tmp / f"{logs[-1]}.log")).pid
+        spec["pids"] = pids
         spec_path.write_text(json.dumps(spec))
         loadgen = subprocess.run([sys.executable, __file__, "_loadgen", str(spec_path), str(out_path)])
         if loadgen.returncode != 0:
             raise SystemExit(f"{name}: the load generator failed ({loadgen.returncode})")
-    for log in ("sim", "gateway"):
-        text = (tmp / f"{name}-{log}.log").read_text(errors="replace")
+    for log in logs:
+        text = (tmp / f"{log}.log").read_text(errors="replace")
         problems = [line for line in text.splitlines() if PROBLEM.search(line)]
         if problems:
-            print(f"{name}: {log} log (last problems):\n" + "\n".join(problems[-5:]), file=sys.stderr)
-    return json.loads(out_path.read_text())
+            print(f"{log} log (last problems):\n" + "\n".join(problems[-5:]), file=sys.stderr)
+    output: dict[str, Any] = json.loads(out_path.read_text())
+    cpu = output["info"]["cpu"]
+    cpu["sim"] = round(sum(v for k, v in cpu.items() if k.startswith("sim")), 2)
+    return output
 
 
 @contextmanager
@@ -544,7 +590,10 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.7, help="offered load as a share of the capacity")
     parser.add_argument("--rate", type=float, default=None, help="requests/s (overrides --load)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pods", type=int, default=8)
+    parser.add_argument(
+        "--pool", default="8x llama3-8b-h100", help="slorouter bench's pool spec, engine variants included"
+    )
+    parser.add_argument("--engine-variant", default="", metavar="SPEC", help="engine variant of every pod")
     parser.add_argument("--long-share", type=float, default=0.5, help="share of long-context requests")
     parser.add_argument(
         "--slo-chat",
@@ -562,20 +611,31 @@ def main() -> None:
         metavar=("TTFT", "TPOT"),
         help="SLOs in ms of long-context requests",
     )
-    parser.add_argument("--policies", default="heuristic,predicted", help="which policies to run, in order")
+    parser.add_argument(
+        "--policies",
+        default="heuristic,heuristic-tuned,token-aware,predicted-latency",
+        help=f"which policies to run, in order (known: {', '.join(POLICIES)})",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
     unknown = set(args.policies.split(",")) - set(POLICIES)
     if unknown:
         parser.error(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
 
+    from slorouter.bench.pool import describe_pool, parse_pool
+    from slorouter.sim.variants import parse_variant
+
+    try:
+        args.profiles = parse_pool(args.pool, parse_variant(args.engine_variant))
+    except ValueError as exc:
+        parser.error(f"--pool / --engine-variant: {exc}")
+    args.pool_description = describe_pool(args.profiles)
     workload = Workload(long_share=args.long_share)
     started = time.monotonic()
-    per_pod = pod_capacity(workload, CAPACITY_SEED)
-    capacity = per_pod * args.pods
+    capacity = pool_capacity(args.profiles, workload, CAPACITY_SEED)
     rate = args.rate if args.rate is not None else args.load * capacity
-    print(f"capacity: {per_pod:.1f} req/s per pod (engine in virtual time, overloaded) x {args.pods} pods = "
-          f"{capacity:.0f} req/s; offered {rate:.1f} req/s ({rate / capacity:.0%})", flush=True)  # fmt: skip
+    print(f"capacity of {args.pool_description}: {capacity:.0f} req/s (engines in virtual time, overloaded); "
+          f"offered {rate:.1f} req/s ({rate / capacity:.0%})", flush=True)  # fmt: skip
     outputs: dict[str, dict[str, Any]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -585,7 +645,8 @@ def main() -> None:
             info = outputs[name]["info"]
             print(f"{name}: {summaries[name]['requests']} measured requests; {info}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "outputs": outputs}))
+        written = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "profiles"}
+        args.json.write_text(json.dumps({"args": written, "outputs": outputs}))
     print()
     print(report(summaries, outputs, args, rate, capacity))
     print(f"\nwall time {time.monotonic() - started:.0f} s; command: .venv/bin/python {shlex.join(sys.argv)}")
@@ -612,15 +673,17 @@ def report(
         ])  # fmt: skip
     keys = ["ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "e2e_p50", "slo"]
     keys += ["chat_ttft_p90", "long_ttft_p90"]
-    for name, p in summaries.items():
-        h = summaries.get("heuristic")
-        if name == "heuristic" or h is None:
-            continue
-        ratio = [f"{p[k] / h[k]:.2f}" if h[k] else "-" for k in keys]
-        rows.append([f"{name} / heuristic", "", "", *ratio, ""])
+    for base in ("heuristic", "token-aware"):
+        b = summaries.get(base)
+        for name in ("predicted-latency", "predicted-most"):
+            p = summaries.get(name)
+            if p is None or b is None:
+                continue
+            ratio = [f"{p[k] / b[k]:.2f}" if b[k] else "-" for k in keys]
+            rows.append([f"{name} / {base}", "", "", *ratio, ""])
     lines = [markdown_table(headers, rows), ""]
     lines.append(
-        f"{args.pods} pods `{PROFILE}`, capacity {capacity:.0f} req/s (derived), offered {rate:.1f} req/s "
+        f"pool `{args.pool_description}`, capacity {capacity:.0f} req/s (derived), offered {rate:.1f} req/s "
         f"({rate / capacity:.0%}), {args.duration:g} s measured after {args.warmup:g} s warm-up, "
         f"seed {args.seed}; "
         f"SLOs chat TTFT {args.slo_chat[0]:g} ms / TPOT {args.slo_chat[1]:g} ms, long-context TTFT "

@@ -18,6 +18,8 @@ from slorouter.cli import main
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
+from slorouter.sim.profiles import LLAMA3_8B_A100
+from slorouter.sim.variants import parse_variant
 
 
 def records(**columns: list[float]) -> RunRecords:
@@ -116,6 +118,29 @@ def test_pool_specs() -> None:
             parse_pool(bad)
 
 
+def test_pool_terms_take_engine_variants() -> None:
+    pool = parse_pool("2x llama3-8b-h100 + 2x llama3-8b-h100@slow-gpu")
+    assert describe_pool(pool) == "2x llama3-8b-h100 + 2x llama3-8b-h100@slow-gpu"
+    assert pool[2].c_lin_ms == pytest.approx(2.2 * pool[0].c_lin_ms)
+    assert pool[2].num_gpu_blocks == round(pool[0].num_gpu_blocks / 2)
+    # A variant for every pod composes with a term's own (multipliers multiply, settings override).
+    mixed = parse_pool("1x llama3-8b-a100@w=2 + 1", parse_variant("w=1.5,decode-priority"))
+    assert [p.name for p in mixed] == [
+        "llama3-8b-a100@w=1.5,decode-priority,w=2",
+        "llama3-8b-h100@w=1.5,decode-priority",
+    ]
+    assert mixed[0].w_ms == pytest.approx(3 * LLAMA3_8B_A100.w_ms)
+    assert {p.scheduler for p in mixed} == {"decode-priority"}
+    for bad, message in (
+        ("2@", "has '@' but no variant"),
+        ("2x llama3-8b-h100@turbo", "unknown variant 'turbo'"),
+        ("2@kv-blocks=10", "cannot hold one request"),
+        ("2@attn=-1", "'attn=-1': must be a finite number > 0"),
+    ):
+        with pytest.raises(PoolSpecError, match=message):
+            parse_pool(bad)
+
+
 def test_markdown_ratios_to_the_tuned_heuristic() -> None:
     base = {
         "workload": "w",
@@ -152,6 +177,8 @@ def test_markdown_ratios_to_the_tuned_heuristic() -> None:
         (["--qps", "0"], "must be a finite number > 0"),
         (["--qps", "5", "--workload", "nope"], "unknown workload 'nope'"),
         (["--qps", "5", "--pool", "3x tpu"], "--pool: pool spec"),
+        (["--qps", "5", "--engine-variant", "fast"], "--engine-variant: engine variant 'fast': unknown"),
+        (["--qps", "5", "--engine-variant", "max-seqs=9000"], "must be at least max-seqs (9000)"),
         (["--qps", "5", "--policies", "best"], "--policies: unknown policy 'best'"),
         (["--qps", "5", "--duration", "10", "--warmup", "10"], "--warmup (10 s) must be shorter"),
         (["--qps", "5", "--workload-param", "colour=red"], "has a parameter 'colour'"),

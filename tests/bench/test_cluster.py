@@ -148,3 +148,40 @@ def test_settings_are_validated() -> None:
         ClusterSimulator(parse_pool("1"), None, use_predictor=False) as sim,
     ):
         sim.run([BenchRequest(2.0, "a" * 8, 1), BenchRequest(1.0, "a" * 8, 1)])
+
+
+def _scraped(pool_spec: str, requests: list[BenchRequest]) -> list[tuple[float, str, float, int]]:
+    """(time, address, KV usage, running) of every scrape the router saw."""
+    seen: list[tuple[float, str, float, int]] = []
+    with ClusterSimulator(parse_pool(pool_spec), BUILTIN_POLICIES["heuristic"], use_predictor=False) as sim:
+        set_metrics = sim.pool.set_metrics
+
+        def record(address: str, snapshot: object, at: float) -> None:
+            seen.append((at, address, snapshot.kv_usage, snapshot.running))  # type: ignore[attr-defined]
+            set_metrics(address, snapshot, at)  # type: ignore[arg-type]
+
+        sim.pool.set_metrics = record  # type: ignore[method-assign]
+        sim.run(requests)
+    return seen
+
+
+def test_coarse_metrics_variant_rounds_kv_usage_and_updates_once_a_second() -> None:
+    seen = _scraped("2@coarse-metrics,kv-blocks=2048", chat_requests(300, qps=30))
+    assert any(kv > 0 for _, _, kv, _ in seen)
+    assert all(abs(kv * 10 - round(kv * 10)) < 1e-9 for _, _, kv, _ in seen)
+    for address in {a for _, a, _, _ in seen}:
+        shown = [(int(t + 1e-9), kv, running) for t, a, kv, running in seen if a == address]
+        per_second: dict[int, set[tuple[float, int]]] = {}
+        for second, kv, running in shown:
+            per_second.setdefault(second, set()).add((kv, running))
+        assert all(len(values) == 1 for values in per_second.values())
+        assert len({values.pop() for values in per_second.values()}) > 1
+
+
+def test_late_metrics_variant_shows_the_pods_half_a_second_late() -> None:
+    requests = chat_requests(200, qps=50)
+    first_arrival = requests[0].arrival
+    live = [t for t, _, _, running in _scraped("2", requests) if running]
+    late = [t for t, _, _, running in _scraped("2@late-metrics", requests) if running]
+    assert min(live) < first_arrival + 0.1
+    assert min(late) == pytest.approx(min(live) + 0.5, abs=0.051)

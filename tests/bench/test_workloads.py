@@ -35,6 +35,7 @@ ALL = [
     "maas-mix",
     "code-generation",
     "reasoning",
+    "new-user",
 ]
 # Small lengths so that multi-turn tests build short prompts quickly.
 SMALL_GROUPS = {
@@ -140,6 +141,29 @@ def test_code_generation_and_reasoning_lengths() -> None:
     outputs = np.array([r.max_tokens for r in reasoning])
     assert outputs.mean() == pytest.approx(8000, rel=0.05) and outputs.max() <= 32_000
     assert np.mean([count_tokens(r.prompt) for r in reasoning]) == pytest.approx(1250, rel=0.03)
+
+
+def test_new_user_mixes_shared_prefix_chat_with_long_single_prompts() -> None:
+    requests = generate("new-user", qps=10, duration_s=300, seed=3)
+    long = [r for r in requests if r.session == -1]
+    chat = [r for r in requests if r.session >= 0]
+    assert len(long) / len(requests) == pytest.approx(0.15, abs=0.03)
+    assert all(4000 <= count_tokens(r.prompt) <= 16000 for r in long)
+    assert len({r.prompt[:400] for r in long}) == len(long)  # nothing shared between new users
+    assert len({r.prompt[: 4 * 1000] for r in chat}) == 8  # the groups' system prompts
+    turns: dict[int, list[str]] = {}
+    for r in chat:
+        turns.setdefault(r.session, []).append(r.prompt)
+    assert any(len(p) > 1 for p in turns.values())
+    assert all(b.startswith(a) for p in turns.values() for a, b in itertools.pairwise(p))
+    with pytest.raises(ValueError, match="long_min_tokens"):
+        generate(
+            "new-user",
+            qps=1,
+            duration_s=10,
+            seed=0,
+            params={"long_min_tokens": 9000, "long_max_tokens": 5000},
+        )
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,17 @@ def test_busy_port_is_a_clear_error(capsys):
     assert "cannot listen" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [("turbo", "unknown variant 'turbo'"), ("chunk=0", "'chunk=0': must be at least 1")],
+)
+def test_bad_engine_variant_is_a_clear_error(variant, message, capsys):
+    args = parser().parse_args(["sim", "--engine-variant", variant])
+    assert command.run(args) == 2
+    assert f"--engine-variant: engine variant '{variant}'" in (err := capsys.readouterr().err)
+    assert message in err
+
+
 def test_unknown_profile_lists_valid_names():
     with pytest.raises(ValueError) as error:
         get_profile("gpt-9")

@@ -10,8 +10,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slorouter.sim.profiles import get_profile
 from slorouter.sim.server import POD_HEADER, SimCluster, start_pods
 from slorouter.sim.text import output_text
+from slorouter.sim.variants import apply_variant
 from slorouter.tokenizer import chat_to_prompt, count_tokens
 
 MODEL = "sim-llama3-8b"
@@ -382,3 +384,19 @@ async def test_close_with_requests_in_flight_aborts_them():
         streamed.close()
         with contextlib.suppress(aiohttp.ClientError):
             await waiting
+
+
+async def test_late_metrics_pod_reports_running_requests_after_the_delay(session):
+    profile = apply_variant(get_profile("llama3-8b-h100"), "metrics-delay-ms=300")
+    async with await start_pods(1, 0, profile) as late:
+        url = f"http://{late.addresses[0]}"
+        body = {"prompt": "x" * 400, "max_tokens": 400}  # ~2 s of decoding
+        task = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        while late.pods[0].engine.num_running == 0:
+            await asyncio.sleep(0.005)
+        assert (await metrics(session, url))["vllm:num_requests_running"] == 0  # not shown yet
+        await wait_for_metric(session, url, "vllm:num_requests_running", lambda v: v == 1, timeout=2.0)
+        assert loop.time() - sent >= 0.3
+        (await task).close()

@@ -53,6 +53,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestId, RequestRejected, Step
+from slorouter.sim.gauges import GaugeReporter
 from slorouter.sim.kv_events import KVEventRecorder
 from slorouter.sim.profiles import Profile
 from slorouter.sim.text import output_text
@@ -156,6 +157,7 @@ class ClusterSimulator:
             )
             for i, profile in enumerate(self.profiles)
         ]
+        self._gauges = [GaugeReporter(engine) for engine in self.engines]  # late or coarse per profile
         endpoints = [
             Endpoint(f"pod-{i}.sim:8000", name=f"pod-{i}", labels={"gpu": profile.name})
             for i, profile in enumerate(self.profiles)
@@ -419,11 +421,12 @@ class ClusterSimulator:
 
     def _scrape_all(self, now: float) -> None:
         set_metrics = self.pool.set_metrics
-        for address, engine in zip(self.addresses, self.engines, strict=True):
+        for address, engine, reporter in zip(self.addresses, self.engines, self._gauges, strict=True):
+            gauges = reporter.read(now)
             snapshot = MetricsSnapshot(
-                waiting=engine.num_waiting,
-                running=engine.num_running,
-                kv_usage=engine.kv_usage,
+                waiting=gauges.waiting,
+                running=gauges.running,
+                kv_usage=gauges.kv_usage,
                 block_size=engine.block_size,
                 num_gpu_blocks=engine.num_gpu_blocks,
             )

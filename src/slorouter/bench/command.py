@@ -17,6 +17,7 @@ from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
 from slorouter.bench.workloads import workload_defaults, workload_names
 from slorouter.scheduling.config_schema import SchedulerConfigError
+from slorouter.sim.variants import VariantError, parse_variant
 
 # --quick: maas-mix at one load point with every built-in policy, short enough for about a minute.
 QUICK = {
@@ -92,6 +93,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="override a workload parameter (repeatable; see docs/workloads.md)",
     )
     parser.add_argument("--pool", default=None, help="e.g. '16' or '8x llama3-8b-h100 + 8x llama3-8b-a100'")
+    parser.add_argument(
+        "--engine-variant",
+        default="",
+        metavar="SPEC",
+        help="engine variant of every pod, e.g. 'decode-priority' or 'slow-prefill,kv-memory=0.2' "
+        "(docs/simulator.md); a pool term's own '@SPEC' applies on top",
+    )
     parser.add_argument("--qps", type=_qps_list, default=None, help="offered loads, comma-separated")
     parser.add_argument("--duration", type=_positive_float, default=None, help="seconds of arrivals")
     parser.add_argument(
@@ -140,7 +148,11 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     if warmup >= duration:
         raise ValueError(f"--warmup ({warmup:g} s) must be shorter than --duration ({duration:g} s)")
     try:
-        profiles = parse_pool(args.pool or quick.get("pool") or "16")
+        variant = parse_variant(args.engine_variant)
+    except VariantError as exc:
+        raise ValueError(f"--engine-variant: {exc}") from None
+    try:
+        profiles = parse_pool(args.pool or quick.get("pool") or "16", variant)
     except PoolSpecError as exc:
         raise ValueError(f"--pool: {exc}") from None
     try:

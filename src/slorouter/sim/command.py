@@ -10,8 +10,9 @@ import sys
 import uvloop
 import zmq
 
-from slorouter.sim.profiles import PROFILES
+from slorouter.sim.profiles import PROFILES, get_profile
 from slorouter.sim.server import start_pods
+from slorouter.sim.variants import VariantError, apply_variant
 
 
 def _positive_int(text: str) -> int:
@@ -45,6 +46,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="latency model (default %(default)s)",
     )
     parser.add_argument(
+        "--engine-variant",
+        default="",
+        metavar="SPEC",
+        help="vary the profile's engine, e.g. 'decode-priority', 'w=1.5,attn=0.5', 'small-kv,late-metrics' "
+        "(named variants and keys: docs/simulator.md)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed of pod 0's step-time jitter; pod i uses seed+i"
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -75,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        args.resolved_profile = apply_variant(get_profile(args.profile), args.engine_variant)
+    except VariantError as exc:
+        print(f"slorouter sim: error: --engine-variant: {exc}", file=sys.stderr)
+        return 2
+    try:
         return uvloop.run(_serve(args))
     except (OSError, zmq.ZMQError) as exc:
         print(f"slorouter sim: error: cannot listen: {exc}", file=sys.stderr)
@@ -85,7 +98,7 @@ async def _serve(args: argparse.Namespace) -> int:
     cluster = await start_pods(
         args.pods,
         args.port,
-        args.profile,
+        args.resolved_profile,
         host=args.host,
         seed=args.seed,
         model=args.model,
@@ -97,7 +110,8 @@ async def _serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     model = cluster.pods[0].model
-    print(f"slorouter sim: {len(cluster.pods)} pod(s), profile {args.profile}, model {model}", flush=True)
+    profile = args.resolved_profile.name
+    print(f"slorouter sim: {len(cluster.pods)} pod(s), profile {profile}, model {model}", flush=True)
     for pod in cluster.pods:
         line = f"  {pod.name} http://{pod.address}"
         if pod.kv_events is not None:

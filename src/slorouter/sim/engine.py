@@ -8,9 +8,10 @@ What it models, after vLLM V1's scheduler and KV-cache manager:
 
 - **Continuous batching** with a token budget per step (``max_num_batched_tokens``) and at most
   ``max_num_seqs`` running requests; FCFS waiting queue.
-- **Chunked prefill**: a prompt is computed over as many steps as the budget needs. Decodes are scheduled
-  first (the budget always covers them since it is at least ``max_num_seqs``), then running prefills in
-  admission order, then waiting requests.
+- **Chunked prefill**: a prompt is computed over as many steps as the budget needs (and, with
+  ``long_prefill_token_threshold``, at most that many tokens per step). Under the default ``vllm`` policy
+  decodes are scheduled first (the budget always covers them since it is at least ``max_num_seqs``), then
+  running prefills in admission order, then waiting requests; ``slorouter.sim.scheduler`` has the others.
 - **Paged KV cache** of ``num_gpu_blocks`` blocks of ``block_size`` tokens, allocated as tokens are scheduled,
   with **automatic prefix caching**: a new request reuses the longest cached run of its leading full blocks
   and skips computing them (``slorouter.sim.kv_cache`` keeps the blocks; this module decides who gets them).
@@ -38,6 +39,7 @@ import numpy as np
 
 from slorouter.sim.kv_cache import KVBlockManager, KVSequence
 from slorouter.sim.profiles import Profile
+from slorouter.sim.scheduler import get_policy
 from slorouter.tokenizer import BYTES_PER_TOKEN, token_ids_to_bytes
 
 RequestId = Hashable
@@ -117,10 +119,29 @@ class Step:
     num_preempted: int
     _chunks: list[tuple[_Request, int]] = field(repr=False)
     _finishing: list[_Request] = field(repr=False)
+    _decode_index: int = field(repr=False)  # the engine's decode clock at planning
+    _decodes: bool = field(repr=False)  # the decoding requests run in this step
 
     @property
     def end(self) -> float:
         return self.start + self.duration
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """The step a scheduler policy is building (``Engine.plan_step``)."""
+
+    index: int  # the decode clock: decoding requests' progress is measured in it
+    budget: int  # tokens still schedulable
+    preemptions_before: int
+    chunks: list[tuple[_Request, int]] = field(default_factory=list)
+    finishing: list[_Request] = field(default_factory=list)
+    pairs: float = 0.0  # Σ over prefill chunks of n·(s + n/2)
+    decodes: bool = False  # schedule_decodes ran: the decoding requests are in the step
+    stalled: bool = False  # a prefill waits for blocks it may not take
+
+    def preempted(self, engine: Engine) -> int:
+        return engine.num_preemptions_total - self.preemptions_before
 
 
 class _Request(KVSequence):
@@ -209,6 +230,10 @@ class Engine:
         self._decode_context = 0  # Σ computed tokens over decoding requests
         self._run_seq = 0
         self._steps_done = 0
+        # Decode progress is counted in steps that ran the decodes: every step, unless the policy pauses
+        # them (prefill-priority).
+        self._decode_clock = 0
+        self._policy = get_policy(profile.scheduler)
         self._inflight: Step | None = None
 
         self._kv = KVBlockManager(self.num_gpu_blocks, self.block_size)
@@ -315,7 +340,7 @@ class Engine:
             self._waiting.remove(req)
         elif state in (PREFILL, DECODE):
             if state == DECODE:
-                computed = self._sync_decode(req, self._steps_done)
+                computed = self._sync_decode(req, self._decode_clock)
                 del self._decoding[request_id]
                 self._decode_context -= computed
             else:
@@ -328,23 +353,62 @@ class Engine:
     # ------------------------------------------------------------------------------------------ steps
 
     def plan_step(self, now: float) -> Step | None:
-        """Choose the next batch at ``now`` (allocating its blocks, preempting if needed); None if idle."""
+        """Choose the next batch at ``now`` (allocating its blocks, preempting if needed); None if idle.
+
+        The profile's scheduler policy (``slorouter.sim.scheduler``) decides which phases run and in which
+        order; the phases themselves are ``schedule_decodes``, ``schedule_prefills`` and ``admit_waiting``.
+        """
         if self._inflight is not None:
             raise RuntimeError("the previous step has not been committed")
         if self._pending:
             self._release_pending(now)
         if not self._running and not self._waiting:
             return None
-        index = self._steps_done
-        block_size = self.block_size
+        batch = Batch(self._decode_clock, self.profile.max_num_batched_tokens, self.num_preemptions_total)
+        self._policy.plan(self, batch, now)
+        chunks = batch.chunks
+        num_decodes = len(self._decoding) if batch.decodes else 0
+        prefill_tokens = sum(n for _, n in chunks) if chunks else 0
+        if num_decodes == 0 and prefill_tokens == 0:
+            return None
+        context = self._decode_context + num_decodes if num_decodes else 0
+        # Profile.step_ms, inlined (same terms, same order).
         profile = self.profile
-        budget = profile.max_num_batched_tokens
-        preempted_before = self.num_preemptions_total
-        decoding = self._decoding
-        finishing: list[_Request] = []
-        chunks: list[tuple[_Request, int]] = []
-        pairs = 0.0
+        tokens = num_decodes + prefill_tokens
+        duration_ms = (
+            max(profile.w_ms, profile.c_lin_ms * tokens)
+            + profile.c_attn_ms * batch.pairs
+            + profile.c_kv_ms * context
+            + profile.c_req_ms * num_decodes
+            + profile.c_step_ms
+        )
+        if self._sigma > 0.0:
+            duration_ms *= math.exp(self._gauss(0.0, self._sigma) - self._jitter_shift)
+        step = Step(
+            self._steps_done,
+            now,
+            duration_ms / 1000.0,
+            num_decodes,
+            prefill_tokens,
+            batch.preempted(self),
+            chunks,
+            batch.finishing,
+            batch.index,
+            batch.decodes,
+        )
+        self._inflight = step
+        return step
 
+    # ------------------------------------------------------------- batch phases (for scheduler policies)
+
+    def schedule_decodes(self, batch: Batch, *, spare_decodes: bool = False) -> None:
+        """Run every decoding request in this step: give a new block to those that need one (preempting the
+        newest running request when none is free; with ``spare_decodes`` the newest prefilling one while
+        there is one) and take the decodes' tokens out of the budget."""
+        batch.decodes = True
+        index = batch.index
+        block_size = self.block_size
+        finishing = batch.finishing
         kv = self._kv
         # This loop runs for every decoding request every block_size steps: _sync_decode and
         # _schedule_decode_event are inlined.
@@ -364,7 +428,9 @@ class Engine:
                 if computed >= len(blocks) * block_size:  # the token computed now opens a new block
                     kv.cache_full_blocks(req, computed)
                     while kv.num_free_blocks == 0:
-                        if self._preempt_newest(index, finishing) is req:
+                        if spare_decodes and self._prefilling:
+                            self._preempt_newest_prefill(index, finishing)
+                        elif self._preempt_newest(index, finishing) is req:
                             break
                     if req.state != DECODE:
                         continue
@@ -381,54 +447,100 @@ class Engine:
                         self._due[event] = [req]
                     else:
                         later.append(req)
+        batch.budget -= len(self._decoding)
 
-        budget -= len(decoding)
-        if self._prefilling:
-            for req in list(self._prefilling):
-                if budget <= 0:
-                    break
-                if req.state != PREFILL:  # preempted while making room for an earlier request
-                    continue
-                computed = req.num_computed
-                n = min(req.num_tokens - computed, budget)
-                needed = -(-(computed + n) // block_size) - len(req.blocks)
-                while needed > kv.num_free_blocks:
-                    if self._preempt_newest(index, finishing) is req:
+    def schedule_prefills(self, batch: Batch, *, spare_decodes: bool = False) -> None:
+        """Give each running prefill its next chunk, in admission order, while the budget lasts.
+
+        A chunk that needs blocks when none is free preempts the newest running request; with
+        ``spare_decodes`` only the newest *prefilling* one, and a prefill that would have to preempt itself
+        waits instead (``batch.stalled``, and no later prefill runs).
+        """
+        if not self._prefilling:
+            return
+        block_size = self.block_size
+        threshold = self.profile.long_prefill_token_threshold
+        index = batch.index
+        finishing = batch.finishing
+        chunks = batch.chunks
+        kv = self._kv
+        budget = batch.budget
+        pairs = 0.0
+        for req in list(self._prefilling):
+            if budget <= 0:
+                break
+            if req.state != PREFILL:  # preempted while making room for an earlier request
+                continue
+            computed = req.num_computed
+            n = min(req.num_tokens - computed, budget)
+            if threshold and n > threshold:
+                n = threshold
+            needed = -(-(computed + n) // block_size) - len(req.blocks)
+            while needed > kv.num_free_blocks:
+                if spare_decodes:
+                    if self._prefilling[-1] is req:
                         break
-                if req.state != PREFILL:
-                    continue
-                if needed:
-                    kv.append_blocks(req, needed)
-                kv.cache_full_blocks(req, computed + n)
-                chunks.append((req, n))
-                pairs += n * (computed + n / 2)
-                budget -= n
+                    self._preempt_newest_prefill(index, finishing)
+                elif self._preempt_newest(index, finishing) is req:
+                    break
+            if req.state != PREFILL:
+                continue
+            if needed > kv.num_free_blocks:
+                batch.stalled = True
+                break
+            if needed:
+                kv.append_blocks(req, needed)
+            kv.cache_full_blocks(req, computed + n)
+            chunks.append((req, n))
+            pairs += n * (computed + n / 2)
+            budget -= n
+        batch.budget = budget
+        batch.pairs += pairs
 
-        preempted = self.num_preemptions_total - preempted_before
-        if self._waiting and (not preempted or not (chunks or decoding)):
-            pairs += self._admit_waiting(now, budget, chunks)
+    def admit_waiting(self, batch: Batch, now: float) -> None:
+        """Move waiting requests into the batch, FCFS, while budget, seats and blocks last (never preempts:
+        the head of the queue waits for space, and the queue behind it too)."""
+        block_size = self.block_size
+        max_seqs = self.profile.max_num_seqs
+        threshold = self.profile.long_prefill_token_threshold
+        waiting = self._waiting
+        chunks = batch.chunks
+        kv = self._kv
+        budget = batch.budget
+        pairs = 0.0
+        while waiting and budget > 0 and len(self._running) < max_seqs:
+            req = waiting[0]
+            hits = kv.lookup_prefix(req, req.num_tokens)
+            computed = len(hits) * block_size
+            n = min(req.num_tokens - computed, budget)
+            if threshold and n > threshold:
+                n = threshold
+            needed = -(-(computed + n) // block_size) - len(hits)
+            if not kv.can_admit(hits, needed):
+                break  # it waits for space: the next step's lookup resumes from the hits found now
+            waiting.popleft()
+            kv.admit(req, hits, needed)
+            req.num_computed = computed
+            if req.scheduled_time < 0:
+                req.scheduled_time = now
+                req.cached_tokens = computed
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += computed
+            kv.cache_full_blocks(req, computed + n)
+            req.state = PREFILL
+            self._run_seq += 1
+            req.run_seq = self._run_seq
+            self._running[req.request_id] = req
+            self._prefilling.append(req)
+            chunks.append((req, n))
+            pairs += n * (computed + n / 2)
+            budget -= n
+        batch.budget = budget
+        batch.pairs += pairs
 
-        num_decodes = len(decoding)
-        prefill_tokens = sum(n for _, n in chunks) if chunks else 0
-        if num_decodes == 0 and prefill_tokens == 0:
-            return None
-        context = self._decode_context + num_decodes
-        # Profile.step_ms, inlined (same terms, same order).
-        tokens = num_decodes + prefill_tokens
-        duration_ms = (
-            max(profile.w_ms, profile.c_lin_ms * tokens)
-            + profile.c_attn_ms * pairs
-            + profile.c_kv_ms * context
-            + profile.c_req_ms * num_decodes
-            + profile.c_step_ms
-        )
-        if self._sigma > 0.0:
-            duration_ms *= math.exp(self._gauss(0.0, self._sigma) - self._jitter_shift)
-        step = Step(
-            index, now, duration_ms / 1000.0, num_decodes, prefill_tokens, preempted, chunks, finishing
-        )
-        self._inflight = step
-        return step
+    @property
+    def num_decoding(self) -> int:
+        return len(self._decoding)
 
     def commit_step(self, step: Step, now: float | None = None) -> StepOutput:
         """Apply a planned step, finished at ``now`` (default ``step.end``)."""
@@ -436,12 +548,19 @@ class Engine:
             raise RuntimeError("commit_step needs the step returned by the last plan_step")
         time = step.end if now is None else now
         self._inflight = None
-        self._steps_done = index = step.index + 1
+        self._steps_done = step.index + 1
         decoding = self._decoding
-        self._decode_context += len(decoding)
-        # The requests that decoded in this step: those planned, minus any aborted since (abort removes them).
-        tokens = list(decoding) if self._report_tokens else []
-        generated = len(decoding)
+        if step._decodes:
+            self._decode_clock = step._decode_index + 1
+            self._decode_context += len(decoding)
+            # The requests that decoded in this step: those planned, minus any aborted since (abort removes
+            # them).
+            tokens = list(decoding) if self._report_tokens else []
+            generated = len(decoding)
+        else:  # the policy paused the decodes for this step
+            tokens = []
+            generated = 0
+        index = self._decode_clock
         first_tokens: list[FirstToken] = []
         finished: list[Finished] = []
 
@@ -489,42 +608,18 @@ class Engine:
                 req.state = WAITING
                 self._waiting.append(req)
 
-    def _admit_waiting(self, now: float, budget: int, chunks: list[tuple[_Request, int]]) -> float:
-        """Move waiting requests into the batch, FCFS, while budget, seats and blocks last. Returns Σpairs."""
-        block_size = self.block_size
-        max_seqs = self.profile.max_num_seqs
-        waiting = self._waiting
-        kv = self._kv
-        pairs = 0.0
-        while waiting and budget > 0 and len(self._running) < max_seqs:
-            req = waiting[0]
-            hits = kv.lookup_prefix(req, req.num_tokens)
-            computed = len(hits) * block_size
-            n = min(req.num_tokens - computed, budget)
-            needed = -(-(computed + n) // block_size) - len(hits)
-            if not kv.can_admit(hits, needed):
-                break  # it waits for space: the next step's lookup resumes from the hits found now
-            waiting.popleft()
-            kv.admit(req, hits, needed)
-            req.num_computed = computed
-            if req.scheduled_time < 0:
-                req.scheduled_time = now
-                req.cached_tokens = computed
-                self.prefix_cache_queries += req.num_tokens
-                self.prefix_cache_hits += computed
-            kv.cache_full_blocks(req, computed + n)
-            req.state = PREFILL
-            self._run_seq += 1
-            req.run_seq = self._run_seq
-            self._running[req.request_id] = req
-            self._prefilling.append(req)
-            chunks.append((req, n))
-            pairs += n * (computed + n / 2)
-            budget -= n
-        return pairs
-
     def _preempt_newest(self, index: int, finishing: list[_Request]) -> _Request:
         victim = self._running.pop(next(reversed(self._running)))
+        self._preempt(victim, index, finishing)
+        return victim
+
+    def _preempt_newest_prefill(self, index: int, finishing: list[_Request]) -> None:
+        victim = self._prefilling[-1]
+        del self._running[victim.request_id]
+        self._preempt(victim, index, finishing)
+
+    def _preempt(self, victim: _Request, index: int, finishing: list[_Request]) -> None:
+        """Free a request already taken out of the running set and put it back at the head of the queue."""
         if victim.state == DECODE:
             computed = self._sync_decode(victim, index)
             del self._decoding[victim.request_id]
@@ -540,7 +635,6 @@ class Engine:
         victim.state = WAITING
         self._waiting.appendleft(victim)
         self.num_preemptions_total += 1
-        return victim
 
     def _start_decoding(self, req: _Request, index: int) -> None:
         req.state = DECODE

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 
 from slorouter.sim.engine import Engine, Finished, FirstToken
+from slorouter.sim.gauges import GaugeReporter
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -79,6 +80,7 @@ class PodMetrics:
 
     def __init__(self, engine: Engine, model_name: str) -> None:
         self._engine = engine
+        self.gauges = GaugeReporter(engine)  # late or coarse gauges, as the engine's profile says
         labels = {"model_name": model_name, "engine": "0"}
         self._label_text = "{" + _labels(labels) + "}"
         self._success_labels = "{" + _labels({**labels, "finished_reason": "length"}) + "}"
@@ -123,10 +125,17 @@ class PodMetrics:
         self.e2e.observe(event.e2e)
         self.queue.observe(event.queue_time)
 
-    def render(self) -> str:
+    def render(self, now: float = 0.0) -> str:
+        """The page at ``now`` (the server's clock; only late or coarse gauges depend on it)."""
         engine = self._engine
         labels = self._label_text
+        gauges = self.gauges.read(now)
+        values = (gauges.running, gauges.waiting, gauges.kv_usage)
         parts = [
+            f"{header}{name}{labels} {float(value)!r}\n"
+            for (name, header), value in zip(_GAUGE_SERIES, values, strict=True)
+        ]
+        parts += [
             f"{header}{name}{labels} {float(getattr(engine, attribute))!r}\n"
             for name, header, attribute in _ENGINE_SERIES
         ]
@@ -146,14 +155,20 @@ def _series(name: str, kind: str, help_text: str, attribute: str) -> tuple[str, 
     return name, f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n", attribute
 
 
-# (name, HELP and TYPE lines, Engine attribute holding the value)
-_ENGINE_SERIES = tuple(
-    _series(*row)
+# The load gauges (name, HELP and TYPE lines), in Gauges order running, waiting, KV usage.
+_GAUGE_SERIES = tuple(
+    _series(*row)[:2]
     for row in (
         ("vllm:num_requests_running", "gauge",
          "Number of requests in model execution batches.", "num_running"),
         ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "num_waiting"),
         ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+    )
+)  # fmt: skip
+# (name, HELP and TYPE lines, Engine attribute holding the value)
+_ENGINE_SERIES = tuple(
+    _series(*row)
+    for row in (
         ("vllm:prefix_cache_queries_total", "counter",
          "Prefix cache queries, in terms of number of queried tokens.", "prefix_cache_queries"),
         ("vllm:prefix_cache_hits_total", "counter",

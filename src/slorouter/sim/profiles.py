@@ -42,6 +42,13 @@ class Profile:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     jitter_sigma: float = 0.04  # sigma of the multiplicative lognormal noise on each step's time
+    # Serving-configuration knobs that engine variants change (slorouter.sim.variants); the defaults are
+    # vLLM V1's.
+    scheduler: str = "vllm"  # batch policy, a name of slorouter.sim.scheduler.POLICIES
+    long_prefill_token_threshold: int = 0  # most prompt tokens of one request per step; 0 = the budget
+    metrics_delay_ms: float = 0.0  # /metrics shows the gauges as they were this long ago
+    metrics_period_ms: float = 0.0  # the waiting/running/KV gauges change only this often; 0 = live
+    kv_usage_step: float = 0.0  # the KV-usage gauge is rounded to a multiple of this; 0 = exact
 
     def step_ms(self, tokens: int, pairs: float, decode_context: int, decodes: int) -> float:
         """Noise-free duration of a step (see the module docstring for the terms)."""

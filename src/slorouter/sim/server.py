@@ -94,6 +94,7 @@ class SimPod:
         self.engine = engine
         self.model = model
         self.metrics = PodMetrics(engine, model)
+        self._late_gauges = self.metrics.gauges.delayed  # sample the gauges at every step (gauges.py)
         self._clock = clock or MonotonicClock()
         self._active: dict[RequestId, _Active] = {}
         self._ids = itertools.count()
@@ -179,6 +180,8 @@ class SimPod:
                         await asyncio.wait_for(self._wake.wait(), max(ready - clock.now(), 0.0))
                 continue
             self._stepping = True
+            if self._late_gauges:  # planning admitted requests and allocated blocks
+                self.metrics.gauges.sample(step.start)
             await asyncio.sleep(max(step.end - clock.now(), 0.0))
             # Zero-length steps (the instant profile) would pin the time line while real time moves on.
             last_end = step.end if step.duration > 0 else -math.inf
@@ -207,6 +210,8 @@ class SimPod:
     def _deliver(self, output: StepOutput) -> None:
         if self.kv_events is not None:
             self.kv_events.flush()
+        if self._late_gauges:
+            self.metrics.gauges.sample(output.time)
         active = self._active
         for request_id in output.tokens:
             entry = active.get(request_id)
@@ -318,7 +323,8 @@ class SimPod:
         return Response()
 
     async def _metrics(self, request: HttpRequest) -> Response:
-        return Response(body=self.metrics.render().encode(), content_type=CONTENT_TYPE.encode())
+        page = self.metrics.render(self._clock.now())
+        return Response(body=page.encode(), content_type=CONTENT_TYPE.encode())
 
 
 class SimCluster:

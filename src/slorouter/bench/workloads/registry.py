@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slorouter.bench.workloads import code_generation, maas, reasoning, shared_prefix, sharegpt
+from slorouter.bench.workloads import code_generation, maas, new_user, reasoning, shared_prefix, sharegpt
 from slorouter.bench.workloads.draft import Draft, assemble
 from slorouter.bench.workloads.params import WorkloadParams, defaults, parse_params
 from slorouter.bench.workloads.request import WorkloadRequests
@@ -51,6 +51,11 @@ _WORKLOADS: dict[str, Workload] = {
     ),
     "reasoning": Workload(
         reasoning.ReasoningParams, reasoning.build, "decode-bound: short prompts, long outputs"
+    ),
+    "new-user": Workload(
+        new_user.NewUserParams,
+        new_user.build,
+        "multi-turn chat under shared system prompts beside new users' 4k-16k-token single prompts",
     ),
 }
 
