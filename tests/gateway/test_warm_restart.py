@@ -4,11 +4,9 @@ prediction at once, and refuses (and counts) models of another pool."""
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,6 +23,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.sim.profiles import LLAMA3_8B_H100
 from slorouter.sim.server import SimCluster
 from tests.predictor.conftest import synthetic
+from tests.processes import wait_for_line
 
 # The embedded default's pool: 4 simulated llama3-8b-h100 pods.
 EMBEDDED_POOL = PoolShape(((LLAMA3_8B_H100.block_size, LLAMA3_8B_H100.num_gpu_blocks),))
@@ -53,22 +52,8 @@ def start_serve() -> tuple[subprocess.Popen[str], str, float]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    lines: queue.Queue[tuple[str, float]] = queue.Queue()
-    threading.Thread(
-        target=lambda: [lines.put((line, time.monotonic())) for line in process.stdout or ()], daemon=True
-    ).start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            line, at = lines.get(timeout=0.1)
-        except queue.Empty:
-            if process.poll() is not None:
-                break
-            continue
-        if "routing on http://" in line:
-            return process, line.split("http://", 1)[1].split()[0], at
-    process.kill()
-    raise AssertionError(f"slorouter serve did not start: {process.communicate()[1][-2000:]}")
+    line, at = wait_for_line(process, "routing on http://")
+    return process, line.split("http://", 1)[1].split()[0], at
 
 
 def stop(process: subprocess.Popen[str]) -> str:

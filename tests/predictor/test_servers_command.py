@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +28,7 @@ from tests.predictor.test_servers_common import (
     samples_body,
     samples_request,
 )
+from tests.processes import wait_for_line
 
 
 def parser() -> argparse.ArgumentParser:
@@ -236,22 +235,8 @@ def test_registered_in_the_main_cli() -> None:
 def _spawn_listening(*argv: str) -> tuple[subprocess.Popen[str], float]:
     """A server process, and the monotonic time at which it said it was listening."""
     process = _spawn(*argv)
-    lines: queue.Queue[tuple[str, float]] = queue.Queue()
-    threading.Thread(
-        target=lambda: [lines.put((line, time.monotonic())) for line in process.stdout or ()], daemon=True
-    ).start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            line, at = lines.get(timeout=0.1)
-        except queue.Empty:
-            if process.poll() is not None:
-                break
-            continue
-        if "listening on" in line:
-            return process, at
-    process.kill()
-    raise AssertionError(f"{argv[0]} did not start: {process.communicate()[1][-2000:]}")
+    _, at = wait_for_line(process, "listening on")
+    return process, at
 
 
 async def test_restarted_servers_serve_the_saved_models_at_once(tmp_path: Path) -> None:
