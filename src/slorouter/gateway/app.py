@@ -30,7 +30,7 @@ from slorouter.gateway.relay import (
     upstream_headers,
 )
 from slorouter.http.errors import RequestError
-from slorouter.http.headers import not_forwarded
+from slorouter.http.headers import connection_listed, drop_listed
 from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
 from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
@@ -135,12 +135,14 @@ class Gateway:
         forward: list[bytes] = []
         request_id = ""
         check_auth = bool(self._api_keys)
-        dropped = not_forwarded(http.headers, NOT_FORWARDED)
+        connection: list[bytes] = []
         for name, value in http.headers:
             lower = name.lower()
             text = value.decode("latin-1")
             headers[lower.decode("latin-1")] = text
-            if lower in dropped:
+            if lower in NOT_FORWARDED:
+                if lower == b"connection":
+                    connection.append(value)
                 continue
             if lower == b"x-request-id":
                 request_id = text
@@ -148,6 +150,8 @@ class Gateway:
             if check_auth and lower == b"authorization":
                 continue  # the gateway's key, not the model server's
             forward.append(b"%s: %s\r\n" % (name, value))
+        if connection:  # rare: the names it lists are hop-by-hop too, wherever they came
+            forward = drop_listed(forward, connection_listed(connection))
         if check_auth and headers.get("authorization", "") not in self._api_keys:
             self.metrics.count_request("none", 401)
             return _unauthorized()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import RequestLifecycle
 from slorouter.http.errors import sse_error_event
-from slorouter.http.headers import HOP_BY_HOP, not_forwarded
+from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
 from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from slorouter.metrics import GatewayMetrics
@@ -152,5 +152,4 @@ class Relay:
 
 def upstream_headers(upstream: UpstreamResponse) -> bytes:
     """The upstream's end-to-end response headers, preformatted."""
-    dropped = not_forwarded(upstream.headers, _NOT_RETURNED)
-    return b"".join(b"%s: %s\r\n" % (k, v) for k, v in upstream.headers if k.lower() not in dropped)
+    return forwarded_lines(upstream.headers, _NOT_RETURNED)

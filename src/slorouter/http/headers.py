@@ -20,15 +20,35 @@ HOP_BY_HOP = frozenset(
 )
 
 
-def not_forwarded(headers: Iterable[tuple[bytes, bytes]], always: frozenset[bytes]) -> frozenset[bytes]:
-    """The lower-case header names a proxy must drop from ``headers``: ``always`` plus every name that a
-    ``Connection`` header lists (RFC 9110 §7.6.1: those are hop-by-hop too, such as ``HTTP2-Settings``)."""
-    listed: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            listed.update(token.strip().lower() for token in value.split(b","))
+def connection_listed(values: Iterable[bytes]) -> set[bytes]:
+    """The lower-case header names that ``Connection`` header values list: hop-by-hop too (RFC 9110
+    §7.6.1), such as ``HTTP2-Settings``."""
+    listed = {token.strip().lower() for value in values for token in value.split(b",")}
     listed.discard(b"")
-    return always | listed if listed else always
+    return listed
+
+
+def drop_listed(lines: list[bytes], listed: set[bytes]) -> list[bytes]:
+    """Preformatted ``Name: value`` lines without those whose (lower-case) name is in ``listed``."""
+    return [line for line in lines if line.split(b":", 1)[0].lower() not in listed]
+
+
+def forwarded_lines(headers: Iterable[tuple[bytes, bytes]], never: frozenset[bytes]) -> bytes:
+    """The ``Name: value`` lines of the headers a proxy passes on: none in ``never`` (lower-case names,
+    ``connection`` among them) nor any a ``Connection`` header lists. One pass over the headers; the lines
+    are filtered again only when a ``Connection`` header is there."""
+    lines: list[bytes] = []
+    connection: list[bytes] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower in never:
+            if lower == b"connection":
+                connection.append(value)
+            continue
+        lines.append(b"%s: %s\r\n" % (name, value))
+    if connection:
+        lines = drop_listed(lines, connection_listed(connection))
+    return b"".join(lines)
 
 
 def parse_etags(header: str | None) -> set[str]:
