@@ -125,9 +125,8 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
         tokens = pod_token_bytes(request)
         state = PreciseMatch()
         for size, members in by_block_size.items():
-            hashes = state.hashes[size] = block_hashes(
-                tokens, size
-            )  # every full block: the pod caches them all
+            # Every full block: the pod caches them all.
+            hashes = state.hashes[size] = block_hashes(tokens, size)
             matched = index.match(hashes, [addresses[i] for i in members])
             for i in members:
                 address = addresses[i]
