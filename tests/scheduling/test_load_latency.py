@@ -37,12 +37,18 @@ def _truth(work: np.ndarray, decode: np.ndarray) -> np.ndarray:
     return 20.0 + 0.08 * work * (1.0 + decode / 200_000.0)
 
 
+def _terms(work: np.ndarray | float, decode: np.ndarray | float = 0.0, queue: np.ndarray | float = 0.0):
+    work, decode, queue = np.atleast_1d(work), np.atleast_1d(decode), np.atleast_1d(queue)
+    queue = np.broadcast_to(queue, work.shape)
+    return load_terms(queue, work, np.broadcast_to(decode, work.shape))
+
+
 def _train(fit: LoadLatencyFit, pods: list[str], speeds: dict[str, float], n: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(n):
         pod = pods[rng.integers(len(pods))]
         work, decode = rng.uniform(0, 20_000), rng.uniform(0, 400_000)
-        terms = load_terms(np.array([work]), np.array([decode]))[0]
+        terms = _terms(work, decode)[0]
         ttft = float(_truth(np.array([work]), np.array([decode]))[0]) * speeds[pod]
         fit.observe(pod, terms, ttft * math.exp(rng.normal(0, 0.05)))
 
@@ -52,21 +58,23 @@ def test_the_pooled_fit_recovers_a_linear_pool():
     _train(fit, ["a", "b"], {"a": 1.0, "b": 1.0}, 600)
     work = np.array([0.0, 5_000.0, 20_000.0, 20_000.0])
     decode = np.array([0.0, 100_000.0, 0.0, 400_000.0])
-    expected = fit.expected_ms(load_terms(work, decode), ["a"] * 4)
+    expected = fit.expected_ms(_terms(work, decode), ["a"] * 4)
     assert expected is not None
     np.testing.assert_allclose(expected, _truth(work, decode), rtol=0.08, atol=3.0)
 
 
-def test_a_slower_pod_learns_its_speed_and_the_pool_fit_stays_the_fast_pods():
+def test_a_slower_pod_learns_its_speed_relative_to_the_pool():
+    """2.2× slower, learned as about 2× (the shrinkage towards the pool keeps ~15 % of the log ratio back at
+    the default prior of 16 samples against a decayed count of ~92); the pool's typical pod stays at 1."""
     fit = LoadLatencyFit()
     _train(fit, ["fast1", "fast2", "slow"], {"fast1": 1.0, "fast2": 1.0, "slow": 2.2}, 1500)
-    assert fit.speed("slow") / math.sqrt(fit.speed("fast1") * fit.speed("fast2")) == pytest.approx(
-        2.2, rel=0.1
-    )
-    terms = load_terms(np.array([8_000.0, 8_000.0]), np.array([0.0, 0.0]))
+    fast = math.sqrt(fit.speed("fast1") * fit.speed("fast2"))
+    assert 1.8 <= fit.speed("slow") / fast <= 2.3
+    assert fit.speed("fast1") == pytest.approx(fit.speed("fast2"), rel=0.05)
+    terms = _terms(np.array([8_000.0, 8_000.0]))
     expected = fit.expected_ms(terms, ["fast1", "slow"])
     assert expected is not None
-    assert expected[1] / expected[0] == pytest.approx(2.2, rel=0.12)
+    assert 1.8 <= expected[1] / expected[0] <= 2.3
 
 
 def test_an_unknown_pod_starts_at_the_pools_speed():
@@ -79,7 +87,7 @@ def test_an_unknown_pod_starts_at_the_pools_speed():
 
 def test_nothing_is_expected_before_min_samples_or_with_a_slope_that_is_not_positive():
     fit = LoadLatencyFit(min_samples=10)
-    terms = load_terms(np.array([1_000.0]), np.array([0.0]))
+    terms = _terms(1_000.0)
     for _ in range(9):
         fit.observe("a", terms[0], 100.0)
     assert fit.expected_ms(terms, ["a"]) is None
@@ -87,7 +95,7 @@ def test_nothing_is_expected_before_min_samples_or_with_a_slope_that_is_not_posi
     fit = LoadLatencyFit(min_samples=10)
     for i in range(200):
         work = float(i * 100)
-        fit.observe("a", load_terms(np.array([work]), np.array([0.0]))[0], 1_000.0 - 0.04 * work)
+        fit.observe("a", _terms(work)[0], 1_000.0 - 0.04 * work)
     assert fit.theta is None
     assert fit.expected_ms(terms, ["a"]) is None
 
@@ -95,7 +103,7 @@ def test_nothing_is_expected_before_min_samples_or_with_a_slope_that_is_not_posi
 @pytest.mark.parametrize("ttft", [0.0, -5.0, math.nan, math.inf])
 def test_meaningless_observations_are_ignored(ttft):
     fit = LoadLatencyFit(min_samples=1)
-    fit.observe("a", load_terms(np.array([1.0]), np.array([0.0]))[0], ttft)
+    fit.observe("a", _terms(1.0)[0], ttft)
     assert fit.samples == 0
 
 
@@ -103,7 +111,7 @@ def test_a_wild_ratio_does_not_move_the_pods_speed():
     fit = LoadLatencyFit()
     _train(fit, ["a"], {"a": 1.0}, 300)
     before = fit.speed("a")
-    terms = load_terms(np.array([1_000.0]), np.array([0.0]))[0]
+    terms = _terms(1_000.0)[0]
     fit.observe("a", terms, float(terms @ fit.theta) * 50)  # an aborted stream or a clock glitch
     assert fit.speed("a") == before
 
@@ -113,7 +121,7 @@ def test_old_samples_fade():
     fit = LoadLatencyFit(half_life_samples=200, speed_half_life_samples=16)
     _train(fit, ["a", "b"], {"a": 1.0, "b": 1.0}, 600, seed=1)
     _train(fit, ["a", "b"], {"a": 2.0, "b": 2.0}, 2_000, seed=2)
-    terms = load_terms(np.array([10_000.0]), np.array([0.0]))
+    terms = _terms(10_000.0)
     expected = fit.expected_ms(terms, ["a"])
     assert expected is not None
     assert expected[0] == pytest.approx(2 * _truth(np.array([10_000.0]), np.array([0.0]))[0], rel=0.1)
@@ -138,21 +146,23 @@ def _round(producer, cands, request, target: int, ttft_ms: float) -> None:
 
 
 def test_the_producer_learns_from_first_tokens_and_attaches_expectations_for_every_candidate():
+    """TTFT = 10 ms + 0.05 ms per queued token + 0.1 ms per token of the request's own prompt."""
     producer = _producer(min_samples=3)
     pool = make_pool(2)
-    for i, work in enumerate([1_000, 4_000, 9_000, 16_000]):
-        cands = candidates_of(pool)
-        request = make_request(prompt_tokens=work, request_id=f"r{i}")
-        _round(producer, cands, request, target=i % 2, ttft_ms=10 + 0.1 * work)
-    assert producer.fit.samples == 4
-    cands = candidates_of(pool)
-    pool.add_inflight(addresses(2)[1], 1, 5_000, 0)
+    a = addresses(2)
+    history = [(0, 1_000), (4_000, 2_000), (0, 9_000), (12_000, 500), (2_000, 16_000)]
+    for i, (queue, own) in enumerate(history):
+        pool.add_inflight(a[i % 2], 1, queue, 0)
+        request = make_request(prompt_tokens=own, request_id=f"r{i}")
+        _round(producer, candidates_of(pool), request, target=i % 2, ttft_ms=10 + 0.05 * queue + 0.1 * own)
+        pool.add_inflight(a[i % 2], -1, -queue, 0)
+    assert producer.fit.samples == 5
+    pool.add_inflight(a[1], 1, 5_000, 0)
     cands = candidates_of(pool)
     producer.produce(make_request(prompt_tokens=2_000), cands)
     expected = cands.attrs[EXPECTED_TTFT_MS]
     assert expected.shape == (2,)
-    assert expected[0] == pytest.approx(10 + 0.1 * 2_000, rel=0.05)
-    assert expected[1] == pytest.approx(10 + 0.1 * 7_000, rel=0.05)
+    np.testing.assert_allclose(expected, [10 + 0.1 * 2_000, 10 + 0.05 * 5_000 + 0.1 * 2_000], rtol=0.05)
 
 
 def test_failed_responses_and_responses_without_a_first_token_teach_nothing():
@@ -229,7 +239,7 @@ def test_the_interference_term_charges_the_decode_streams_a_prefill_would_stall(
     np.testing.assert_allclose(scores(0.1), [1 - 180 / 60_000, 1 - 150 / 60_000])
 
 
-def test_own_prefill_is_the_fits_slope_times_the_requests_own_work():
+def test_own_prefill_is_what_the_requests_own_prompt_adds_to_the_expectation():
     producer = _producer(min_samples=3)
     pool = make_pool(2)
     for i, work in enumerate([1_000, 4_000, 9_000, 16_000]):
