@@ -114,7 +114,9 @@ def parse_pod(obj: Any) -> PodView:
             ip = str(ipaddress.ip_address(ip))
         except ValueError:
             raise ApiObjectError(f"{who}: status.podIP {ip!r} is not an IP address") from None
-    conditions = status.get("conditions") or []
+    conditions = status.get("conditions")
+    if conditions is None:
+        conditions = []
     if not isinstance(conditions, list):
         raise ApiObjectError(f"{who}: status.conditions must be a list, got {type(conditions).__name__}")
     ready = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from slorouter.pool.kv_index import DEFAULT_MAX_BLOCKS_PER_POD
 from slorouter.pool.state import Endpoint
@@ -199,8 +199,9 @@ class KubernetesPoolConfig(StrictModel):
 class PoolConfig(StrictModel):
     """Pool membership (static endpoints, or discovered from Kubernetes) and the scraper's settings."""
 
-    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    # kubernetes first: the check of endpoints reads it.
     kubernetes: KubernetesPoolConfig | None = None
+    endpoints: list[EndpointConfig] = Field(default_factory=list, validate_default=True)
     scrape_interval_ms: float = Field(default=50, gt=0)
     scrape_timeout_ms: float = Field(default=1000, gt=0)
     unhealthy_after_failures: int = Field(default=3, ge=1)
@@ -225,17 +226,18 @@ class PoolConfig(StrictModel):
             seen.add(endpoint.address)
         return value
 
-    @model_validator(mode="after")
-    def _one_membership(self) -> PoolConfig:
-        if self.kubernetes is not None and self.endpoints:
+    @field_validator("endpoints")
+    @classmethod
+    def _one_membership(cls, value: list[EndpointConfig], info: ValidationInfo) -> list[EndpointConfig]:
+        if "kubernetes" not in info.data:  # pool.kubernetes is invalid: its own error says why
+            return value
+        if info.data["kubernetes"] is not None and value:
+            raise ValueError("set either pool.endpoints (static model servers) or pool.kubernetes, not both")
+        if info.data["kubernetes"] is None and not value:
             raise ValueError(
-                "set either pool.endpoints (static model servers) or pool.kubernetes (discovery), not both"
+                "the pool needs model servers: a list of 'host:port', or pool.kubernetes instead"
             )
-        if self.kubernetes is None and not self.endpoints:
-            raise ValueError(
-                "the pool needs model servers: pool.endpoints (a list of 'host:port') or pool.kubernetes"
-            )
-        return self
+        return value
 
     @property
     def scrape_interval_s(self) -> float:
