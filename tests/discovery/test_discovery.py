@@ -319,3 +319,15 @@ async def test_static_endpoints_need_no_discovery():
     handle = await start_discovery(PoolConfig(endpoints=["10.0.0.1:8000"]), pool)
     await handle.stop()
     assert addresses(pool) == []  # the runtime fills a static pool from the config itself
+
+
+async def test_a_watch_the_server_ends_on_time_is_resumed_without_a_relist(apiserver, discover):
+    apiserver.create("pods", pod("a", "10.0.0.1"))
+    run = await discover(label_selector={"app": "vllm"}, target_ports=[8000], watch_timeout_s=1)
+    watches = lambda: [r for r in apiserver.requests if r.watch]  # noqa: E731
+    await eventually(lambda: len(watches()) >= 2, timeout_s=5, what="a second watch after timeoutSeconds=1")
+    assert all(r.query["timeoutSeconds"] == "1" for r in watches())
+    apiserver.create("pods", pod("b", "10.0.0.2"))
+    await run.settle(["10.0.0.1:8000", "10.0.0.2:8000"])
+    pods = run.watcher.pods
+    assert pods is not None and pods.stats.lists == 1 and pods.stats.errors == 0

@@ -64,7 +64,7 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- $urls = append $urls (printf "http://127.0.0.1:%s" $port) -}}
 {{- end -}}
 {{- $remote := merge (deepCopy ($lp.remote | default dict)) (dict "training_server" (printf "http://127.0.0.1:%v" $lp.trainingServer.port) "prediction_servers" $urls) -}}
-{{- $_ := set $config "predictor" (dict "mode" "remote" "prediction_by_default" true "remote" $remote) -}}
+{{- $_ := set $config "predictor" (dict "mode" "remote" "remote" $remote) -}}
 {{- end -}}
 {{- $plugins := get ($ie.pluginsCustomConfig | default dict) $ie.pluginsConfigFile -}}
 {{- if $plugins -}}
