@@ -224,9 +224,7 @@ class FakeKubeApiServer:
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()
         if not self.port:
-            server = site._server
-            assert isinstance(server, asyncio.base_events.Server)
-            self.port = server.sockets[0].getsockname()[1]
+            self.port = self._runner.addresses[0][1]
         return self.url
 
     async def stop(self) -> None:
