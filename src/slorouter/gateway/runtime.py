@@ -12,6 +12,7 @@ import numpy as np
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.config import Config, ConfigError, GatewayConfig, PredictorConfig
 from slorouter.director import Director
+from slorouter.discovery.start import DiscoveryHandle, KubernetesConfigError, start_discovery
 from slorouter.gateway.app import Gateway
 from slorouter.http.server import HttpServer, ServerLimits
 from slorouter.metrics import GatewayMetrics, KVEventsCollector, LatencyMetrics, PredictorCollector
@@ -49,6 +50,7 @@ class Router:
     metrics: GatewayMetrics
     predictor: LatencyPredictorBackend | None = None
     kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)
+    discovery: DiscoveryHandle | None = None
     _server: HttpServer | None = field(default=None, repr=False)
     _scrape_session: aiohttp.ClientSession | None = field(default=None, repr=False)
     address: str = ""
@@ -56,7 +58,7 @@ class Router:
     @classmethod
     def build(cls, config: Config, clock: Clock | None = None) -> Router:
         if config.pool is None:
-            raise ConfigError("config: 'pool' is required (pool.endpoints lists the model servers)")
+            raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
         clock = clock or MonotonicClock()
         pool = PoolState(endpoints_from_config(config.pool))
         metrics = GatewayMetrics(pool)
@@ -91,7 +93,13 @@ class Router:
         return cls(config, pool, director, gateway, scraper, metrics, predictor, kv_subscribers)
 
     async def start(self) -> None:
-        """Scrape every endpoint once, then serve; returns once the gateway is listening."""
+        """Discover the pool (Kubernetes), scrape every endpoint once, then serve; returns once the gateway
+        is listening."""
+        assert self.config.pool is not None
+        try:
+            self.discovery = await start_discovery(self.config.pool, self.pool)
+        except KubernetesConfigError as exc:
+            raise ConfigError(f"pool.kubernetes: {exc}") from None
         await self.scraper.scrape_once()
         self.scraper.start()
         for subscriber in self.kv_subscribers:
@@ -108,6 +116,8 @@ class Router:
         log.info("gateway listening on http://%s", self.address)
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.scraper.stop()
         for subscriber in self.kv_subscribers:
             await subscriber.stop()
