@@ -65,6 +65,7 @@ WORK_SCALE = 1e-3
 DECODE_SCALE = 1e-5
 N_TERMS = 6  # 1, q, o, d, (q + o)·d, o²
 MAX_LOG_RATIO = math.log(20.0)  # observations 20× off the fit (aborts, clock glitches) teach nothing
+RESOLVE_EVERY = 32  # samples between solves of the pooled fit, once it has 2 × minSamples
 
 
 def load_terms(queue_tokens: np.ndarray, own_tokens: np.ndarray, decode_tokens: np.ndarray) -> np.ndarray:
@@ -110,6 +111,7 @@ class LoadLatencyFit:
         self._moment = np.zeros(N_TERMS)
         self._theta: np.ndarray | None = None
         self._dirty = False
+        self._solved_at = 0
         self.samples = 0
         self._tick = 0  # observations with a usable fit, of every pod
         # pod -> [Σ log ratio, count], both decayed to the tick in the third slot
@@ -153,9 +155,13 @@ class LoadLatencyFit:
         the request's own prompt)."""
         if self.samples < self.min_samples:
             return None
-        if self._dirty:
+        # Re-solved every few samples: one sample moves a fit over thousands very little, and the solve
+        # (a Cholesky factor and a small NNLS) is the producer's largest cost.
+        young = self.samples < 2 * self.min_samples
+        if self._dirty and (young or self._theta is None or self.samples - self._solved_at >= RESOLVE_EVERY):
             self._theta = self._solve()
             self._dirty = False
+            self._solved_at = self.samples
         theta = self._theta
         if theta is None or not np.isfinite(theta).all() or theta[2] <= 0:
             return None
@@ -188,12 +194,12 @@ class LoadLatencyFit:
         theta = self.theta
         scale = ttft_ms
         if theta is not None:
-            fitted = float(terms @ theta) * self.speed(pod)
-            if fitted > 0:
-                log_ratio = math.log(ttft_ms / fitted) + math.log(self.speed(pod))
+            pooled = float(terms @ theta)
+            if pooled > 0:
+                log_ratio = math.log(ttft_ms / pooled)
                 if abs(log_ratio) <= MAX_LOG_RATIO:
+                    scale = pooled * self.speed(pod)
                     self._observe_speed(pod, log_ratio)
-                    scale = fitted
         # Weighted by 1/TTFT² (the fitted one once there is a fit, which is not biased low as 1/observed²
         # is): the fit minimises relative error, so a 30 ms chat turn counts as much as a 3 s long prompt
         # (plain least squares would fit the long prompts and ignore the rest).
