@@ -79,7 +79,8 @@ def subset_hint(request: ext_proc.ProcessingRequest) -> list[str] | None:
 def _header_options(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderValueOption]:
     return [
         base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=name, raw_value=value.encode("latin-1")), append_action=_OVERWRITE
+            header=base_pb2.HeaderValue(key=name.lower(), raw_value=value.encode("latin-1")),
+            append_action=_OVERWRITE,
         )
         for name, value in headers
     ]

@@ -54,6 +54,7 @@ class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer): 
         stream = PickerStream(self._picker)
         self.active += 1
         self._idle.clear()
+        # A client gone, an upstream reset and a cancelled stream all look alike here: the requests end.
         reason = "the ext_proc stream ended before the response did"
         try:
             async for message in requests:
@@ -67,9 +68,6 @@ class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer): 
                     yield response
                 if stream.closed:
                     return
-        except asyncio.CancelledError:
-            reason = "client disconnected"  # Envoy reset the stream: its client or upstream went away
-            raise
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise

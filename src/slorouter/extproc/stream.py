@@ -116,8 +116,7 @@ class PickerStream:
         """The gRPC stream ended: a request still in flight is completed (and its load released) now."""
         lifecycle = self._lifecycle
         if lifecycle is not None and not lifecycle.finished:
-            if reason == "client disconnected":
-                self._picker.metrics.client_disconnects.inc()
+            self._picker.metrics.client_disconnects.inc()
             lifecycle.on_complete(error=reason)
         self._phase = _Phase.DONE
 
