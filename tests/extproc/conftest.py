@@ -1,4 +1,4 @@
-"""The endpoint picker on 127.0.0.1 with a real grpc.aio channel, and ext_proc messages as Envoy sends them."""
+"""The endpoint picker on 127.0.0.1 over a real grpc.aio channel; ext_proc messages as Envoy sends them."""
 
 from __future__ import annotations
 

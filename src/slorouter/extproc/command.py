@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--envoy-fail-open",
         action="store_true",
-        help="with --envoy: failure_mode_allow (requests go round robin when the picker is unreachable)",
+        help="with --envoy: failure_mode_allow (requests go round robin when the picker is unreachable); "
+        "needs --envoy-body-mode buffered",
     )
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     parser.set_defaults(func=run)
@@ -72,6 +73,10 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if config.pool is None:
         raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints lists the model servers)")
+    if args.envoy_fail_open and args.envoy_body_mode != "buffered":
+        raise ConfigError(
+            "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"
+        )
     ports = PickerPorts(args.host, args.grpc_port, args.grpc_health_port, args.metrics_port)
     return uvloop.run(_serve(config, ports, args))
 
@@ -82,7 +87,12 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
     try:
         await picker.start()
         assert picker.bound is not None
-        print(f"slorouter epp listening on grpc://{ports.host}:{picker.bound.grpc_port}", flush=True)
+        bound = picker.bound
+        print(
+            f"slorouter epp listening on grpc://{ports.host}:{bound.grpc_port} (gRPC health on port "
+            f"{bound.health_port}, metrics on http://{ports.host}:{bound.metrics_port}/metrics)",
+            flush=True,
+        )
         if args.envoy:
             envoy = EnvoyProcess(_envoy_setup(config, ports.host, picker.bound.grpc_port, args))
             await envoy.start()
@@ -93,9 +103,10 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
         gc.set_threshold(20_000, 20, 20)
         await wait_for_signal()
     finally:
+        # The picker drains first: the streams still open through Envoy finish, then Envoy goes.
+        await picker.stop(args.drain_timeout)
         if envoy is not None:
             await envoy.stop()
-        await picker.stop(args.drain_timeout)
     return 0
 
 
