@@ -22,6 +22,17 @@ from slorouter.sim.server import SimCluster, start_pods
 BUFFERED = messages.BUFFERED
 DUPLEX = messages.FULL_DUPLEX_STREAMED
 STREAMED = messages.STREAMED
+NONE = messages.NONE
+# A heuristic scheduler whose picks list three endpoints: the pick, then two fallbacks.
+THREE_TARGETS = {
+    "plugins": [
+        {"type": "queue-scorer"},
+        {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 3}},
+    ],
+    "schedulingProfiles": [
+        {"name": "default", "plugins": [{"pluginRef": "queue-scorer"}, {"pluginRef": "max-score-picker"}]}
+    ],
+}
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ def _cluster(config: dict, name: str) -> dict:
     return next(c for c in config["static_resources"]["clusters"] if c["name"] == name)
 
 
-def test_full_duplex_asks_for_both_bodies_and_the_trailers():
+def test_full_duplex_asks_for_the_request_trailers_and_a_streamed_response():
     config = bootstrap(EnvoySetup("127.0.0.1", 8080, "127.0.0.1", 9002, endpoints=("10.0.0.1:8000",)))
     mode = _filter(config)["processing_mode"]
-    assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert (mode["request_body_mode"], mode["response_body_mode"]) == ("FULL_DUPLEX_STREAMED", "STREAMED")
     assert mode["request_trailer_mode"] == "SEND"
     assert _filter(config)["metadata_options"]["receiving_namespaces"] == {"untyped": ["envoy.lb"]}
     policy = _cluster(config, "pool")["load_balancing_policy"]["policies"][0]["typed_extension_config"]

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
+from tests.extproc.conftest import THREE_TARGETS
 from tests.processes import wait_for_lines
 
 ENVOY = envoy_binary()
@@ -32,15 +33,6 @@ FAST_TRAINING = {
     "retrain_interval_s": 0.2,
     "n_estimators": 30,
     "max_depth": 4,
-}
-THREE_TARGETS = {
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 3}},
-    ],
-    "schedulingProfiles": [
-        {"name": "default", "plugins": [{"pluginRef": "queue-scorer"}, {"pluginRef": "max-score-picker"}]}
-    ],
 }
 
 

@@ -14,8 +14,11 @@ from slorouter.scheduling.plugin import Admitter, Plugin
 from slorouter.scheduling.types import AdmissionDeniedError, Candidates, InferenceRequest
 from slorouter.sim.server import SimCluster
 from tests.extproc.conftest import (
+    BUFFERED,
     DUPLEX,
+    NONE,
     STREAMED,
+    THREE_TARGETS,
     body_message,
     completion,
     destination_list,
@@ -30,16 +33,6 @@ from tests.extproc.conftest import (
     start_picker,
 )
 from tests.gateway.conftest import eventually
-
-THREE_TARGETS = {
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 3}},
-    ],
-    "schedulingProfiles": [
-        {"name": "default", "plugins": [{"pluginRef": "queue-scorer"}, {"pluginRef": "max-score-picker"}]}
-    ],
-}
 
 
 def _idle(picker: EndpointPicker) -> bool:
@@ -72,6 +65,7 @@ async def test_buffered_request_is_routed_and_its_response_observed(pods: SimClu
     own = set_headers(answered.response_headers.response.header_mutation)
     assert own["x-slorouter-endpoint"] == target
     assert own["x-slorouter-route"] == "heuristic"
+    assert not answered.HasField("mode_override")  # the prefix index reads the reply: the body is wanted
     reply = b'{"choices": [{"text": "hi"}], "usage": {"completion_tokens": 4}}'
     await call.send(response_body_message(reply[:10], False), response_body_message(reply[10:], True))
     passed = await call.receive(2)
@@ -81,6 +75,24 @@ async def test_buffered_request_is_routed_and_its_response_observed(pods: SimClu
     assert _idle(picker)
     assert _metric(picker, "inference_objective_request_ttft_seconds_count{") == 1.0
     assert _metric(picker, f'slorouter_requests_total{{code="200",endpoint="{target}"}}') == 1.0
+
+
+async def test_a_response_body_no_hook_reads_is_not_asked_for(pods: SimCluster, picker, channel):
+    call = open_call(channel)
+    # n = 2: no conversation continues from this reply, so nothing reads the (non-SSE) body.
+    await call.send(headers_message(request_headers()), body_message(completion(pods.model, n=2)))
+    await call.receive(2)
+    await call.send(response_headers_message())
+    (answered,) = await call.receive()
+    assert answered.mode_override.response_body_mode == NONE
+    assert answered.mode_override.request_body_mode == BUFFERED  # the request's mode is left alone
+    assert _idle(picker)  # done for the picker at the headers, as for the gateway's relay
+    # Envoy sends the body all the same when its filter does not allow mode overrides: passed on as is.
+    await call.send(response_body_message(b'{"choices": []}', True))
+    (passed,) = await call.receive()
+    assert passed.WhichOneof("response") == "response_body"
+    await call.end()
+    assert _metric(picker, "inference_objective_request_ttft_seconds_count{") == 1.0
 
 
 async def test_full_duplex_body_split_at_every_chunk_size(pods: SimCluster, picker, channel):

@@ -50,6 +50,8 @@ class EnvoySetup:
     num_retries: int = 2
     # How long Envoy waits for each picker answer; covers scheduling (the producers' budget is 0.4 s).
     message_timeout_s: float = 5.0
+    # False: no ext_proc filter at all, the pool cluster round robin (the benchmark's baseline).
+    ext_proc: bool = True
 
 
 def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
@@ -65,10 +67,12 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
         "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
-        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "STREAMED",
+        # STREAMED, not full duplex, for the response: the picker can then tell Envoy (mode override) not
+        # to send a body it does not read, and SSE chunks pass on unchanged.
+        "response_body_mode": "STREAMED",
         # FULL_DUPLEX_STREAMED needs the trailers sent (they may end the body).
         "request_trailer_mode": "SEND" if duplex else "SKIP",
-        "response_trailer_mode": "SEND" if duplex else "SKIP",
+        "response_trailer_mode": "SKIP",
     }
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
@@ -100,7 +104,7 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
             ]
         },
         "http_filters": [
-            ext_proc,
+            *([ext_proc] if setup.ext_proc else []),
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {"@type": f"{_TYPE}.filters.http.router.v3.Router"},

@@ -174,12 +174,17 @@ def continue_trailers(*, request: bool) -> ext_proc.ProcessingResponse:
     return _CONTINUE_REQUEST_TRAILERS if request else _CONTINUE_RESPONSE_TRAILERS
 
 
-def response_headers(set_headers: Iterable[tuple[str, str]]) -> ext_proc.ProcessingResponse:
-    """The answer to the upstream's response headers: the picker's own headers added."""
+def response_headers(
+    set_headers: Iterable[tuple[str, str]], mode: ext_proc.ProcessingMode | None = None
+) -> ext_proc.ProcessingResponse:
+    """The answer to the upstream's response headers: the picker's own headers added (and a mode override)."""
     common = ext_proc.CommonResponse(
         header_mutation=ext_proc.HeaderMutation(set_headers=_header_options(set_headers))
     )
-    return ProcessingResponse(response_headers=ext_proc.HeadersResponse(response=common))
+    response = ProcessingResponse(response_headers=ext_proc.HeadersResponse(response=common))
+    if mode is not None:
+        response.mode_override.CopyFrom(mode)
+    return response
 
 
 def response_mode(request_body_mode: int, response_body_mode: int) -> ext_proc.ProcessingMode:

@@ -86,6 +86,7 @@ class PickerStream:
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
         self._status = 0
+        self._body_declined = False  # the body of this response was not asked for (it needs no reading)
         # An ImmediateResponse was sent: Envoy ends the stream, nothing more is expected.
         self.closed = False
 
@@ -308,10 +309,22 @@ class PickerStream:
         own = routing_response_headers(lifecycle)
         if message.end_of_stream:
             self._finish(None)
+        elif (
+            self._observer is None
+            and self._kept is None
+            and self._response_mode != messages.FULL_DUPLEX_STREAMED
+        ):
+            # A whole (non-SSE) body that no hook reads: the response is done for the picker, as it is for
+            # the gateway's relay, and Envoy need not send the body here (one message less per request).
+            self._finish(None)
+            self._body_declined = True
+            return [messages.response_headers(own, messages.response_mode(self._request_mode, messages.NONE))]
         return [messages.response_headers(own)]
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._phase is not _Phase.RESPONSE_BODY:
+            if self._body_declined:  # Envoy did not take the mode override (allow_mode_override off)
+                return self._pass_body(chunk, end_of_stream)
             if self._phase is _Phase.DONE:
                 raise ProtocolError("a response body arrived after the response ended")
             raise ProtocolError(f"a response body arrived before the response headers ({self._phase.value})")
@@ -324,6 +337,9 @@ class PickerStream:
                 self._kept = None
         if end_of_stream:
             self._finish(None)
+        return self._pass_body(chunk, end_of_stream)
+
+    def _pass_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._response_mode == messages.FULL_DUPLEX_STREAMED:
             return [messages.streamed_chunk(chunk, end_of_stream)]
         return [messages.continue_response_body()]
