@@ -382,3 +382,33 @@ async def test_shutdown_drains_open_streams_and_refuses_new_ones(pods: SimCluste
         await call.end()
         await asyncio.wait_for(stopping, 10)
     assert _idle(picker)
+
+
+async def test_the_response_body_is_asked_for_when_envoy_does_not_say_it_sends_it(pods, picker, channel):
+    for message in (
+        headers_message(request_headers(), protocol_config=False),  # an Envoy that sends no protocol_config
+        headers_message(request_headers(), response_mode=NONE),  # a filter without response body processing
+    ):
+        call = open_call(channel)
+        await call.send(message)
+        (answer,) = await call.receive()
+        assert answer.mode_override.response_body_mode == STREAMED
+        assert answer.mode_override.request_body_mode == BUFFERED
+        call.call.cancel()
+    call = open_call(channel)
+    await call.send(headers_message(request_headers(), response_mode=STREAMED))
+    (answer,) = await call.receive()
+    assert not answer.HasField("mode_override")
+
+
+async def test_a_get_of_the_models_with_a_body_passes_through(pods, picker, channel):
+    call = open_call(channel)
+    await call.send(headers_message(request_headers("/v1/models", "GET")), body_message(b"ignored"))
+    routed, passed = await call.receive(2)
+    assert destination_list(routed)[0] in pods.addresses
+    assert passed.WhichOneof("response") == "request_body"
+    await call.send(response_headers_message())
+    (answer,) = await call.receive()
+    assert answer.WhichOneof("response") == "response_headers"
+    await call.end()
+    assert _idle(picker)

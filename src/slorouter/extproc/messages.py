@@ -134,32 +134,26 @@ def routed_body(
 def streamed_body(body: bytes, *, request: bool) -> list[ext_proc.ProcessingResponse]:
     """A body handed back to Envoy in FULL_DUPLEX_STREAMED mode, in chunks, the last one ending the stream."""
     chunks = [body[i : i + STREAMED_CHUNK_BYTES] for i in range(0, len(body), STREAMED_CHUNK_BYTES)] or [b""]
-    responses = []
-    for i, chunk in enumerate(chunks):
-        mutation = ext_proc.BodyMutation(
-            streamed_response=ext_proc.StreamedBodyResponse(body=chunk, end_of_stream=i == len(chunks) - 1)
-        )
-        body_response = ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))
-        responses.append(
-            ProcessingResponse(request_body=body_response)
-            if request
-            else ProcessingResponse(response_body=body_response)
-        )
-    return responses
+    return [streamed_chunk(chunk, i == len(chunks) - 1, request=request) for i, chunk in enumerate(chunks)]
 
 
-def streamed_chunk(chunk: bytes, end_of_stream: bool) -> ext_proc.ProcessingResponse:
-    """One response-body chunk passed on in FULL_DUPLEX_STREAMED mode."""
+def streamed_chunk(
+    chunk: bytes, end_of_stream: bool, *, request: bool = False
+) -> ext_proc.ProcessingResponse:
+    """One body chunk passed on in FULL_DUPLEX_STREAMED mode (the response's, unless ``request``)."""
     mutation = ext_proc.BodyMutation(
         streamed_response=ext_proc.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
     )
-    return ProcessingResponse(
-        response_body=ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))
-    )
+    body_response = ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))
+    if request:
+        return ProcessingResponse(request_body=body_response)
+    return ProcessingResponse(response_body=body_response)
 
 
-def continue_request_headers() -> ext_proc.ProcessingResponse:
-    return _CONTINUE_REQUEST_HEADERS
+def continue_request_headers(mode: ext_proc.ProcessingMode | None = None) -> ext_proc.ProcessingResponse:
+    if mode is None:
+        return _CONTINUE_REQUEST_HEADERS
+    return ProcessingResponse(request_headers=ext_proc.HeadersResponse(), mode_override=mode)
 
 
 def continue_request_body() -> ext_proc.ProcessingResponse:

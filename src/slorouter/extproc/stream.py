@@ -166,7 +166,7 @@ class PickerStream:
         if message.request_headers.end_of_stream:  # no body: the parser says what is missing
             return self._no_body()
         if self._request_mode == messages.BUFFERED:
-            return [messages.continue_request_headers()]
+            return [messages.continue_request_headers(self._mode_override())]
         return []  # FULL_DUPLEX_STREAMED: the headers are answered once the body is whole
 
     def _no_body(self) -> list[Response]:
@@ -182,6 +182,10 @@ class PickerStream:
         if self._phase is not _Phase.REQUEST_BODY:
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("a request body arrived before the request headers")
+            if self._phase is _Phase.ROUTED and self._lifecycle is None:  # GET /v1/models with a body
+                if self._request_mode == messages.FULL_DUPLEX_STREAMED:
+                    return [messages.streamed_chunk(chunk, end_of_stream, request=True)]
+                return [messages.continue_request_body()]
             raise ProtocolError(f"a request body arrived after the request was routed ({self._phase.value})")
         limit = self._picker.config.max_body_bytes
         if len(self._body) + len(chunk) > limit:
