@@ -116,10 +116,16 @@ class Envoy:
     url: str
 
 
-def start_envoy(setup: EnvoySetup, directory: Path) -> Envoy:
+def start_envoy(setup: EnvoySetup, directory: Path, response_body_mode: str | None = None) -> Envoy:
     assert ENVOY is not None
+    config = bootstrap(setup)
+    if response_body_mode is not None:  # a hand-written filter that does not ask for the response body
+        manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        manager["http_filters"][0]["typed_config"]["processing_mode"]["response_body_mode"] = (
+            response_body_mode
+        )
     path = directory / f"envoy-{setup.listen_port}.yaml"
-    path.write_text(yaml.safe_dump(bootstrap(setup)), encoding="utf-8")
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
     process = subprocess.Popen(
         [ENVOY, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
         stdout=subprocess.DEVNULL,
@@ -177,6 +183,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             envoy = start_envoy(setup, directory)
             processes.append(envoy.process)
             envoys[name] = envoy.url
+        no_body = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", epp.grpc_port,
+                             request_body_mode="buffered", cluster="original_dst")  # fmt: skip
+        envoy = start_envoy(no_body, directory, response_body_mode="NONE")
+        processes.append(envoy.process)
+        envoys["no-response-body"] = envoy.url
         yield World(pods, victim, epp, failover_epp, envoys, processes)
     finally:
         for process in reversed(processes):
@@ -204,7 +215,7 @@ def _value(metrics: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
-@pytest.mark.parametrize("mode", ["full-duplex", "buffered"])
+@pytest.mark.parametrize("mode", ["full-duplex", "buffered", "no-response-body"])
 async def test_streaming_and_not_through_envoy(world: World, http: aiohttp.ClientSession, mode: str):
     url = world.envoys[mode]
     body = {"model": world.pods.model, "prompt": f"Hello through {mode}", "max_tokens": 4}
