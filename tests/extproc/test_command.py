@@ -35,6 +35,11 @@ def test_the_defaults():
             "--envoy-body-mode buffered",
         ),
         ("pool: {endpoints: ['127.0.0.1:1']}\nbogus: 1\n", [], "bogus"),
+        (
+            "pool: {endpoints: ['localhost:8000']}\n",
+            ["--envoy"],
+            "as ip:port, not host names: localhost:8000",
+        ),
     ],
 )
 def test_configuration_errors_exit_2(tmp_path: Path, capsys, text: str, extra: list[str], needle: str):

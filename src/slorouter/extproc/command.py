@@ -9,7 +9,7 @@ import logging
 import uvloop
 
 from slorouter.config import Config, ConfigError, load_config
-from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup
+from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, bootstrap
 from slorouter.extproc.runtime import EndpointPicker, PickerPorts
 from slorouter.http.running import wait_for_signal
 from slorouter.serving.command_line import LOG_LEVELS, port, run_command
@@ -78,6 +78,11 @@ def _run(args: argparse.Namespace) -> int:
             "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"
         )
     ports = PickerPorts(args.host, args.grpc_port, args.grpc_health_port, args.metrics_port)
+    if args.envoy:
+        try:
+            bootstrap(_envoy_setup(config, ports.host, ports.grpc_port, args))
+        except ValueError as exc:
+            raise ConfigError(f"--envoy: {exc}") from None
     return uvloop.run(_serve(config, ports, args))
 
 

@@ -14,6 +14,7 @@ Two upstream clusters are offered:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import shutil
 import sys
@@ -159,6 +160,12 @@ def _pool_cluster(setup: EnvoySetup) -> dict[str, Any]:
         return cluster
     if not setup.endpoints:
         raise ValueError("the override_host cluster needs the pool's endpoints")
+    names = [address for address in setup.endpoints if not _is_ip(address.rpartition(":")[0].strip("[]"))]
+    if names:
+        # Envoy matches the picker's destinations against the cluster's addresses: both must be IPs.
+        raise ValueError(
+            f"Envoy's cluster needs pool endpoints as ip:port, not host names: {', '.join(names)}"
+        )
     round_robin = {
         "name": "envoy.load_balancing_policies.round_robin",
         "typed_config": {"@type": f"{_TYPE}.load_balancing_policies.round_robin.v3.RoundRobin"},
@@ -197,6 +204,14 @@ def _assignment(name: str, addresses: list[str]) -> dict[str, Any]:
         host, _, port = address.rpartition(":")
         endpoints.append({"endpoint": {"address": _address(host.strip("[]"), int(port))}})
     return {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _duration(seconds: float) -> str:
