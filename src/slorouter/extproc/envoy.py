@@ -151,6 +151,11 @@ def _pool_cluster(setup: EnvoySetup) -> dict[str, Any]:
         "connect_timeout": _duration(setup.connect_timeout_s),
         "per_connection_buffer_limit_bytes": setup.max_body_bytes + (1 << 20),
     }
+    names = [address for address in setup.endpoints if not _is_ip(address.rpartition(":")[0].strip("[]"))]
+    if names:
+        # Both clusters take the picker's destinations as addresses (ORIGINAL_DST parses the header as
+        # ip:port; override_host matches it against its own endpoints): host names never match.
+        raise ValueError(f"Envoy needs pool endpoints as ip:port, not host names: {', '.join(names)}")
     if setup.cluster == "original_dst":
         cluster.update(
             type="ORIGINAL_DST",
@@ -160,12 +165,6 @@ def _pool_cluster(setup: EnvoySetup) -> dict[str, Any]:
         return cluster
     if not setup.endpoints:
         raise ValueError("the override_host cluster needs the pool's endpoints")
-    names = [address for address in setup.endpoints if not _is_ip(address.rpartition(":")[0].strip("[]"))]
-    if names:
-        # Envoy matches the picker's destinations against the cluster's addresses: both must be IPs.
-        raise ValueError(
-            f"Envoy's cluster needs pool endpoints as ip:port, not host names: {', '.join(names)}"
-        )
     round_robin = {
         "name": "envoy.load_balancing_policies.round_robin",
         "typed_config": {"@type": f"{_TYPE}.load_balancing_policies.round_robin.v3.RoundRobin"},
