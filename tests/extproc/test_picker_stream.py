@@ -412,3 +412,24 @@ async def test_a_get_of_the_models_with_a_body_passes_through(pods, picker, chan
     assert answer.WhichOneof("response") == "response_headers"
     await call.end()
     assert _idle(picker)
+
+
+async def test_api_keys_are_checked_and_not_forwarded(pods: SimCluster):
+    picker = await start_picker(list(pods.addresses), gateway={"api_keys": ["sk-1"]})
+    assert picker.bound is not None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.bound.grpc_port}") as channel:
+            call = open_call(channel)
+            await call.send(headers_message(request_headers(authorization="Bearer nope")))
+            status, headers, _ = immediate_of((await call.receive())[0])
+            assert (status, headers["www-authenticate"]) == (401, "Bearer")
+            call = open_call(channel)
+            await call.send(
+                headers_message(request_headers(authorization="Bearer sk-1")),
+                body_message(completion(pods.model)),
+            )
+            _, routed = await call.receive(2)
+            assert list(routed.request_body.response.header_mutation.remove_headers) == ["authorization"]
+            call.call.cancel()
+    finally:
+        await picker.stop()
