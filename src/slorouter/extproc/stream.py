@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,7 @@ class PickerStream:
         self._request_mode = messages.BUFFERED
         self._response_mode: int | None = None  # unknown until Envoy says (protocol_config)
         self._headers: dict[str, str] = {}
-        self._parse: Any = None
+        self._parse: Callable[[bytes], ParsedRequest] | None = None
         self._subset: list[str] | None = None
         self._body = bytearray()
         self._lifecycle: RequestLifecycle | None = None
@@ -89,10 +89,6 @@ class PickerStream:
         self._body_declined = False  # the body of this response was not asked for (it needs no reading)
         # An ImmediateResponse was sent: Envoy ends the stream, nothing more is expected.
         self.closed = False
-
-    @property
-    def lifecycle(self) -> RequestLifecycle | None:
-        return self._lifecycle
 
     async def handle(self, message: Any) -> list[Response]:
         kind = message.WhichOneof("request")
@@ -171,9 +167,9 @@ class PickerStream:
 
     def _no_body(self) -> list[Response]:
         """A body-less inference request is a client error, answered without scheduling."""
-        parse: Any = self._parse
+        assert self._parse is not None
         try:
-            parse(b"")
+            self._parse(b"")
         except RequestError as exc:
             return self._reject(exc.status, exc.message, param=exc.param)
         return self._reject(400, "the request has no body")
@@ -208,9 +204,9 @@ class PickerStream:
         picker = self._picker
         body = bytes(self._body)
         self._body = bytearray()
-        parse: Any = self._parse
+        assert self._parse is not None
         try:
-            parsed: ParsedRequest = parse(body)
+            parsed = self._parse(body)
             hints = parse_routing_headers(
                 self._headers, picker.objectives, prediction_by_default=picker.prediction_by_default
             )
