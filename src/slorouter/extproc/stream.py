@@ -249,6 +249,8 @@ class PickerStream:
             return []
         wanted = set(self._subset)
         healthy = self._picker.director.healthy_endpoints()
+        if not healthy:
+            return []  # the Director answers: no healthy endpoint at all
         exclude = [e.address for e in healthy if e.address not in wanted and _host(e.address) not in wanted]
         return exclude if len(exclude) < len(healthy) else None
 
