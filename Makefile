@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
+# The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
+HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean helm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +29,17 @@ lint: $(STAMP_DEV)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
-test: lint
-	$(BIN)/pytest
+$(HELM): deploy/fetch-helm.sh
+	PYTHON=$(PYTHON) bash deploy/fetch-helm.sh
+
+helm: $(HELM)
+
+test: lint $(HELM)
+	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest
 
 # Every benchmark script in turn; results are recorded in docs/benchmarks.md.
 bench: $(STAMP_DEV)
 	for script in benchmarks/bench_*.py; do echo "## $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .cache

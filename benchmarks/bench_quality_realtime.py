@@ -10,8 +10,8 @@ warm-up and the same measured arrival sequence (same seed); only the measured ph
 Policies are ``slorouter bench``'s built-ins (slorouter.bench.policies), as scheduler configs of the
 gateway: ``heuristic`` (the default profile: queue, KV-cache and prefix-cache scorers), ``heuristic-tuned``,
 ``token-aware`` and ``predicted-latency`` (the shipped pipeline with ``streamingMode: true``: TTFT and TPOT
-models; the embedded predictor), plus ``predicted-most`` (predicted-latency with
-``headroomSelectionStrategy: most``). A gateway with a predictor warms up until both models are served.
+models; the embedded predictor), or any scheduler config file (``NAME=PATH``). A gateway with a predictor
+warms up until both models are served.
 
 Workload (deterministic from --seed): Poisson arrivals of streamed chat completions
 (``stream_options.include_usage``): short chat (one of 4 shared 64-token system prompts plus a unique
@@ -37,7 +37,7 @@ for 8 pods (70%: 180 req/s, out of reach); at 50/50 the capacity is about 10 req
     .venv/bin/python benchmarks/bench_quality_realtime.py [--duration 90] [--warmup 30] [--load 0.7]
         [--rate REQ_PER_S] [--seed 0] [--pool "8x llama3-8b-h100"] [--engine-variant SPEC]
         [--long-share 0.5] [--slo-chat 200 25] [--slo-long 600 35]
-        [--policies heuristic,heuristic-tuned,token-aware,predicted-latency[,predicted-most]] [--json FILE]
+        [--policies heuristic,heuristic-tuned,token-aware,predicted-latency[,NAME=PATH]] [--json FILE]
 """
 
 from __future__ import annotations
@@ -364,29 +364,23 @@ def loadgen_main(spec_path: str, out_path: str) -> None:
 # --- orchestration ----------------------------------------------------------------------------------------
 
 
-POLICIES = ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency", "predicted-most")
+POLICIES = ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency")
 PROBLEM = re.compile(r"(?i)error|warning|traceback|exception")
 
 
 def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> dict[str, Any]:
-    """The gateway's config for one of POLICIES: ``slorouter bench``'s built-in policy of that name, with
-    the embedded predictor when it uses one. ``predicted-most`` is ``predicted-latency`` with
-    ``headroomSelectionStrategy: most`` (spreading instead of bin-packing)."""
+    """The gateway's config for a policy: one of ``slorouter bench``'s (a built-in name, ``NAME=PATH`` or
+    ``PATH`` of a scheduler config), with the embedded predictor when it uses one."""
     from slorouter.bench.policies import resolve_policy
 
-    built_in = resolve_policy("predicted-latency" if policy == "predicted-most" else policy)
-    scheduler = copy.deepcopy(built_in.config)
-    if policy == "predicted-most":
-        for plugin in scheduler["plugins"]:
-            if plugin["type"] == "latency-scorer":
-                plugin["parameters"] = {**plugin.get("parameters", {}), "headroomSelectionStrategy": "most"}
+    resolved = resolve_policy(policy)
     config: dict[str, Any] = {
         "gateway": {"host": "127.0.0.1", "port": port},
         "pool": {"endpoints": endpoints},
         "seed": seed,
-        "scheduler": scheduler,
+        "scheduler": copy.deepcopy(resolved.config),
     }
-    if built_in.uses_predictor:
+    if resolved.uses_predictor:
         # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
         config["predictor"] = {
             "mode": "embedded",
@@ -399,7 +393,13 @@ def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> d
 def uses_predictor(policy: str) -> bool:
     from slorouter.bench.policies import resolve_policy
 
-    return resolve_policy("predicted-latency" if policy == "predicted-most" else policy).uses_predictor
+    return resolve_policy(policy).uses_predictor
+
+
+def policy_name(policy: str) -> str:
+    from slorouter.bench.policies import resolve_policy
+
+    return resolve_policy(policy).name
 
 
 def pool_processes(profiles: list[Any]) -> list[tuple[int, str, str]]:
@@ -417,20 +417,21 @@ def pool_processes(profiles: list[Any]) -> list[tuple[int, str, str]]:
     return groups
 
 
-def run_policy(name: str, args: argparse.Namespace, rate: float, tmp: Path) -> dict[str, Any]:
+def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tmp: Path) -> dict[str, Any]:
+    """One policy (``policy``: a spec for ``resolve_policy``; ``name``: its label and file names)."""
     pods = len(args.profiles)
     sim_port = free_port_range(pods)
     gw_port = free_port()
     endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(pods)]
     config_path = tmp / f"{name}.yaml"
-    config_path.write_text(yaml.safe_dump(gateway_config(gw_port, endpoints, name, args.seed)))
+    config_path.write_text(yaml.safe_dump(gateway_config(gw_port, endpoints, policy, args.seed)))
     spec = {
         "gateway": f"http://127.0.0.1:{gw_port}",
         "rate": rate,
         "seed": args.seed,
         "warmup_s": args.warmup,
         "duration_s": args.duration,
-        "wait_ready": uses_predictor(name),
+        "wait_ready": uses_predictor(policy),
         "max_extra_warmup_s": args.max_extra_warmup,
         "request_timeout_s": 120.0,
         "slo_chat": args.slo_chat,
@@ -547,6 +548,7 @@ def summarize(output: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         "ttft_p50": pct(ttft, 50),
         "ttft_p90": pct(ttft, 90),
         "ttft_p99": pct(ttft, 99),
+        "tpot_p50": pct([tpot(r) for r in ok], 50),
         "tpot_p90": pct([tpot(r) for r in ok], 90),
         "e2e_p50": pct([r["e2e_ms"] for r in ok], 50),
         "slo": sum(map(met, ok)) / max(len(rows), 1),  # errors count as misses
@@ -614,13 +616,18 @@ def main() -> None:
     parser.add_argument(
         "--policies",
         default="heuristic,heuristic-tuned,token-aware,predicted-latency",
-        help=f"which policies to run, in order (known: {', '.join(POLICIES)})",
+        help=f"which policies to run, in order: built-ins ({', '.join(POLICIES)}, ...) or NAME=PATH",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
-    unknown = set(args.policies.split(",")) - set(POLICIES)
-    if unknown:
-        parser.error(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
+    from slorouter.bench.policies import PolicyError
+
+    try:
+        names = [policy_name(policy) for policy in args.policies.split(",")]
+    except (PolicyError, ValueError) as exc:
+        parser.error(f"--policies: {exc}")
+    if len(set(names)) != len(names):
+        parser.error(f"--policies: a name appears twice ({', '.join(names)})")
 
     from slorouter.bench.pool import describe_pool, parse_pool
     from slorouter.sim.variants import parse_variant
@@ -639,8 +646,9 @@ def main() -> None:
     outputs: dict[str, dict[str, Any]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.policies.split(","):
-            outputs[name] = run_policy(name, args, rate, Path(tmp))
+        for policy in args.policies.split(","):
+            name = policy_name(policy)
+            outputs[name] = run_policy(policy, name, args, rate, Path(tmp))
             summaries[name] = summarize(outputs[name], args)
             info = outputs[name]["info"]
             print(f"{name}: {summaries[name]['requests']} measured requests; {info}", flush=True)
@@ -659,7 +667,8 @@ def report(
     rate: float,
     capacity: float,
 ) -> str:
-    headers = ["policy", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p90 ms",
+    headers = ["policy", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p50 ms",
+               "TPOT p90 ms",
                "E2E p50 ms", "SLO attainment", "chat TTFT p90", "long TTFT p90",
                "CPU cores sim/gw/loadgen"]  # fmt: skip
     rows = []
@@ -667,17 +676,18 @@ def report(
         cpu = outputs[name]["info"]["cpu"]
         rows.append([
             name, s["requests"], s["errors"], f"{s['ttft_p50']:.0f}", f"{s['ttft_p90']:.0f}",
-            f"{s['ttft_p99']:.0f}", f"{s['tpot_p90']:.1f}", f"{s['e2e_p50']:.0f}", f"{s['slo']:.1%}",
+            f"{s['ttft_p99']:.0f}", f"{s['tpot_p50']:.1f}", f"{s['tpot_p90']:.1f}", f"{s['e2e_p50']:.0f}",
+            f"{s['slo']:.1%}",
             f"{s['chat_ttft_p90']:.0f}", f"{s['long_ttft_p90']:.0f}",
             f"{cpu['sim']:.2f}/{cpu['gateway']:.2f}/{cpu['loadgen']:.2f}",
         ])  # fmt: skip
-    keys = ["ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "e2e_p50", "slo"]
+    keys = ["ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "e2e_p50", "slo"]
     keys += ["chat_ttft_p90", "long_ttft_p90"]
     for base in ("heuristic", "token-aware"):
         b = summaries.get(base)
-        for name in ("predicted-latency", "predicted-most"):
-            p = summaries.get(name)
-            if p is None or b is None:
+        for name in summaries:
+            p = summaries[name]
+            if b is None or not name.startswith("predicted"):
                 continue
             ratio = [f"{p[k] / b[k]:.2f}" if b[k] else "-" for k in keys]
             rows.append([f"{name} / {base}", "", "", *ratio, ""])

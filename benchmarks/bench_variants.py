@@ -59,11 +59,13 @@ VARIANTS: dict[str, str] = {
     "coarse-metrics": "{n}x llama3-8b-h100@coarse-metrics",
 }
 POLICIES = "heuristic,heuristic-tuned,token-aware,predicted-latency"
+SUBJECT = "predicted-latency"  # the policy the ratio rows compare with the others
 COLUMNS = [  # (summary key, header)
     ("ttft_p90_ms", "TTFT p90 ms"),
     ("ttft_p99_ms", "TTFT p99 ms"),
     ("chat_ttft_p90_ms", "chat TTFT p90 ms"),
     ("tpot_p50_ms", "TPOT p50 ms"),
+    ("tpot_p90_ms", "TPOT p90 ms"),
     ("e2e_p50_ms", "E2E p50 ms"),
 ]
 CAPACITY_SEED = 0  # capacity is a property of the workload's distribution, not of one run's seed
@@ -275,7 +277,7 @@ def _ratio(a: float, b: float) -> str:
     return "∞" if math.isinf(a) else f"{a / b:.2f}×"
 
 
-def variant_table(result: dict[str, Any], policies: list[str]) -> str:
+def variant_table(result: dict[str, Any], policies: list[str], subject: str = SUBJECT) -> str:
     figures = medians(result)
     seeds = sorted({run["seed"] for run in result["runs"]})
     loads = sorted({load for load, _ in figures})
@@ -286,12 +288,12 @@ def variant_table(result: dict[str, Any], policies: list[str]) -> str:
             f = figures[(load, policy)]
             rows.append([f"{load:.0%} ({qps:g} req/s)", policy, *(_fmt(f[k]) for k, _ in COLUMNS),
                          f"{f['preemptions']:.0f}"])  # fmt: skip
-        pred = figures.get((load, "predicted-latency"))
+        pred = figures.get((load, subject))
         for base in ("heuristic", "token-aware"):
             other = figures.get((load, base))
             if pred is not None and other is not None:
                 ratios = [_ratio(pred[k], other[k]) for k, _ in COLUMNS]
-                rows.append(["", f"predicted / {base}", *ratios, ""])
+                rows.append(["", f"{subject} / {base}", *ratios, ""])
     headers = ["load", "policy", *(h for _, h in COLUMNS), "preemptions"]
     title = (
         f"#### {result['variant']}: `{result['pool']}`, load-aware capacity {result['capacity_rps']:.1f} "
@@ -300,14 +302,14 @@ def variant_table(result: dict[str, Any], policies: list[str]) -> str:
     return f"{title}\n\n{markdown_table(headers, rows)}"
 
 
-def summary_table(results: list[dict[str, Any]]) -> str:
-    """predicted-latency against the best other policy, per variant and load: where it loses."""
+def summary_table(results: list[dict[str, Any]], subject: str = SUBJECT) -> str:
+    """The subject policy against the best other policy, per variant and load: where it loses."""
     rows: list[list[str]] = []
     for result in results:
         figures = medians(result)
         for load in sorted({load for load, _ in figures}):
-            pred = figures.get((load, "predicted-latency"))
-            others = {p: f for (at, p), f in figures.items() if at == load and p != "predicted-latency"}
+            pred = figures.get((load, subject))
+            others = {p: f for (at, p), f in figures.items() if at == load and p != subject}
             if pred is None or not others:
                 continue
             cells = []
@@ -315,7 +317,7 @@ def summary_table(results: list[dict[str, Any]]) -> str:
                 best_policy, best = min(others.items(), key=lambda item: item[1][key])
                 cells.append(f"{_ratio(pred[key], best[key])} ({best_policy})")
             rows.append([result["variant"], f"{load:.0%}", *cells])
-    headers = ["variant", "load", *(f"{h}: pred / best other" for _, h in COLUMNS)]
+    headers = ["variant", "load", *(f"{h}: {subject} / best other" for _, h in COLUMNS)]
     return markdown_table(headers, rows)
 
 
@@ -338,6 +340,11 @@ def main() -> None:
         "--report", type=Path, nargs="+", default=None, metavar="JSONL", help="only print tables from these"
     )
     parser.add_argument(
+        "--subject",
+        default=SUBJECT,
+        help=f"the policy compared with the others in the ratios (default {SUBJECT})",
+    )
+    parser.add_argument(
         "--capacity-cache",
         type=Path,
         default=None,
@@ -346,6 +353,8 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="list the variants and exit")
     args = parser.parse_args()
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    # A policy's name: a built-in's own, NAME of NAME=PATH, or the file's stem.
+    args.policy_names = [spec.partition("=")[0] if "=" in spec else Path(spec).stem for spec in args.policies]
     if args.report:
         report(results_from_jsonl(args.report), args)
         return
@@ -398,11 +407,12 @@ def main() -> None:
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print("### predicted-latency against the best other policy (ratio > 1: predicted-latency loses)\n")
-    print(summary_table(results))
+    subject = args.subject
+    print(f"### {subject} against the best other policy (ratio > 1: {subject} loses)\n")
+    print(summary_table(results, subject))
     for result in results:
         print()
-        print(variant_table(result, args.policies))
+        print(variant_table(result, args.policy_names, subject))
 
 
 def _key_value(text: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"api"},  # the OpenAI API: request parsing, routing headers, reading responses
     {"kvevents"},  # vLLM's KV-event wire format and publisher, the simulated block hash chain
     {"pool"},  # endpoints, scraping, in-flight accounting
+    {"discovery"},  # the pool's membership from Kubernetes (InferencePool, pods: list and watch)
     {"sim"},  # engine model and simulated model servers
     {"predictor"},  # features, samples, training, models, prediction, servers, client
     {"metrics"},  # the router's Prometheus series (the pool's, the predictor's, the pipeline's)

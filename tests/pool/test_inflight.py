@@ -210,3 +210,24 @@ def test_metrics_export(tracker: InFlightTracker) -> None:
     assert "slorouter_inflight_handles_leaked_total 0.0" in text
     handle.finish()
     assert "slorouter_inflight_handles 0.0" in generate_latest(registry).decode()
+
+
+def test_decoding_requests_are_counted_from_the_first_token_to_the_end(
+    pool: PoolState, tracker: InFlightTracker
+) -> None:
+    def decoding() -> int:
+        return int(pool.value(A, "inflight_decoding"))
+
+    first, second = tracker.dispatch(A, 100, 50), tracker.dispatch(A, 10, 5)
+    assert decoding() == 0
+    first.first_token()
+    first.first_token()  # idempotent
+    second.first_token()
+    assert decoding() == 2
+    first.finish()
+    first.finish()
+    assert decoding() == 1
+    second.finish()
+    early = tracker.dispatch(A, 100, 50)
+    early.finish()  # finished before its first token: never decoding
+    assert decoding() == 0

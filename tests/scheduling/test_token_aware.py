@@ -330,8 +330,9 @@ def test_token_aware_policy_is_llm_ds_benchmarked_configuration():
     assert pick([0, 5, 0], [3000, 1000, 0], 8000) == a[1]  # nobody warm: 1k + 4k < 0 + 8k
 
 
-def test_shipped_pipeline_gates_on_predictions_in_its_prediction_profile():
-    """The loose filter leaves maxTTFTPenaltyMs to its per-source default: 5,000 ms on predictions."""
+def test_shipped_warm_up_filter_gates_on_predictions_when_there_are_some():
+    """The warm-up profile's filter leaves maxTTFTPenaltyMs to its per-source default: 5,000 ms on
+    predictions, 18,000 ms on the throughput estimate."""
     config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
     (loose,) = [p for p in config["plugins"] if p.get("name") == "loose-affinity-filter"]
     assert "maxTTFTPenaltyMs" not in loose["parameters"] and "ttftSource" not in loose["parameters"]

@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from slorouter.scheduling.config_schema import load_scheduler_config_file
-from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG, PREDICTED_LATENCY_SCHEDULER_CONFIG
+from slorouter.scheduling.pipelines import (
+    DEFAULT_SCHEDULER_CONFIG,
+    PREDICTED_LATENCY_SCHEDULER_CONFIG,
+    TOKEN_AWARE_AFFINITY,
+)
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
 KV_EVENT_PLUGINS = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
@@ -86,13 +90,7 @@ def _predicted_latency() -> dict[str, Any]:
 # TTFT gate on in-flight uncached tokens / peak prefill throughput (18 s penalty), no exploration. The
 # token-load scorer's defaults are llm-d's current ones (uncached in-flight prefill + this request's own
 # uncached prompt).
-TOKEN_AWARE_AFFINITY_PARAMETERS: dict[str, Any] = {
-    "affinityThreshold": 0.8,
-    "explorationProbability": 0.0,
-    "ttftSource": "peakPrefillThroughput",
-    "peakPrefillThroughput": 15928,
-    "maxTTFTPenaltyMs": 18000,
-}
+TOKEN_AWARE_AFFINITY_PARAMETERS: dict[str, Any] = TOKEN_AWARE_AFFINITY
 
 BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
     "random": _single_profile([{"type": "random-picker"}], [{"pluginRef": "random-picker"}]),

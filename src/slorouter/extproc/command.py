@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if config.pool is None:
-        raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints lists the model servers)")
+        raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
     if args.envoy_fail_open and args.envoy_body_mode != "buffered":
         raise ConfigError(
             "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"

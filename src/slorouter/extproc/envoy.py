@@ -164,7 +164,10 @@ def _pool_cluster(setup: EnvoySetup) -> dict[str, Any]:
         )
         return cluster
     if not setup.endpoints:
-        raise ValueError("the override_host cluster needs the pool's endpoints")
+        raise ValueError(
+            "the override_host cluster needs the pool's endpoints (with pool.kubernetes, use the "
+            "original_dst cluster)"
+        )
     round_robin = {
         "name": "envoy.load_balancing_policies.round_robin",
         "typed_config": {"@type": f"{_TYPE}.load_balancing_policies.round_robin.v3.RoundRobin"},

@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
     if overrides:
         config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
     if args.config and config.pool is None:
-        raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints lists the model servers)")
+        raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
     return uvloop.run(_serve(config, embedded=not args.config))
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from slorouter.clock import Clock
 from slorouter.config import Config, GatewayConfig
 from slorouter.director import Director
+from slorouter.discovery.start import DiscoveryHandle
 from slorouter.gateway.app import Gateway
 from slorouter.http.server import HttpServer, ServerLimits
 from slorouter.metrics import GatewayMetrics
@@ -70,8 +71,12 @@ class Router:
     def kv_subscribers(self) -> list[KVEventSubscriber]:
         return self.core.kv_subscribers
 
+    @property
+    def discovery(self) -> DiscoveryHandle | None:
+        return self.core.discovery
+
     async def start(self) -> None:
-        """Scrape every endpoint once, then serve; returns once the gateway is listening."""
+        """Discover the pool, scrape every endpoint once, then serve; returns once the gateway listens."""
         await self.core.start()
         await self.gateway.open()
         self._server = self.gateway.build_server(server_limits(self.config.gateway))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from slorouter.pool.kv_index import DEFAULT_MAX_BLOCKS_PER_POD
 from slorouter.pool.state import Endpoint
@@ -71,10 +72,136 @@ class EndpointConfig(StrictModel):
         return validate_address(value)
 
 
-class PoolConfig(StrictModel):
-    """Static pool membership and the scraper's settings."""
+# Kubernetes names: a namespace is a DNS-1123 label, an object name a DNS-1123 subdomain.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A label value (and a label key's name part): at most 63 characters, alphanumeric at both ends.
+_LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
-    endpoints: list[EndpointConfig] = Field(min_length=1)
+
+def validate_label_key(key: str) -> str:
+    """A label key: ``[prefix/]name``, the prefix a DNS subdomain of at most 253 characters."""
+    prefix, sep, name = key.rpartition("/")
+    if sep and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        raise ValueError(f"label key {key!r}: the prefix must be a DNS subdomain (e.g. 'app.kubernetes.io')")
+    if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        raise ValueError(
+            f"label key {key!r}: the name must be 1-63 characters, alphanumeric, '-', '_' or '.', "
+            "starting and ending with an alphanumeric"
+        )
+    return key
+
+
+def validate_label_value(value: str) -> str:
+    if len(value) > 63 or not _LABEL_NAME.fullmatch(value):
+        raise ValueError(
+            f"label value {value!r}: at most 63 characters, alphanumeric, '-', '_' or '.', "
+            "starting and ending with an alphanumeric"
+        )
+    return value
+
+
+def validate_match_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        validate_label_key(key)
+        validate_label_value(value)
+    return labels
+
+
+class KubernetesPoolConfig(StrictModel):
+    """Pool membership discovered from Kubernetes: the Ready pods an InferencePool (or a plain label
+    selector) selects in one namespace, one endpoint per pod IP and target port."""
+
+    namespace: str = Field(description="the namespace of the InferencePool and its pods")
+    inference_pool: str | None = Field(
+        default=None, description="name of an InferencePool (inference.networking.k8s.io/v1) to follow"
+    )
+    label_selector: dict[str, str] | None = Field(
+        default=None, description="matchLabels of the pods, instead of an InferencePool"
+    )
+    target_ports: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description="model-server ports on every pod; required with label_selector, overrides the "
+        "InferencePool's spec.targetPorts",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        min_length=1,
+        description="kubeconfig file; omitted: the pod's service account inside a cluster, else "
+        "$KUBECONFIG or ~/.kube/config",
+    )
+    context: str | None = Field(
+        default=None, min_length=1, description="kubeconfig context; omitted: current"
+    )
+    watch_timeout_s: float = Field(
+        default=300, gt=0, description="a watch is closed by the API server after this and resumed"
+    )
+    request_timeout_s: float = Field(default=30, gt=0, description="timeout of one list or get request")
+    backoff_initial_ms: float = Field(default=500, gt=0, description="first pause after a failed list/watch")
+    backoff_max_ms: float = Field(default=30_000, gt=0, description="the pause doubles up to this")
+    initial_sync_timeout_s: float = Field(
+        default=10, ge=0, description="how long start-up waits for the first list before serving anyway"
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, value: str) -> str:
+        if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a namespace name (at most 63 lowercase alphanumerics or '-', "
+                "alphanumeric at both ends)"
+            )
+        return value
+
+    @field_validator("inference_pool")
+    @classmethod
+    def _check_pool_name(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value)):
+            raise ValueError(
+                f"{value!r} is not an object name (a DNS subdomain: lowercase alphanumerics, '-' and '.')"
+            )
+        return value
+
+    @field_validator("label_selector")
+    @classmethod
+    def _check_selector(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("an empty selector would select every pod of the namespace: name some labels")
+        return validate_match_labels(value)
+
+    @field_validator("target_ports")
+    @classmethod
+    def _check_ports(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        for port in value:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"port {port} is not in 1-65535")
+        if len(set(value)) != len(value):
+            raise ValueError(f"duplicate port in {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KubernetesPoolConfig:
+        if (self.inference_pool is None) == (self.label_selector is None):
+            raise ValueError("set exactly one of inference_pool (an InferencePool's name) or label_selector")
+        if self.label_selector is not None and self.target_ports is None:
+            raise ValueError("label_selector needs target_ports (the model servers' ports on each pod)")
+        if self.backoff_max_ms < self.backoff_initial_ms:
+            raise ValueError("backoff_max_ms must be >= backoff_initial_ms")
+        return self
+
+
+class PoolConfig(StrictModel):
+    """Pool membership (static endpoints, or discovered from Kubernetes) and the scraper's settings."""
+
+    # kubernetes first: the check of endpoints reads it.
+    kubernetes: KubernetesPoolConfig | None = None
+    endpoints: list[EndpointConfig] = Field(default_factory=list, validate_default=True)
     scrape_interval_ms: float = Field(default=50, gt=0)
     scrape_timeout_ms: float = Field(default=1000, gt=0)
     unhealthy_after_failures: int = Field(default=3, ge=1)
@@ -97,6 +224,19 @@ class PoolConfig(StrictModel):
             if endpoint.address in seen:
                 raise ValueError(f"duplicate endpoint address {endpoint.address!r}")
             seen.add(endpoint.address)
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _one_membership(cls, value: list[EndpointConfig], info: ValidationInfo) -> list[EndpointConfig]:
+        if "kubernetes" not in info.data:  # pool.kubernetes is invalid: its own error says why
+            return value
+        if info.data["kubernetes"] is not None and value:
+            raise ValueError("set either pool.endpoints (static model servers) or pool.kubernetes, not both")
+        if info.data["kubernetes"] is None and not value:
+            raise ValueError(
+                "the pool needs model servers: a list of 'host:port', or pool.kubernetes instead"
+            )
         return value
 
     @property

@@ -8,6 +8,7 @@ scheduler sees its own recent decisions at once. Per endpoint (``PoolState`` in-
   expects the endpoint to hold in its cache — of requests that have not produced their first token yet
   (llm-d's "uncached in-flight tokens"). Cached blocks cost the engine almost nothing, so counting whole
   prompts overstated the prefill queue of cache-friendly traffic several-fold.
+- ``inflight_decoding``: requests past their first token.
 - ``inflight_decode_tokens``: for requests past their first token, ``prompt_tokens + max_tokens`` each,
   the most KV cache the request can hold while it decodes (its prompt plus everything it may still
   generate). An upper bound on purpose: the router cannot see how many tokens have been generated so far.
@@ -113,7 +114,7 @@ class InFlightHandle:
         if self._phase != _PREFILL:
             return
         self._phase = _DECODE
-        self._apply(0, -self.prefill_tokens, self.prompt_tokens + self.max_tokens)
+        self._apply(0, -self.prefill_tokens, self.prompt_tokens + self.max_tokens, 1)
 
     def finish(self) -> None:
         """Remove whatever the request still holds; a no-op after the first call."""
@@ -125,12 +126,12 @@ class InFlightHandle:
         if phase == _PREFILL:
             self._apply(-1, -self.prefill_tokens, 0)
         else:
-            self._apply(-1, 0, -(self.prompt_tokens + self.max_tokens))
+            self._apply(-1, 0, -(self.prompt_tokens + self.max_tokens), -1)
 
-    def _apply(self, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
+    def _apply(self, requests: int, prefill_tokens: int, decode_tokens: int, decoding: int = 0) -> None:
         pool = self._tracker.pool
         if self._incarnation is not None and pool.incarnation(self.address) == self._incarnation:
-            pool.add_inflight(self.address, requests, prefill_tokens, decode_tokens)
+            pool.add_inflight(self.address, requests, prefill_tokens, decode_tokens, decoding)
 
     def __enter__(self) -> InFlightHandle:
         return self

@@ -27,6 +27,7 @@ INFLIGHT_COLUMNS: dict[str, type] = {
     "inflight_requests": np.int64,  # dispatched and not yet finished
     "inflight_prefill_tokens": np.int64,  # prompt tokens of requests not yet past their first token
     "inflight_decode_tokens": np.int64,  # context tokens of requests past their first token
+    "inflight_decoding": np.int64,  # requests past their first token (decoding)
 }
 ALL_COLUMNS: dict[str, type] = {**SCRAPED_COLUMNS, **INFLIGHT_COLUMNS, "healthy": np.bool_}
 
@@ -131,7 +132,9 @@ class PoolState:
         self.columns["healthy"][self._position[address]] = healthy
         self._healthy_positions = None
 
-    def add_inflight(self, address: str, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
+    def add_inflight(
+        self, address: str, requests: int, prefill_tokens: int, decode_tokens: int, decoding: int = 0
+    ) -> None:
         """Add (negative values: remove) router-local in-flight load; a missing endpoint is a no-op."""
         pos = self._position.get(address)
         if pos is None:
@@ -140,6 +143,8 @@ class PoolState:
         cols["inflight_requests"][pos] += requests
         cols["inflight_prefill_tokens"][pos] += prefill_tokens
         cols["inflight_decode_tokens"][pos] += decode_tokens
+        if decoding:
+            cols["inflight_decoding"][pos] += decoding
 
     # --- readers -------------------------------------------------------------------------------------
     def healthy_positions(self) -> np.ndarray:

@@ -30,6 +30,13 @@ TPOT_HEADROOM_MS = "tpot_headroom_ms"
 TTFT_VALID = "ttft_valid"  # predicted to meet the TTFT SLO
 TPOT_VALID = "tpot_valid"  # predicted to meet the TPOT SLO
 
+# load-latency-producer: float64, aligned with the candidates, for every candidate or for none (before its fit
+# has samples): the TTFT it expects from the router's load counters and each pod's learned speed.
+EXPECTED_TTFT_MS = "expected_ttft_ms"
+# The compute time of this request's own uncached prefill on each candidate (ms): how long the decode streams
+# running there would stall behind it.
+OWN_PREFILL_MS = "own_prefill_ms"
+
 # Request state set by predicted-latency-producer when it could not predict for this request (the reason:
 # "warming-up", "unavailable", "invalid-prediction"); the prediction-profile-handler then routes the request
 # with the heuristic profile.

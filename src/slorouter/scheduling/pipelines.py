@@ -32,11 +32,24 @@ DEFAULT_SCHEDULER_CONFIG: dict[str, Any] = {
 
 
 PREDICTION_PROFILE_NAME = "predicted-latency"
-# After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
-# filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter; requests without
-# predictions run the heuristic default profile. Its five differences from the original, and the measurements
-# that chose them, are in docs/plugins.md ("Predicted-latency plugins").
-AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
+# The predicted-latency pipeline (issue 12; why each piece is there, with the measurements, is in
+# docs/plugins.md, "The built-in predicted-latency pipeline"). A deterministic load core — llm-d's token-aware
+# routing: prefix affinity, then the prefill work ahead of the request on each pod — turned into expected
+# milliseconds by an online fit of the pool's own first tokens, with each pod's learned speed and the decode
+# streams its prefill would stall (load-latency-producer, expected-latency-scorer). The XGBoost predictor
+# (predicted-latency-producer) decides where absolute latencies matter: which pods meet the request's SLO
+# (slo-headroom-tier-filter) and which sheddable requests to drop (latency-slo-admitter). Requests without
+# predictions (warm-up, predictor down, x-prediction-based-scheduling: false) run the token-aware default
+# profile.
+INTERFERENCE_WEIGHT = 0.1
+# llm-d's token-aware affinity ("Sticky Until Saturated"): 0.8, its throughput gate at 18 s, no exploration.
+TOKEN_AWARE_AFFINITY: dict[str, Any] = {
+    "affinityThreshold": 0.8,
+    "explorationProbability": 0.0,
+    "ttftSource": "peakPrefillThroughput",
+    "peakPrefillThroughput": 15928,
+    "maxTTFTPenaltyMs": 18000,
+}
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "prediction-profile-handler"},
@@ -44,22 +57,19 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {"type": "max-score-picker"},
         {"type": "predicted-latency-producer"},
         {"type": "latency-slo-admitter"},
-        {
-            "name": "strict-affinity-filter",
-            "type": "prefix-cache-affinity-filter",
-            "parameters": {"affinityThreshold": 0.99, "maxTTFTPenaltyMs": AFFINITY_TTFT_PENALTY_MS},
-        },
-        {"type": "slo-headroom-tier-filter"},
+        {"type": "load-latency-producer"},
         {
             "name": "loose-affinity-filter",
             "type": "prefix-cache-affinity-filter",
             "parameters": {"affinityThreshold": 0.80},
         },
         {
-            "type": "latency-scorer",
-            "parameters": {"headroomSelectionStrategy": "most", "ttftWeight": 1.0, "tpotWeight": 0.0},
+            "name": "sticky-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": TOKEN_AWARE_AFFINITY,
         },
-        {"type": "prefix-cache-scorer"},
+        {"type": "slo-headroom-tier-filter"},
+        {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
     ],
     "schedulingProfiles": [
         {
@@ -73,11 +83,9 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {
             "name": PREDICTION_PROFILE_NAME,
             "plugins": [
-                {"pluginRef": "strict-affinity-filter"},
                 {"pluginRef": "slo-headroom-tier-filter"},
-                {"pluginRef": "loose-affinity-filter"},
-                {"pluginRef": "latency-scorer", "weight": 1},
-                {"pluginRef": "prefix-cache-scorer", "weight": 1},
+                {"pluginRef": "sticky-affinity-filter"},
+                {"pluginRef": "expected-latency-scorer"},
                 {"pluginRef": "max-score-picker"},
             ],
         },

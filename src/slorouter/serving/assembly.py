@@ -13,6 +13,7 @@ import numpy as np
 from slorouter.clock import Clock, MonotonicClock
 from slorouter.config import Config, ConfigError, PredictorConfig
 from slorouter.director import Director
+from slorouter.discovery.start import DiscoveryHandle, KubernetesConfigError, start_discovery
 from slorouter.metrics import GatewayMetrics, KVEventsCollector, LatencyMetrics, PredictorCollector
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
@@ -48,13 +49,14 @@ class RouterCore:
     metrics: GatewayMetrics
     predictor: LatencyPredictorBackend | None = None
     kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)
+    discovery: DiscoveryHandle | None = None
 
     @classmethod
     def build(cls, config: Config, clock: Clock | None = None, *, state_name: str = "serve") -> RouterCore:
         """``state_name`` names the embedded predictor's default state directory (one per front-end, so
         that a gateway and a picker on one machine do not contend for it)."""
         if config.pool is None:
-            raise ConfigError("config: 'pool' is required (pool.endpoints lists the model servers)")
+            raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
         clock = clock or MonotonicClock()
         pool = PoolState(endpoints_from_config(config.pool))
         metrics = GatewayMetrics(pool)
@@ -89,7 +91,13 @@ class RouterCore:
         return bool(self.config.predictor and self.config.predictor.prediction_by_default)
 
     async def start(self) -> None:
-        """Scrape every endpoint once, then keep scraping; start the KV-event subscribers and predictor."""
+        """Discover the pool (Kubernetes), scrape every endpoint once, then keep scraping; start the KV-event
+        subscribers and the predictor."""
+        assert self.config.pool is not None
+        try:
+            self.discovery = await start_discovery(self.config.pool, self.pool)
+        except KubernetesConfigError as exc:
+            raise ConfigError(f"pool.kubernetes: {exc}") from None
         await self.scraper.scrape_once()
         self.scraper.start()
         for subscriber in self.kv_subscribers:
@@ -101,6 +109,8 @@ class RouterCore:
                 raise ConfigError(f"predictor.embedded.state_dir: {exc}") from None
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.scraper.stop()
         for subscriber in self.kv_subscribers:
             await subscriber.stop()

@@ -72,8 +72,11 @@ def uncached_prompt_tokens_list(request: InferenceRequest, candidates: Candidate
     ]
 
 
+DEFAULT_QUEUE_THRESHOLD_TOKENS = 4_194_304  # 128 requests × 32K
+
+
 class TokenLoadParams(PluginParams):
-    queue_threshold_tokens: int = Field(4_194_304, alias="queueThresholdTokens", gt=0)  # 128 requests × 32K
+    queue_threshold_tokens: int = Field(DEFAULT_QUEUE_THRESHOLD_TOKENS, alias="queueThresholdTokens", gt=0)
     # Add this request's own uncached prompt on each endpoint (``uncached_prompt_tokens``).
     count_request_tokens: bool = Field(True, alias="countRequestTokens")
     # Also count the context tokens (prompt + max_tokens) of requests past their first token, i.e. the whole

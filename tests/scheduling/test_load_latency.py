@@ -1,0 +1,276 @@
+"""The load-latency producer and the expected-latency scorer: TTFT in milliseconds from the router's load
+counters, with a pooled online fit and a learned speed per pod."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from slorouter.pool.state import Endpoint
+from slorouter.scheduling.datakeys import (
+    EXPECTED_TTFT_MS,
+    INFLIGHT_PREFILL_TOKENS,
+    OWN_PREFILL_MS,
+    PREFIX_BLOCK_SIZE_TOKENS,
+    PREFIX_MATCH_BLOCKS,
+    PREFIX_TOTAL_BLOCKS,
+)
+from slorouter.scheduling.plugin import ResponseInfo
+from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
+from slorouter.scheduling.plugins.load_latency import (
+    ExpectedLatencyScorer,
+    ExpectedLatencyScorerParams,
+    LoadLatencyFit,
+    LoadLatencyParams,
+    LoadLatencyProducer,
+    load_terms,
+)
+from slorouter.scheduling.types import CycleState, ProfileRunResult, Route, SchedulingResult
+
+from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+
+
+def _truth(work: np.ndarray, decode: np.ndarray) -> np.ndarray:
+    """A pool whose TTFT is 20 ms + 0.08 ms per token of work, slowed by the decode context."""
+    return 20.0 + 0.08 * work * (1.0 + decode / 200_000.0)
+
+
+def _terms(work: np.ndarray | float, decode: np.ndarray | float = 0.0, queue: np.ndarray | float = 0.0):
+    work, decode, queue = np.atleast_1d(work), np.atleast_1d(decode), np.atleast_1d(queue)
+    queue = np.broadcast_to(queue, work.shape)
+    return load_terms(queue, work, np.broadcast_to(decode, work.shape))
+
+
+def _train(fit: LoadLatencyFit, pods: list[str], speeds: dict[str, float], n: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        pod = pods[rng.integers(len(pods))]
+        work, decode = rng.uniform(0, 20_000), rng.uniform(0, 400_000)
+        terms = _terms(work, decode)[0]
+        ttft = float(_truth(np.array([work]), np.array([decode]))[0]) * speeds[pod]
+        fit.observe(pod, terms, ttft * math.exp(rng.normal(0, 0.05)))
+
+
+def test_the_pooled_fit_recovers_a_linear_pool():
+    fit = LoadLatencyFit()
+    _train(fit, ["a", "b"], {"a": 1.0, "b": 1.0}, 600)
+    work = np.array([0.0, 5_000.0, 20_000.0, 20_000.0])
+    decode = np.array([0.0, 100_000.0, 0.0, 400_000.0])
+    expected = fit.expected_ms(_terms(work, decode), ["a"] * 4)
+    assert expected is not None
+    np.testing.assert_allclose(expected, _truth(work, decode), rtol=0.08, atol=3.0)
+
+
+def test_a_slower_pod_learns_its_speed_relative_to_the_pool():
+    """2.2× slower, learned as about 2× (the shrinkage towards the pool keeps ~15 % of the log ratio back at
+    the default prior of 16 samples against a decayed count of ~92); the pool's typical pod stays at 1."""
+    fit = LoadLatencyFit()
+    _train(fit, ["fast1", "fast2", "slow"], {"fast1": 1.0, "fast2": 1.0, "slow": 2.2}, 1500)
+    fast = math.sqrt(fit.speed("fast1") * fit.speed("fast2"))
+    assert 1.8 <= fit.speed("slow") / fast <= 2.3
+    assert fit.speed("fast1") == pytest.approx(fit.speed("fast2"), rel=0.05)
+    terms = _terms(np.array([8_000.0, 8_000.0]))
+    expected = fit.expected_ms(terms, ["fast1", "slow"])
+    assert expected is not None
+    assert 1.8 <= expected[1] / expected[0] <= 2.3
+
+
+def test_an_unknown_pod_starts_at_the_pools_speed():
+    fit = LoadLatencyFit()
+    _train(fit, ["a"], {"a": 1.0}, 200)
+    assert fit.speed("new") == 1.0
+    fit.forget("a")
+    assert fit.speed("a") == 1.0
+
+
+def test_nothing_is_expected_before_min_samples_or_with_a_slope_that_is_not_positive():
+    fit = LoadLatencyFit(min_samples=10)
+    terms = _terms(1_000.0)
+    for _ in range(9):
+        fit.observe("a", terms[0], 100.0)
+    assert fit.expected_ms(terms, ["a"]) is None
+    # TTFT falling as the work grows: no usable slope.
+    fit = LoadLatencyFit(min_samples=10)
+    for i in range(200):
+        work = float(i * 100)
+        fit.observe("a", _terms(work)[0], 1_000.0 - 0.04 * work)
+    assert fit.theta is None
+    assert fit.expected_ms(terms, ["a"]) is None
+
+
+@pytest.mark.parametrize("ttft", [0.0, -5.0, math.nan, math.inf])
+def test_meaningless_observations_are_ignored(ttft):
+    fit = LoadLatencyFit(min_samples=1)
+    fit.observe("a", _terms(1.0)[0], ttft)
+    assert fit.samples == 0
+
+
+def test_a_wild_ratio_does_not_move_the_pods_speed():
+    fit = LoadLatencyFit()
+    _train(fit, ["a"], {"a": 1.0}, 300)
+    before = fit.speed("a")
+    terms = _terms(1_000.0)[0]
+    fit.observe("a", terms, float(terms @ fit.theta) * 50)  # an aborted stream or a clock glitch
+    assert fit.speed("a") == before
+
+
+def test_old_samples_fade():
+    """After the pool slows down (another model, a noisy neighbour), the fit follows."""
+    fit = LoadLatencyFit(half_life_samples=200, speed_half_life_samples=16)
+    _train(fit, ["a", "b"], {"a": 1.0, "b": 1.0}, 600, seed=1)
+    _train(fit, ["a", "b"], {"a": 2.0, "b": 2.0}, 2_000, seed=2)
+    terms = _terms(10_000.0)
+    expected = fit.expected_ms(terms, ["a"])
+    assert expected is not None
+    assert expected[0] == pytest.approx(2 * _truth(np.array([10_000.0]), np.array([0.0]))[0], rel=0.1)
+
+
+# --- the plugins, through their hooks ---------------------------------------------------------------------
+def _producer(min_samples: int = 3) -> LoadLatencyProducer:
+    params = LoadLatencyParams.model_validate({"minSamples": min_samples})
+    return LoadLatencyProducer("", params, make_ctx())
+
+
+def _round(producer, cands, request, target: int, ttft_ms: float) -> None:
+    producer.produce(request, cands)
+    endpoint = cands.endpoint(target)
+    result = SchedulingResult({"default": ProfileRunResult([endpoint])}, "default")
+    producer.pre_request(request, result)
+    response = ResponseInfo(
+        endpoint=endpoint, status=200, dispatched_at=1.0, first_token_at=1.0 + ttft_ms / 1000
+    )
+    producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
+    producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)  # counted once
+
+
+def test_the_producer_learns_from_first_tokens_and_attaches_expectations_for_every_candidate():
+    """TTFT = 10 ms + 0.05 ms per queued token + 0.1 ms per token of the request's own prompt."""
+    producer = _producer(min_samples=3)
+    pool = make_pool(2)
+    a = addresses(2)
+    history = [(0, 1_000), (4_000, 2_000), (0, 9_000), (12_000, 500), (2_000, 16_000)]
+    for i, (queue, own) in enumerate(history):
+        pool.add_inflight(a[i % 2], 1, queue, 0)
+        request = make_request(prompt_tokens=own, request_id=f"r{i}")
+        _round(producer, candidates_of(pool), request, target=i % 2, ttft_ms=10 + 0.05 * queue + 0.1 * own)
+        pool.add_inflight(a[i % 2], -1, -queue, 0)
+    assert producer.fit.samples == 5
+    pool.add_inflight(a[1], 1, 5_000, 0)
+    cands = candidates_of(pool)
+    producer.produce(make_request(prompt_tokens=2_000), cands)
+    expected = cands.attrs[EXPECTED_TTFT_MS]
+    assert expected.shape == (2,)
+    np.testing.assert_allclose(expected, [10 + 0.1 * 2_000, 10 + 0.05 * 5_000 + 0.1 * 2_000], rtol=0.05)
+
+
+def test_failed_responses_and_responses_without_a_first_token_teach_nothing():
+    producer = _producer()
+    cands = candidates_of(make_pool(1))
+    request = make_request(prompt_tokens=100)
+    producer.produce(request, cands)
+    endpoint = cands.endpoint(0)
+    producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
+    producer.on_response_body(
+        request, ResponseInfo(endpoint=endpoint, status=503, dispatched_at=0.0, first_token_at=0.5),
+        start_of_stream=True, end_of_stream=True,
+    )  # fmt: skip
+    producer.on_response_body(
+        request, ResponseInfo(endpoint=endpoint, status=200, dispatched_at=0.0), start_of_stream=False,
+        end_of_stream=True,
+    )  # fmt: skip
+    assert producer.fit.samples == 0
+
+
+def test_a_pick_outside_the_candidates_is_not_learned():
+    producer = _producer()
+    cands = candidates_of(make_pool(2))
+    request = make_request(prompt_tokens=100)
+    producer.produce(request, cands)
+    stranger = Endpoint("10.9.9.9:8000")
+    producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([stranger])}, "default"))
+    response = ResponseInfo(endpoint=stranger, status=200, dispatched_at=0.0, first_token_at=0.1)
+    producer.on_response_body(request, response, start_of_stream=True, end_of_stream=True)
+    assert producer.fit.samples == 0
+
+
+def test_the_scorer_ranks_by_expected_latency():
+    cands = candidates_of(make_pool(3))
+    cands.attrs[EXPECTED_TTFT_MS] = np.array([300.0, 100.0, 70_000.0])
+    scorer = ExpectedLatencyScorer("", ExpectedLatencyScorerParams.model_validate({}), make_ctx())
+    scores = scorer.score(CycleState(), make_request(prompt_tokens=10), cands)
+    np.testing.assert_allclose(scores, [1 - 300 / 60_000, 1 - 100 / 60_000, 0.0])
+
+
+def test_without_expectations_the_scorer_scores_exactly_as_the_token_load_scorer():
+    cands = candidates_of(make_pool(3))
+    cands.attrs[PREFIX_MATCH_BLOCKS] = np.array([125.0, 62.0, 0.0])
+    cands.attrs[PREFIX_TOTAL_BLOCKS] = np.full(3, 125.0)
+    cands.attrs[PREFIX_BLOCK_SIZE_TOKENS] = np.full(3, 16, dtype=np.int64)
+    cands.attrs[INFLIGHT_PREFILL_TOKENS] = np.array([0.0, 1_000.0, 3_000_000.0])
+    request = make_request(prompt_tokens=2_000)
+    expected_scorer = ExpectedLatencyScorer("", ExpectedLatencyScorerParams.model_validate({}), make_ctx())
+    token_scorer = TokenLoadScorer("", TokenLoadParams.model_validate({}), make_ctx())
+    np.testing.assert_array_equal(
+        expected_scorer.score(CycleState(), request, cands), token_scorer.score(CycleState(), request, cands)
+    )
+
+
+# --- the interference term and the shipped pipeline ---------------------------------------------------
+def test_the_interference_term_charges_the_decode_streams_a_prefill_would_stall():
+    pool = make_pool(2)
+    a = addresses(2)
+    pool.add_inflight(a[0], 10, 0, 10_000, decoding=10)  # pod 0: ten decode streams
+    cands = candidates_of(pool)
+    cands.attrs[EXPECTED_TTFT_MS] = np.array([100.0, 150.0])
+    cands.attrs[OWN_PREFILL_MS] = np.array([80.0, 80.0])
+    request = make_request(prompt_tokens=1_000)
+
+    def scores(weight: float) -> np.ndarray:
+        params = ExpectedLatencyScorerParams.model_validate({"interferenceWeight": weight})
+        cycle = CycleState()
+        out = ExpectedLatencyScorer("", params, make_ctx()).score(cycle, request, cands)
+        assert cycle.route == Route.PREDICTED
+        return out
+
+    assert scores(0.0).argmax() == 0  # by TTFT alone: 100 < 150 ms
+    # 100 + 0.1 · 10 · 80 = 180 > 150: the idle pod wins
+    np.testing.assert_allclose(scores(0.1), [1 - 180 / 60_000, 1 - 150 / 60_000])
+
+
+def test_own_prefill_is_what_the_requests_own_prompt_adds_to_the_expectation():
+    producer = _producer(min_samples=3)
+    pool = make_pool(2)
+    for i, work in enumerate([1_000, 4_000, 9_000, 16_000]):
+        request = make_request(prompt_tokens=work, request_id=f"r{i}")
+        _round(producer, candidates_of(pool), request, target=i % 2, ttft_ms=10 + 0.1 * work)
+    pool.add_inflight(addresses(2)[1], 1, 5_000, 0)
+    cands = candidates_of(pool)
+    producer.produce(make_request(prompt_tokens=2_000), cands)
+    # 0.1 ms per token of the request's own 2,000 on both pods; the queue ahead of it is not its own work
+    np.testing.assert_allclose(cands.attrs[OWN_PREFILL_MS], [200.0, 200.0], rtol=0.05)
+
+
+def test_the_shipped_prediction_profile_is_the_load_core_with_the_predictor_on_slos():
+    from slorouter.scheduling.loader import build_scheduler_setup
+    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, TOKEN_AWARE_AFFINITY
+
+    (profile,) = [
+        p
+        for p in PREDICTED_LATENCY_SCHEDULER_CONFIG["schedulingProfiles"]
+        if p["name"] == "predicted-latency"
+    ]
+    refs = [ref["pluginRef"] for ref in profile["plugins"]]
+    assert refs == [
+        "slo-headroom-tier-filter",
+        "sticky-affinity-filter",
+        "expected-latency-scorer",
+        "max-score-picker",
+    ]
+    (sticky,) = [
+        p for p in PREDICTED_LATENCY_SCHEDULER_CONFIG["plugins"] if p.get("name") == "sticky-affinity-filter"
+    ]
+    assert sticky["parameters"] == TOKEN_AWARE_AFFINITY
+    setup = build_scheduler_setup(PREDICTED_LATENCY_SCHEDULER_CONFIG, make_ctx())
+    assert isinstance(setup.plugins["load-latency-producer"], LoadLatencyProducer)
