@@ -28,7 +28,8 @@ LAYERS: list[set[str]] = [
     {"scheduling"},  # framework and plugins
     {"config"},  # the router's YAML
     {"director"},  # the request lifecycle
-    {"gateway"},  # front-ends
+    {"serving"},  # what the front-ends share: the router's assembly, requests, outcome metrics
+    {"gateway", "extproc"},  # front-ends: the HTTP gateway, the Envoy ext_proc endpoint picker
     {"bench"},  # workloads, discrete-event cluster runner, reports
     {"cli"},
 ]

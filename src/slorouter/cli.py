@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMAND_MODULES = (
     "slorouter.gateway.command",  # serve
+    "slorouter.extproc.command",  # epp
     "slorouter.sim.command",  # sim
     "slorouter.predictor.command",  # predictor training-server | prediction-server
     "slorouter.bench.command",  # bench

@@ -42,6 +42,17 @@ def test_one_slo_leaves_the_other_unset():
 def test_llm_d_header_aliases():
     hints = _parse({"x-llm-d-slo-ttft-ms": "200", "x-llm-d-inference-objective": "premium"})
     assert hints.slo_ttft_ms == 200.0 and hints.priority == 10
+    hints = _parse({"x-llm-d-slo-tpot-ms": "20"})
+    assert hints.slo_tpot_ms == 20.0 and hints.slo_ttft_ms is None
+
+
+def test_the_llm_d_slo_names_win_over_the_older_ones():
+    hints = _parse({"x-slo-ttft-ms": "900", "x-llm-d-slo-ttft-ms": "300",
+                    "x-slo-tpot-ms": "90", "x-llm-d-slo-tpot-ms": "30"})  # fmt: skip
+    assert (hints.slo_ttft_ms, hints.slo_tpot_ms) == (300.0, 30.0)
+    # The one that wins is the one validated (and named in the error).
+    with pytest.raises(RequestError, match="x-llm-d-slo-ttft-ms"):
+        _parse({"x-slo-ttft-ms": "900", "x-llm-d-slo-ttft-ms": "soon"})
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from slorouter.http.errors import RequestError
 
-SLO_TTFT_HEADERS = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
-SLO_TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
+# The current original's names first: when a request carries both spellings, x-llm-d-slo-* wins.
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
 OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
 PREDICTION_HEADER = "x-prediction-based-scheduling"
 PREDICTION_OFF_HEADER = "x-prediction-based-scheduling-off"

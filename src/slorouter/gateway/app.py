@@ -10,10 +10,8 @@ label set.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 
@@ -23,7 +21,6 @@ from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
 from slorouter.director import Director
 from slorouter.gateway.relay import (
-    ENDPOINT_HEADER,
     NOT_FORWARDED,
     Relay,
     UpstreamFailedError,
@@ -34,7 +31,9 @@ from slorouter.http.headers import connection_listed, drop_listed
 from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
 from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
-from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.headers import ENDPOINT_HEADER
+from slorouter.serving.requests import RequestIds, inference_request
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,7 @@ class Gateway:
         self._api_keys = frozenset(f"Bearer {key}" for key in config.api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
-        self._ids = itertools.count()
-        self._id_prefix = f"slr-{os.getpid():x}-{time.time_ns() & 0xFFFFFF:x}-"
+        self._ids = RequestIds()
 
     # --- server --------------------------------------------------------------------------------------
     def build_server(self, limits: ServerLimits) -> HttpServer:
@@ -169,25 +167,10 @@ class Gateway:
         except RequestError as exc:
             self.metrics.count_request("none", exc.status)
             return json_error(exc.status, exc.message, param=exc.param)
-        request_id = request_id or f"{self._id_prefix}{next(self._ids)}"
+        request_id = request_id or self._ids.next()
         forward.append(b"X-Request-Id: %s\r\n" % request_id.encode("latin-1"))
         forward_head = b"".join(forward)
-        request = InferenceRequest(
-            request_id=request_id,
-            model=parsed.model,
-            prompt_text=parsed.prompt_text,
-            prompt_tokens=parsed.prompt_tokens,
-            max_tokens=parsed.max_tokens,
-            stream=parsed.stream,
-            headers=headers,
-            cache_salt=parsed.cache_salt,
-            received_at=self.clock.now(),
-            priority=hints.priority,
-            slo_ttft_ms=hints.slo_ttft_ms,
-            slo_tpot_ms=hints.slo_tpot_ms,
-            use_prediction=hints.use_prediction,
-            history_form=parsed.history_form,
-        )
+        request = inference_request(parsed, hints, headers, request_id, self.clock.now())
         assert self._relay is not None
         attempts = 2 if self.config.retry_on_upstream_failure else 1
         tried: list[str] = []

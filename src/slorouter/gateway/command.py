@@ -7,14 +7,13 @@ import asyncio
 import gc
 import logging
 import signal
-import sys
 
 import uvloop
 
 from slorouter.config import Config, ConfigError, PredictorConfig, load_config
 from slorouter.gateway.runtime import Router
 from slorouter.pool.config import PoolConfig
-from slorouter.scheduling.config_schema import SchedulerConfigError
+from slorouter.serving.command_line import LOG_LEVELS, port, run_command
 
 log = logging.getLogger("slorouter")
 
@@ -33,37 +32,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md)"
     )
     parser.add_argument("--host", help="listen address (overrides gateway.host)")
-    parser.add_argument("--port", type=_port, help="listen port (overrides gateway.port)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--port", type=port, help="listen port (overrides gateway.port)")
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     parser.set_defaults(func=run)
 
 
-def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port must be an integer, got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be between 0 and 65535, got {port}")
-    return port
-
-
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_config(args.config) if args.config else Config()
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-        if overrides:
-            config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
-        if args.config and config.pool is None:
-            raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
-        return uvloop.run(_serve(config, embedded=not args.config))
-    except (ConfigError, SchedulerConfigError) as exc:
-        print(f"slorouter: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"slorouter: {exc}", file=sys.stderr)
-        return 1
+    return run_command(args.log_level, lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config) if args.config else Config()
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
+    if args.config and config.pool is None:
+        raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
+    return uvloop.run(_serve(config, embedded=not args.config))
 
 
 async def _serve(config: Config, embedded: bool) -> int:

@@ -15,11 +15,16 @@ from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
 from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from slorouter.metrics import GatewayMetrics
+from slorouter.serving.headers import (
+    ENDPOINT_HEADER,
+    PREDICTED_TPOT_HEADER,
+    PREDICTED_TTFT_HEADER,
+    ROUTE_HEADER,
+)
+from slorouter.serving.outcome import OutcomeRecorder
 
-ENDPOINT_HEADER = "x-slorouter-endpoint"
-ROUTE_HEADER = "x-slorouter-route"
-PREDICTED_TTFT_HEADER = b"x-slorouter-predicted-ttft-ms"
-PREDICTED_TPOT_HEADER = b"x-slorouter-predicted-tpot-ms"
+PREDICTED_TTFT = PREDICTED_TTFT_HEADER.encode()
+PREDICTED_TPOT = PREDICTED_TPOT_HEADER.encode()
 # Hop-by-hop headers and those computed per hop are never copied across (nor those Connection names).
 NOT_FORWARDED = HOP_BY_HOP | {
     b"host",
@@ -40,9 +45,7 @@ class Relay:
     def __init__(self, client: UpstreamClient, metrics: GatewayMetrics, *, e2e_as_ttft: bool) -> None:
         self._client = client
         self._metrics = metrics
-        # With streamingMode false the predictor models E2E latency, and the TTFT histograms hold E2E
-        # latency, as in the original, so that actual and predicted series compare like with like.
-        self._e2e_as_ttft = e2e_as_ttft
+        self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft)
         self._own_headers: dict[tuple[str, str], bytes] = {}
 
     async def relay(
@@ -81,7 +84,7 @@ class Relay:
         if error is None:
             observe_body(lifecycle, body, lifecycle.request.history_form)
         lifecycle.on_complete(error=error)
-        self._observe(lifecycle)
+        self._outcomes.record(lifecycle)
         return Response(upstream.status, body, raw_headers=self._response_head(upstream, lifecycle))
 
     async def _relay_stream(
@@ -113,25 +116,11 @@ class Relay:
                     await writer.write(sse_error_event(502, f"the model server {address} failed mid-stream"))
                     break
             lifecycle.on_complete(usage=observer.finish())
-            self._observe(lifecycle)
+            self._outcomes.record(lifecycle)
             await writer.write_eof()
         except ConnectionResetError:
             self._metrics.client_disconnects.inc()
             lifecycle.on_complete(error="client disconnected")
-
-    def _observe(self, lifecycle: RequestLifecycle) -> None:
-        response = lifecycle.response
-        request = lifecycle.request
-        self._metrics.count_request(response.endpoint.address, response.status)
-        if response.status != 200 or response.error or response.first_token_at is None:
-            return
-        ttft, tpot = self._metrics.latency_children(request.model, request.target_model)
-        end = (
-            response.completed_at if self._e2e_as_ttft and response.completed_at else response.first_token_at
-        )
-        ttft.observe(end - request.received_at)
-        if response.streaming and response.tokens > 1 and response.completed_at is not None:
-            tpot.observe((response.completed_at - response.first_token_at) / (response.tokens - 1))
 
     def _response_head(self, upstream: UpstreamResponse, lifecycle: RequestLifecycle) -> bytes:
         """The upstream's end-to-end headers, then the gateway's own, as preformatted lines."""
@@ -144,9 +133,9 @@ class Relay:
         parts = [upstream_headers(upstream), own]
         predicted = lifecycle.prediction
         if predicted is not None:
-            parts.append(b"%s: %.1f\r\n" % (PREDICTED_TTFT_HEADER, predicted.ttft_ms))
+            parts.append(b"%s: %.1f\r\n" % (PREDICTED_TTFT, predicted.ttft_ms))
             if predicted.tpot_ms is not None:
-                parts.append(b"%s: %.2f\r\n" % (PREDICTED_TPOT_HEADER, predicted.tpot_ms))
+                parts.append(b"%s: %.2f\r\n" % (PREDICTED_TPOT, predicted.tpot_ms))
         return b"".join(parts)
 
 

@@ -1,0 +1,133 @@
+"""``slorouter epp``: the endpoint picker as an Envoy ext_proc server, optionally with its own Envoy."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+
+import uvloop
+
+from slorouter.config import Config, ConfigError, load_config
+from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, bootstrap
+from slorouter.extproc.runtime import EndpointPicker, PickerPorts
+from slorouter.http.running import wait_for_signal
+from slorouter.serving.command_line import LOG_LEVELS, port, run_command
+
+log = logging.getLogger("slorouter")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "epp",
+        help="run the endpoint picker for Envoy (ext_proc)",
+        description="Run the endpoint picker as an Envoy external processor (ext_proc, the Gateway API "
+        "Inference Extension's Endpoint Picker Protocol), over the same router as `slorouter serve`.",
+    )
+    parser.add_argument("--config", metavar="FILE", required=True, help="the YAML file of `slorouter serve`")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address of all three ports")
+    parser.add_argument("--grpc-port", type=port, default=9002, help="ext_proc gRPC port (default 9002)")
+    parser.add_argument("--grpc-health-port", type=port, default=9003, help="gRPC health port (default 9003)")
+    parser.add_argument(
+        "--metrics-port", type=port, default=9090, help="HTTP /metrics, /health, /ready (default 9090)"
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long open streams may take to finish (default 30)",
+    )
+    parser.add_argument(
+        "--envoy",
+        action="store_true",
+        help="also run Envoy on the gateway's address (gateway.host/port), routing through this picker",
+    )
+    parser.add_argument(
+        "--envoy-body-mode",
+        choices=["full-duplex", "buffered"],
+        default="full-duplex",
+        help="with --envoy: the ext_proc request body mode (default full-duplex)",
+    )
+    parser.add_argument(
+        "--envoy-cluster",
+        choices=["override_host", "original_dst"],
+        default="override_host",
+        help="with --envoy: the upstream cluster (override_host retries the picker's fallbacks)",
+    )
+    parser.add_argument(
+        "--envoy-fail-open",
+        action="store_true",
+        help="with --envoy: failure_mode_allow (requests go round robin when the picker is unreachable); "
+        "needs --envoy-body-mode buffered",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_command(args.log_level, lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if config.pool is None:
+        raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
+    if args.envoy_fail_open and args.envoy_body_mode != "buffered":
+        raise ConfigError(
+            "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"
+        )
+    ports = PickerPorts(args.host, args.grpc_port, args.grpc_health_port, args.metrics_port)
+    if args.envoy:
+        try:
+            bootstrap(_envoy_setup(config, ports.host, ports.grpc_port, args))
+        except ValueError as exc:
+            raise ConfigError(f"--envoy: {exc}") from None
+    return uvloop.run(_serve(config, ports, args))
+
+
+async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -> int:
+    picker = EndpointPicker.build(config, ports)
+    envoy = None
+    try:
+        await picker.start()
+        assert picker.bound is not None
+        bound = picker.bound
+        print(
+            f"slorouter epp listening on grpc://{ports.host}:{bound.grpc_port} (gRPC health on port "
+            f"{bound.health_port}, metrics on http://{ports.host}:{bound.metrics_port}/metrics)",
+            flush=True,
+        )
+        if args.envoy:
+            envoy = EnvoyProcess(_envoy_setup(config, ports.host, picker.bound.grpc_port, args))
+            await envoy.start()
+            gateway = config.gateway
+            print(f"envoy routing on http://{gateway.host}:{gateway.port} through the picker", flush=True)
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
+        await wait_for_signal()
+    finally:
+        # The picker drains first: the streams still open through Envoy finish, then Envoy goes.
+        await picker.stop(args.drain_timeout)
+        if envoy is not None:
+            await envoy.stop()
+    return 0
+
+
+def _envoy_setup(config: Config, picker_host: str, picker_port: int, args: argparse.Namespace) -> EnvoySetup:
+    gateway = config.gateway
+    assert config.pool is not None
+    return EnvoySetup(
+        listen_host=gateway.host,
+        listen_port=gateway.port,
+        picker_host=picker_host,
+        picker_port=picker_port,
+        endpoints=tuple(endpoint.address for endpoint in config.pool.endpoints),
+        request_body_mode=args.envoy_body_mode,
+        cluster=args.envoy_cluster,
+        failure_mode_allow=args.envoy_fail_open,
+        max_body_bytes=gateway.max_body_bytes,
+        upstream_timeout_s=gateway.upstream_timeout_s,
+        connect_timeout_s=gateway.connect_timeout_s,
+    )

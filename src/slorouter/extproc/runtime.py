@@ -1,0 +1,106 @@
+"""Running the endpoint picker: the shared router assembly, the ext_proc gRPC server, gRPC health on its own
+port, and ``/metrics`` + ``/health`` + ``/ready`` over HTTP; graceful shutdown drains open streams."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+
+from slorouter.clock import Clock
+from slorouter.config import Config
+from slorouter.extproc.server import ExternalProcessor, Health, grpc_options, start_grpc_server
+from slorouter.extproc.stream import Picker
+from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
+from slorouter.serving.assembly import RouterCore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PickerPorts:
+    host: str = "127.0.0.1"
+    grpc_port: int = 9002
+    health_port: int = 9003
+    metrics_port: int = 9090
+
+
+@dataclass
+class EndpointPicker:
+    core: RouterCore
+    processor: ExternalProcessor
+    health: Health
+    ports: PickerPorts
+    bound: PickerPorts | None = None  # the ports actually bound (0 picks free ones)
+    _servers: list[grpc.aio.Server] = field(default_factory=list, repr=False)
+    _http: HttpServer | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, config: Config, ports: PickerPorts, clock: Clock | None = None) -> EndpointPicker:
+        core = RouterCore.build(config, clock, state_name="epp")
+        picker = Picker(
+            core.director,
+            core.metrics,
+            config.gateway,
+            objectives=core.objectives,
+            prediction_by_default=core.prediction_by_default,
+        )
+        return cls(core, ExternalProcessor(picker), Health(core.director), ports)
+
+    async def start(self) -> None:
+        """Scrape the pool once, then listen on the three ports."""
+        await self.core.start()
+        ports = self.ports
+        options = grpc_options(self.core.config.gateway.max_body_bytes)
+        server, grpc_port = await start_grpc_server([self.processor], ports.host, ports.grpc_port, options)
+        self._servers.append(server)
+        await self.health.start()
+        health_server, health_port = await start_grpc_server(
+            [self.health.servicer], ports.host, ports.health_port, []
+        )
+        self._servers.append(health_server)
+        self._http = HttpServer(max_body_bytes=1024)
+        self._http.add_route("GET", "/metrics", self._metrics)
+        self._http.add_route("GET", "/health", self._liveness)
+        self._http.add_route("GET", "/ready", self._readiness)
+        _, metrics_port = await self._http.start(ports.host, ports.metrics_port)
+        self.bound = PickerPorts(ports.host, grpc_port, health_port, metrics_port)
+        log.info(
+            "endpoint picker: ext_proc on %s:%d, gRPC health on :%d, metrics on :%d",
+            ports.host,
+            grpc_port,
+            health_port,
+            metrics_port,
+        )
+
+    async def stop(self, drain_timeout_s: float = 0.0) -> None:
+        """Health goes NOT_SERVING, new streams are refused, open ones get ``drain_timeout_s`` to end."""
+        await self.health.shutdown()
+        self.processor.accepting = False
+        if drain_timeout_s > 0 and self.processor.active:
+            log.info(
+                "draining %d open ext_proc stream(s), up to %.1f s", self.processor.active, drain_timeout_s
+            )
+            if not await self.processor.drained(drain_timeout_s):
+                log.warning("%d ext_proc stream(s) still open after the drain timeout", self.processor.active)
+        for server in self._servers:
+            await server.stop(grace=0.5)
+        self._servers.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        await self.core.stop()
+
+    async def _metrics(self, _request: HttpRequest) -> Response:
+        return Response(200, self.core.metrics.render(), content_type=b"text/plain; charset=utf-8")
+
+    async def _liveness(self, _request: HttpRequest) -> Response:
+        return json_response(b'{"status": "ok"}')
+
+    async def _readiness(self, _request: HttpRequest) -> Response:
+        healthy = len(self.core.director.healthy_endpoints())
+        if healthy and self.processor.accepting:
+            return json_response(json.dumps({"status": "ready", "healthy_endpoints": healthy}).encode())
+        return json_error(503, "no healthy model-server endpoint", headers={"Retry-After": "1"})

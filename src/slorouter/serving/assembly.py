@@ -1,0 +1,164 @@
+"""Assembling a router from the YAML config: pool, scraper, KV-event subscribers, in-flight tracker,
+latency predictor, scheduler and Director. Every front-end (the HTTP gateway, the Envoy ext_proc picker)
+builds the same ``RouterCore`` from the same file and adds only its own serving on top."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from slorouter.clock import Clock, MonotonicClock
+from slorouter.config import Config, ConfigError, PredictorConfig
+from slorouter.director import Director
+from slorouter.discovery.start import DiscoveryHandle, KubernetesConfigError, start_discovery
+from slorouter.metrics import GatewayMetrics, KVEventsCollector, LatencyMetrics, PredictorCollector
+from slorouter.pool.config import endpoints_from_config
+from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_subscriber import KVEventSubscriber, subscribers_from_config
+from slorouter.pool.scraper import MetricsScraper
+from slorouter.pool.state import PoolState
+from slorouter.predictor.backend import LatencyPredictorBackend
+from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.pool_shape import PoolShape
+from slorouter.predictor.prediction_client import PredictionClient
+from slorouter.predictor.remote import RemotePredictor
+from slorouter.predictor.sample_sink import TrainingSampleSink
+from slorouter.predictor.state_dir import StateDirBusyError, default_state_dir
+from slorouter.predictor.store import StoreConfig
+from slorouter.predictor.trainer import TrainerConfig
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
+from slorouter.scheduling.plugin import PluginContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouterCore:
+    """The routing half of a running router, without any front-end."""
+
+    config: Config
+    clock: Clock
+    pool: PoolState
+    director: Director
+    scraper: MetricsScraper
+    metrics: GatewayMetrics
+    predictor: LatencyPredictorBackend | None = None
+    kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)
+    discovery: DiscoveryHandle | None = None
+
+    @classmethod
+    def build(cls, config: Config, clock: Clock | None = None, *, state_name: str = "serve") -> RouterCore:
+        """``state_name`` names the embedded predictor's default state directory (one per front-end, so
+        that a gateway and a picker on one machine do not contend for it)."""
+        if config.pool is None:
+            raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
+        clock = clock or MonotonicClock()
+        pool = PoolState(endpoints_from_config(config.pool))
+        metrics = GatewayMetrics(pool)
+        ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
+        kv_subscribers: list[KVEventSubscriber] = []
+        if any(endpoint.kv_events is not None for endpoint in config.pool.endpoints):
+            ctx.kv_index = KVBlockIndex(config.pool.kv_events_max_blocks_per_pod)
+            kv_subscribers = subscribers_from_config(config.pool, ctx.kv_index)
+            metrics.registry.register(KVEventsCollector(ctx.kv_index, pool))
+        scheduler_config = config.scheduler
+        predictor = None
+        if config.predictor is not None and config.predictor.mode != "off":
+            predictor = _build_predictor(config.predictor, clock, metrics, pool, state_name)
+            ctx.predictor = predictor
+            ctx.metrics = LatencyMetrics(metrics.registry)
+            metrics.registry.register(PredictorCollector(predictor))
+            if scheduler_config is None:
+                scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
+        setup = build_scheduler_setup(scheduler_config, ctx)
+        tracker = InFlightTracker(pool)
+        director = Director(pool, setup, tracker, clock, latency_metrics=ctx.metrics)
+        tracker.register_metrics(metrics.registry)
+        scraper = MetricsScraper.from_config(pool, clock, config.pool)
+        return cls(config, clock, pool, director, scraper, metrics, predictor, kv_subscribers)
+
+    @property
+    def objectives(self) -> dict[str, int]:
+        return self.config.objective_priorities()
+
+    @property
+    def prediction_by_default(self) -> bool:
+        return bool(self.config.predictor and self.config.predictor.prediction_by_default)
+
+    async def start(self) -> None:
+        """Discover the pool (Kubernetes), scrape every endpoint once, then keep scraping; start the KV-event
+        subscribers and the predictor."""
+        assert self.config.pool is not None
+        try:
+            self.discovery = await start_discovery(self.config.pool, self.pool)
+        except KubernetesConfigError as exc:
+            raise ConfigError(f"pool.kubernetes: {exc}") from None
+        await self.scraper.scrape_once()
+        self.scraper.start()
+        for subscriber in self.kv_subscribers:
+            subscriber.start()
+        if self.predictor is not None:
+            try:
+                self.predictor.start()
+            except StateDirBusyError as exc:
+                raise ConfigError(f"predictor.embedded.state_dir: {exc}") from None
+
+    async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
+        await self.scraper.stop()
+        for subscriber in self.kv_subscribers:
+            await subscriber.stop()
+        if self.predictor is not None:
+            await self.predictor.stop()
+
+
+def _build_predictor(
+    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, state_name: str
+) -> LatencyPredictorBackend:
+    if config.mode == "remote":
+        assert config.remote is not None
+        remote = config.remote
+        client = PredictionClient(
+            remote.prediction_servers,
+            registry=metrics.registry,
+            timeout_s=remote.timeout_ms / 1000,
+            coalesce_window_s=remote.coalesce_window_ms / 1000,
+        )
+        sink = TrainingSampleSink(
+            remote.training_server,
+            flush_interval_s=remote.flush_interval_s,
+            max_buffer=remote.max_buffered_samples,
+            registry=metrics.registry,
+            pool_shape=lambda: PoolShape.of(pool),
+        )
+        return RemotePredictor(client, sink)
+    embedded = config.embedded
+    trainer = TrainerConfig(
+        objective=embedded.objective,
+        quantile=embedded.quantile,
+        n_estimators=embedded.n_estimators,
+        max_depth=embedded.max_depth,
+        retrain_interval_s=embedded.retrain_interval_s,
+        min_samples=embedded.min_samples,
+        nthread=1,  # leave the other core to the front-end: training never competes with requests for both
+    )
+    state_dir = None
+    if embedded.persist:
+        state_dir = (
+            Path(embedded.state_dir).expanduser() if embedded.state_dir else default_state_dir(state_name)
+        )
+    return EmbeddedPredictor(
+        state_dir,
+        store_config=StoreConfig(per_bucket=embedded.per_bucket),
+        trainer_config=trainer,
+        clock=clock,
+        save_interval_s=embedded.save_interval_s,
+        pool_shape=lambda: PoolShape.of(pool),  # read at start, after the first scrape
+        registry=metrics.registry,
+    )

@@ -1,0 +1,21 @@
+"""The response headers every front-end adds: which endpoint served the request, how it was picked, and
+the prediction it was picked on."""
+
+from __future__ import annotations
+
+from slorouter.director import RequestLifecycle
+
+ENDPOINT_HEADER = "x-slorouter-endpoint"
+ROUTE_HEADER = "x-slorouter-route"
+PREDICTED_TTFT_HEADER = "x-slorouter-predicted-ttft-ms"
+PREDICTED_TPOT_HEADER = "x-slorouter-predicted-tpot-ms"
+
+
+def routing_response_headers(lifecycle: RequestLifecycle) -> list[tuple[str, str]]:
+    headers = [(ENDPOINT_HEADER, lifecycle.target.address), (ROUTE_HEADER, str(lifecycle.route))]
+    predicted = lifecycle.prediction
+    if predicted is not None:
+        headers.append((PREDICTED_TTFT_HEADER, f"{predicted.ttft_ms:.1f}"))
+        if predicted.tpot_ms is not None:
+            headers.append((PREDICTED_TPOT_HEADER, f"{predicted.tpot_ms:.2f}"))
+    return headers

@@ -1,0 +1,55 @@
+"""`slorouter epp`'s command line: its flags, and configuration errors as exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slorouter.cli import build_parser, main
+
+
+def test_the_defaults():
+    args = build_parser().parse_args(["epp", "--config", "x.yaml"])
+    assert (args.host, args.grpc_port, args.grpc_health_port, args.metrics_port) == (
+        "127.0.0.1",
+        9002,
+        9003,
+        9090,
+    )
+    assert (args.envoy, args.envoy_body_mode, args.envoy_cluster, args.envoy_fail_open) == (
+        False,
+        "full-duplex",
+        "override_host",
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "needle"),
+    [
+        ("gateway: {port: 0}\n", [], "'pool' is required"),
+        (
+            "pool: {endpoints: ['127.0.0.1:1']}\n",
+            ["--envoy", "--envoy-fail-open"],
+            "--envoy-body-mode buffered",
+        ),
+        ("pool: {endpoints: ['127.0.0.1:1']}\nbogus: 1\n", [], "bogus"),
+        (
+            "pool: {endpoints: ['localhost:8000']}\n",
+            ["--envoy"],
+            "as ip:port, not host names: localhost:8000",
+        ),
+    ],
+)
+def test_configuration_errors_exit_2(tmp_path: Path, capsys, text: str, extra: list[str], needle: str):
+    path = tmp_path / "epp.yaml"
+    path.write_text(text)
+    assert main(["epp", "--config", str(path), *extra]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_a_bad_port_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["epp", "--config", "x", "--grpc-port", "70000"])
+    assert "a port must be between 0 and 65535, got 70000" in capsys.readouterr().err

