@@ -58,6 +58,9 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {"type": "predicted-latency-producer"},
         {"type": "latency-slo-admitter"},
         {"type": "load-latency-producer"},
+        # Prompts only: indexing replies as the next turn's prefix (slorouter's addition) cost this pipeline
+        # 10-20 % of TTFT p90 (docs/benchmarks.md, issue 12).
+        {"type": "approx-prefix-cache-producer", "parameters": {"indexResponses": False}},
         {
             "name": "loose-affinity-filter",
             "type": "prefix-cache-affinity-filter",

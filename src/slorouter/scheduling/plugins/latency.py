@@ -211,7 +211,8 @@ class TierParams(PluginParams):
 class SloHeadroomTierFilter(Plugin, Filter):
     """Keeps the candidates predicted to meet the SLO (headroom ≥ 0 on both dimensions) when some do and some
     do not; with probability ``epsilonExploreNeg`` it keeps the others instead, so their predictions keep
-    being tested. Without predictions, or when every candidate is in one tier, it keeps everything."""
+    being tested. Without predictions, or when every candidate is in one tier, it keeps everything. With
+    predictions it marks the route ``predicted`` (``explore`` after an exploration)."""
 
     type_name = "slo-headroom-tier-filter"
     Params = TierParams
@@ -219,7 +220,12 @@ class SloHeadroomTierFilter(Plugin, Filter):
 
     def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
         ttft_headroom = candidates.attrs.get(TTFT_HEADROOM_MS)
-        if len(candidates) <= 1 or ttft_headroom is None:
+        if ttft_headroom is None:
+            return candidates
+        # The predictions decided which pods may serve the request: the pick is a predicted one even when
+        # the profile's scorer then ranks by load.
+        cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
+        if len(candidates) <= 1:
             return candidates
         positive = (ttft_headroom >= 0) & (candidates.attrs[TPOT_HEADROOM_MS] >= 0)
         if positive.all() or not positive.any():
@@ -227,6 +233,7 @@ class SloHeadroomTierFilter(Plugin, Filter):
         eps = self.params.epsilon_explore_neg
         if eps > 0 and self.ctx.rng.random() < eps:
             cycle[EXPLORED_KEY] = True
+            cycle.route = Route.EXPLORE
             return candidates.subset(~positive)
         return candidates.subset(positive)
 
