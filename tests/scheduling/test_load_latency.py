@@ -254,7 +254,7 @@ def test_own_prefill_is_what_the_requests_own_prompt_adds_to_the_expectation():
 
 def test_the_shipped_prediction_profile_is_the_load_core_with_the_predictor_on_slos():
     from slorouter.scheduling.loader import build_scheduler_setup
-    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, TOKEN_AWARE_AFFINITY
+    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, STICKY_AFFINITY
 
     (profile,) = [
         p
@@ -271,6 +271,6 @@ def test_the_shipped_prediction_profile_is_the_load_core_with_the_predictor_on_s
     (sticky,) = [
         p for p in PREDICTED_LATENCY_SCHEDULER_CONFIG["plugins"] if p.get("name") == "sticky-affinity-filter"
     ]
-    assert sticky["parameters"] == TOKEN_AWARE_AFFINITY
+    assert sticky["parameters"] == STICKY_AFFINITY
     setup = build_scheduler_setup(PREDICTED_LATENCY_SCHEDULER_CONFIG, make_ctx())
     assert isinstance(setup.plugins["load-latency-producer"], LoadLatencyProducer)

@@ -285,7 +285,10 @@ def test_gate_does_not_run_when_every_or_no_candidate_is_warm():
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"ttftSource": "bogus"}, "ttftSource: input should be 'auto', 'latencyPredictor', 'prefillThrough"),
+        (
+            {"ttftSource": "bogus"},
+            "ttftSource: input should be 'auto', 'latencyPredictor', 'expectedLatency'",
+        ),
         ({"peakPrefillThroughput": 0}, "peakPrefillThroughput: input should be greater than 0"),
         ({"peakPrefillThroughput": -5}, "peakPrefillThroughput: input should be greater than 0"),
         ({"peakPrefillThroughput": float("inf")}, "peakPrefillThroughput: input should be a finite number"),
@@ -361,3 +364,23 @@ def test_shipped_warm_up_profile_counts_decode_tokens_too():
     # loads 3000 + 4000, 1500 + 1600, 1000 + 4000 (no block size attached: the own term is the prompt × the
     # unmatched share): the 60 %-cached pod wins although it has the most prefill in flight
     assert result.primary_profile == "default" and result.primary.targets[0].address == addresses(3)[1]
+
+
+def test_the_expected_latency_gate_reads_the_load_model_and_falls_back_to_the_throughput_estimate():
+    from slorouter.scheduling.datakeys import EXPECTED_TTFT_MS
+
+    f = PrefixCacheAffinityFilter(
+        "",
+        AffinityParams.model_validate({"ttftSource": "expectedLatency", "maxTTFTPenaltyMs": 500}),
+        make_ctx(),
+    )
+    cands = _candidates(2, matched=[10, 0], prefill=[15_928, 0])
+    gate = f.gate_ttft_ms(cands)  # no load model yet: llm-d's estimate at its own 18 s
+    assert gate is not None and gate[1] == 18000.0 and gate[0].tolist() == [1000.0, 0.0]
+    cands.attrs[EXPECTED_TTFT_MS] = np.array([900.0, 300.0])
+    gate = f.gate_ttft_ms(cands)
+    assert gate is not None and gate[1] == 500.0 and gate[0].tolist() == [900.0, 300.0]
+    request = make_request(prompt_tokens=100)
+    assert len(f.filter(CycleState(), request, cands)) == 2  # 600 ms > 500: the gate opens
+    cands.attrs[EXPECTED_TTFT_MS] = np.array([700.0, 300.0])
+    assert f.filter(CycleState(), request, cands).endpoints[0].address == addresses(2)[0]  # 400 ms: sticky

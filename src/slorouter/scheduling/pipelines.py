@@ -42,13 +42,23 @@ PREDICTION_PROFILE_NAME = "predicted-latency"
 # predictions (warm-up, predictor down, x-prediction-based-scheduling: false) run the token-aware default
 # profile.
 INTERFERENCE_WEIGHT = 0.1
-# llm-d's token-aware affinity ("Sticky Until Saturated"): 0.8, its throughput gate at 18 s, no exploration.
+# llm-d's token-aware affinity ("Sticky Until Saturated"): 0.8, its throughput gate at 18 s, no exploration
+# (the token-aware benchmark policy).
 TOKEN_AWARE_AFFINITY: dict[str, Any] = {
     "affinityThreshold": 0.8,
     "explorationProbability": 0.0,
     "ttftSource": "peakPrefillThroughput",
     "peakPrefillThroughput": 15928,
     "maxTTFTPenaltyMs": 18000,
+}
+# The prediction profile's affinity: 0.8 as llm-d's, the original's 1 % exploration (it seeds other pods with
+# a session's prefix; without it chat TTFT p90 was 1.5-3x higher), and a gate on the load model's expected
+# TTFT: a warm pod is left when a cold one is expected to answer 500 ms sooner, its own prefill included.
+STICKY_AFFINITY: dict[str, Any] = {
+    "affinityThreshold": 0.8,
+    "explorationProbability": 0.01,
+    "ttftSource": "expectedLatency",
+    "maxTTFTPenaltyMs": 500,
 }
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
@@ -69,7 +79,7 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {
             "name": "sticky-affinity-filter",
             "type": "prefix-cache-affinity-filter",
-            "parameters": TOKEN_AWARE_AFFINITY,
+            "parameters": STICKY_AFFINITY,
         },
         {"type": "slo-headroom-tier-filter"},
         {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from slorouter.scheduling.datakeys import (
+    EXPECTED_TTFT_MS,
     INFLIGHT_PREFILL_TOKENS,
     PREDICTED_TTFT_MS,
     PREFIX_MATCH_BLOCKS,
@@ -99,6 +100,7 @@ def compute_headroom(
 # (llm-d keeps it with the latency predictor) and llm-d's 18,000 ms with the throughput estimate.
 TTFT_SOURCE_AUTO: Literal["auto"] = "auto"
 TTFT_SOURCE_PREDICTOR = "latencyPredictor"
+TTFT_SOURCE_EXPECTED = "expectedLatency"  # load-latency-producer's expected TTFT
 PREDICTOR_TTFT_PENALTY_MS = 5000.0
 THROUGHPUT_TTFT_PENALTY_MS = 18000.0
 PEAK_PREFILL_THROUGHPUT = 15928.0  # tok/s, llm-d's default: Qwen3-32B, 2× H100 (TP=2), one 8192-token chunk
@@ -110,9 +112,9 @@ class AffinityParams(PluginParams):
     # None: PREDICTOR_TTFT_PENALTY_MS when the gate compares predictions, THROUGHPUT_TTFT_PENALTY_MS when it
     # compares throughput estimates. 0 disables the gate.
     max_ttft_penalty_ms: float | None = Field(None, alias="maxTTFTPenaltyMs", ge=0.0)
-    ttft_source: Literal["auto", "latencyPredictor", "prefillThroughput", "peakPrefillThroughput"] = Field(
-        TTFT_SOURCE_AUTO, alias="ttftSource"
-    )
+    ttft_source: Literal[
+        "auto", "latencyPredictor", "expectedLatency", "prefillThroughput", "peakPrefillThroughput"
+    ] = Field(TTFT_SOURCE_AUTO, alias="ttftSource")
     peak_prefill_throughput: float = Field(
         PEAK_PREFILL_THROUGHPUT, alias="peakPrefillThroughput", gt=0.0, allow_inf_nan=False
     )
@@ -138,6 +140,12 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
     def gate_ttft_ms(self, candidates: Candidates) -> tuple[np.ndarray, float] | None:
         """Per-candidate TTFT (ms) the load gate compares and its penalty (ms); None without a signal."""
         p = self.params
+        if p.ttft_source == TTFT_SOURCE_EXPECTED:
+            expected = candidates.attrs.get(EXPECTED_TTFT_MS)
+            if expected is None:  # the load model is not ready: llm-d's throughput estimate at its 18 s
+                return self._throughput_gate(candidates, THROUGHPUT_TTFT_PENALTY_MS)
+            penalty = p.max_ttft_penalty_ms
+            return expected, PREDICTOR_TTFT_PENALTY_MS if penalty is None else penalty
         if p.ttft_source in (TTFT_SOURCE_AUTO, TTFT_SOURCE_PREDICTOR):
             predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
             if predicted is not None:
@@ -145,11 +153,14 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
                 return predicted, PREDICTOR_TTFT_PENALTY_MS if penalty is None else penalty
             if p.ttft_source == TTFT_SOURCE_PREDICTOR:
                 return None
+        penalty = THROUGHPUT_TTFT_PENALTY_MS if p.max_ttft_penalty_ms is None else p.max_ttft_penalty_ms
+        return self._throughput_gate(candidates, penalty)
+
+    def _throughput_gate(self, candidates: Candidates, penalty_ms: float) -> tuple[np.ndarray, float] | None:
         tokens = candidates.attrs.get(INFLIGHT_PREFILL_TOKENS)
         if tokens is None:
             return None
-        penalty = THROUGHPUT_TTFT_PENALTY_MS if p.max_ttft_penalty_ms is None else p.max_ttft_penalty_ms
-        return tokens / p.peak_prefill_throughput * 1000.0, penalty
+        return tokens / self.params.peak_prefill_throughput * 1000.0, penalty_ms
 
     def filter(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> Candidates:
         p = self.params

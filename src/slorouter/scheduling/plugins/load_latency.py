@@ -5,12 +5,14 @@ the uncached prefill tokens in flight ahead of the request there (``q``), the re
 there (``o``; both are what ``token-load-scorer`` adds up) and the decode context running there (``d``, the
 context tokens of the requests past their first token), and estimates
 
-    TTFT ≈ speed[pod] · (θ₀ + θ₁·q + θ₂·o + θ₃·d + θ₄·(q + o)·d + θ₅·o²)
+    TTFT ≈ speed[pod] · (θ₀ + θ₁·q + θ₂·o + θ₃·d + θ₄·(q + o)·d + θ₅·o² + θ₆·r)
 
 - θ is one fit for the whole pool (``LoadLatencyFit``): relative-error least squares over the recent first
   tokens, constrained to θ ≥ 0. Why this shape: a vLLM-like engine drains prefill work at a rate set by its
   step time; the running decodes ride in every step and slow it; a long prompt's attention over itself
-  grows with its square. The queue and the own prompt have separate rates because the router counts a
+  grows with its square; requests waiting for their first token (``r``) also queue for batch slots and
+  KV-cache admission, which costs time even when their prompts are cached. The queue and the own prompt
+  have separate rates because the router counts a
   queued prompt in full until its first token, when part of it is usually done. A linear form keeps the
   ranking monotone in the work (the token-aware core is never overridden by noise) and extrapolates to
   loads the fit has not seen, which a tree ensemble does not.
@@ -63,19 +65,27 @@ from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest,
 # Feature scales: they keep the normal equations well conditioned (w in thousands of tokens, d in 100k).
 WORK_SCALE = 1e-3
 DECODE_SCALE = 1e-5
-N_TERMS = 6  # 1, q, o, d, (q + o)·d, o²
+N_TERMS = 7  # 1, q, o, d, (q + o)·d, o², r
 MAX_LOG_RATIO = math.log(20.0)  # observations 20× off the fit (aborts, clock glitches) teach nothing
 RESOLVE_EVERY = 32  # samples between solves of the pooled fit, once it has 2 × minSamples
 
 
-def load_terms(queue_tokens: np.ndarray, own_tokens: np.ndarray, decode_tokens: np.ndarray) -> np.ndarray:
-    """The fit's regressors, one row per candidate: 1, q, o, d, (q + o)·d, o² (scaled); q: uncached prefill
-    tokens in flight ahead of the request, o: its own uncached prompt, d: the decode context running there.
-    o² is the attention of a long prompt over itself."""
+def load_terms(
+    queue_tokens: np.ndarray,
+    own_tokens: np.ndarray,
+    decode_tokens: np.ndarray,
+    waiting_requests: np.ndarray | None = None,
+) -> np.ndarray:
+    """The fit's regressors, one row per candidate: 1, q, o, d, (q + o)·d, o², r (scaled); q: uncached
+    prefill tokens in flight ahead of the request, o: its own uncached prompt, d: the decode context running
+    there, r: requests in flight there that have not had their first token. o² is the attention of a long
+    prompt over itself; r is the queueing that is not prefill work (batch slots, KV-cache admission): cached
+    prompts wait there too, at almost no uncached tokens."""
     q = np.asarray(queue_tokens, dtype=np.float64) * WORK_SCALE
     o = np.asarray(own_tokens, dtype=np.float64) * WORK_SCALE
     d = np.asarray(decode_tokens, dtype=np.float64) * DECODE_SCALE
-    return np.column_stack((np.ones(len(q)), q, o, d, (q + o) * d, o * o))
+    r = np.zeros(len(q)) if waiting_requests is None else np.asarray(waiting_requests, dtype=np.float64)
+    return np.column_stack((np.ones(len(q)), q, o, d, (q + o) * d, o * o, r))
 
 
 class LoadLatencyFit:
@@ -151,8 +161,8 @@ class LoadLatencyFit:
     # --- pooled fit -----------------------------------------------------------------------------------
     @property
     def theta(self) -> np.ndarray | None:
-        """The pooled coefficients, or None while the fit is not usable (too few samples, no cost per token of
-        the request's own prompt)."""
+        """The pooled coefficients, or None while the fit is not usable (too few samples, or no load term with
+        a cost: the latency does not depend on anything the router counts)."""
         if self.samples < self.min_samples:
             return None
         # Re-solved every few samples: one sample moves a fit over thousands very little, and the solve
@@ -163,7 +173,7 @@ class LoadLatencyFit:
             self._dirty = False
             self._solved_at = self.samples
         theta = self._theta
-        if theta is None or not np.isfinite(theta).all() or theta[2] <= 0:
+        if theta is None or not np.isfinite(theta).all() or not theta[1:].any():
             return None
         return theta
 
@@ -263,7 +273,8 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
     def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
         own = uncached_prompt_tokens(request, candidates)
         decode = candidates.column("inflight_decode_tokens")
-        terms = load_terms(candidates.column("inflight_prefill_tokens"), own, decode)
+        waiting = candidates.column("inflight_requests") - candidates.column("inflight_decoding")
+        terms = load_terms(candidates.column("inflight_prefill_tokens"), own, decode, waiting)
         pods = [e.address for e in candidates.endpoints]
         request.state[self.name] = _Dispatch(pods, terms)
         theta = self.fit.theta
