@@ -265,13 +265,14 @@ def test_several_seeds_give_medians_with_the_runs_kept(tmp_path: Path) -> None:
         main(["bench", "--qps", "5", "--seeds", "a,b"])
 
 
-def test_the_pipelines_that_read_the_prefix_index_index_prompts_only() -> None:
-    """The originals' prefix index records prompts; slorouter's reply indexing is not given to them, and the
-    shipped pipeline does without it since issue 12 (it cost TTFT p90 there)."""
+def test_baselines_index_prompts_only_and_the_shipped_pipeline_follows_replies() -> None:
+    """The originals' prefix index records prompts; slorouter's reply indexing is not given to them."""
     for name in POLICY_NAMES:
         setup = build_scheduler_setup(resolve_policy(name).config, PluginContext())
         producers = [p for p in setup.plugins.values() if p.type_name == "approx-prefix-cache-producer"]
-        if name in ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency"):
+        if name in ("heuristic", "heuristic-tuned", "token-aware"):
             assert [p.params.index_responses for p in producers] == [False]
+        elif name == "predicted-latency":
+            assert [p.params.index_responses for p in producers] == [True]
         else:
             assert producers == []

@@ -252,14 +252,15 @@ def test_own_prefill_is_what_the_requests_own_prompt_adds_to_the_expectation():
     np.testing.assert_allclose(cands.attrs[OWN_PREFILL_MS], [200.0, 200.0], rtol=0.05)
 
 
-def test_the_shipped_prediction_profile_is_the_load_core_with_the_predictor_on_slos():
+def test_the_load_core_pipeline_is_the_load_model_with_the_predictor_on_slos():
+    from pathlib import Path
+
+    from slorouter.config import load_config
     from slorouter.scheduling.loader import build_scheduler_setup
-    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, STICKY_AFFINITY
+    from slorouter.scheduling.pipelines import LOAD_CORE_SCHEDULER_CONFIG, STICKY_AFFINITY
 
     (profile,) = [
-        p
-        for p in PREDICTED_LATENCY_SCHEDULER_CONFIG["schedulingProfiles"]
-        if p["name"] == "predicted-latency"
+        p for p in LOAD_CORE_SCHEDULER_CONFIG["schedulingProfiles"] if p["name"] == "predicted-latency"
     ]
     refs = [ref["pluginRef"] for ref in profile["plugins"]]
     assert refs == [
@@ -269,8 +270,10 @@ def test_the_shipped_prediction_profile_is_the_load_core_with_the_predictor_on_s
         "max-score-picker",
     ]
     (sticky,) = [
-        p for p in PREDICTED_LATENCY_SCHEDULER_CONFIG["plugins"] if p.get("name") == "sticky-affinity-filter"
+        p for p in LOAD_CORE_SCHEDULER_CONFIG["plugins"] if p.get("name") == "sticky-affinity-filter"
     ]
     assert sticky["parameters"] == STICKY_AFFINITY
-    setup = build_scheduler_setup(PREDICTED_LATENCY_SCHEDULER_CONFIG, make_ctx())
+    setup = build_scheduler_setup(LOAD_CORE_SCHEDULER_CONFIG, make_ctx())
     assert isinstance(setup.plugins["load-latency-producer"], LoadLatencyProducer)
+    example = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency-load-core.yaml"
+    assert load_config(example).scheduler == LOAD_CORE_SCHEDULER_CONFIG

@@ -6,8 +6,9 @@ prefix 3 — the original's default), ``heuristic-tuned`` (3, 2, 2 — its best 
 prefill tokens, max-score picker — llm-d's current default, "Sticky Until Saturated")
 and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
 ``heuristic-precise``, ``heuristic-tuned-precise``, ``token-aware-precise`` and ``predicted-latency-precise``
-are those pipelines with ``precise-prefix-cache-producer`` reading the engines' KV events (named only, not run
-by default).
+are those pipelines with ``precise-prefix-cache-producer`` reading the engines' KV events, and
+``predicted-load-core`` is issue 12's load-core pipeline (``LOAD_CORE_SCHEDULER_CONFIG``) with streaming-mode
+training (named only, not run by default).
 The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
 as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
 the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
@@ -23,6 +24,7 @@ from typing import Any
 from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import (
     DEFAULT_SCHEDULER_CONFIG,
+    LOAD_CORE_SCHEDULER_CONFIG,
     PREDICTED_LATENCY_SCHEDULER_CONFIG,
     TOKEN_AWARE_AFFINITY,
 )
@@ -78,8 +80,8 @@ def _prompts_only(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _predicted_latency() -> dict[str, Any]:
-    config = copy.deepcopy(PREDICTED_LATENCY_SCHEDULER_CONFIG)
+def _predicted_latency(pipeline: dict[str, Any] = PREDICTED_LATENCY_SCHEDULER_CONFIG) -> dict[str, Any]:
+    config = copy.deepcopy(pipeline)
     for plugin in config["plugins"]:
         if plugin["type"] == PREDICTOR_PLUGIN:
             plugin["parameters"] = {**plugin.get("parameters", {}), "streamingMode": True}
@@ -132,11 +134,13 @@ def _precise(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-# The KV-event variants (issue 12), by name only: not in POLICY_NAMES, so a default run is unchanged.
+# The KV-event variants and the load-core pipeline (issue 12), by name only: not in POLICY_NAMES, so a default
+# run is unchanged.
 PRECISE_POLICIES: dict[str, dict[str, Any]] = {
     f"{name}-precise": _precise(BUILTIN_POLICIES[name])
     for name in ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency")
 }
+PRECISE_POLICIES["predicted-load-core"] = _predicted_latency(LOAD_CORE_SCHEDULER_CONFIG)
 
 
 class PolicyError(ValueError):

@@ -32,8 +32,62 @@ DEFAULT_SCHEDULER_CONFIG: dict[str, Any] = {
 
 
 PREDICTION_PROFILE_NAME = "predicted-latency"
-# The predicted-latency pipeline (issue 12; why each piece is there, with the measurements, is in
-# docs/plugins.md, "The built-in predicted-latency pipeline"). A deterministic load core — llm-d's token-aware
+# After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
+# filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter; requests without
+# predictions run the heuristic default profile. Its five differences from the original, and the measurements
+# that chose them, are in docs/plugins.md ("Predicted-latency plugins").
+AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
+PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {"type": "prediction-profile-handler"},
+        {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
+        {"type": "max-score-picker"},
+        {"type": "predicted-latency-producer"},
+        {"type": "latency-slo-admitter"},
+        {
+            "name": "strict-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": {"affinityThreshold": 0.99, "maxTTFTPenaltyMs": AFFINITY_TTFT_PENALTY_MS},
+        },
+        {"type": "slo-headroom-tier-filter"},
+        {
+            "name": "loose-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": {"affinityThreshold": 0.80},
+        },
+        {
+            "type": "latency-scorer",
+            "parameters": {"headroomSelectionStrategy": "most", "ttftWeight": 1.0, "tpotWeight": 0.0},
+        },
+        {"type": "prefix-cache-scorer"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": DEFAULT_PROFILE_NAME,
+            "plugins": [
+                {"pluginRef": "loose-affinity-filter"},
+                {"pluginRef": "token-load-scorer"},
+                {"pluginRef": "max-score-picker"},
+            ],
+        },
+        {
+            "name": PREDICTION_PROFILE_NAME,
+            "plugins": [
+                {"pluginRef": "strict-affinity-filter"},
+                {"pluginRef": "slo-headroom-tier-filter"},
+                {"pluginRef": "loose-affinity-filter"},
+                {"pluginRef": "latency-scorer", "weight": 1},
+                {"pluginRef": "prefix-cache-scorer", "weight": 1},
+                {"pluginRef": "max-score-picker"},
+            ],
+        },
+    ],
+}
+
+
+# The load-core pipeline (issue 12; opt-in: examples/predicted-latency-load-core.yaml). Why each piece is
+# there, with the measurements and the two workloads where it still collapses, is in docs/plugins.md ("The
+# load-core pipeline"). A deterministic load core — llm-d's token-aware
 # routing: prefix affinity, then the prefill work ahead of the request on each pod — turned into expected
 # milliseconds by an online fit of the pool's own first tokens, with each pod's learned speed and the decode
 # streams its prefill would stall (load-latency-producer, expected-latency-scorer). The XGBoost predictor
@@ -60,7 +114,7 @@ STICKY_AFFINITY: dict[str, Any] = {
     "ttftSource": "expectedLatency",
     "maxTTFTPenaltyMs": 500,
 }
-PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
+LOAD_CORE_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
         {"type": "prediction-profile-handler"},
         {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
