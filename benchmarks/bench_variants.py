@@ -283,9 +283,11 @@ def variant_table(result: dict[str, Any], policies: list[str], subject: str = SU
     loads = sorted({load for load, _ in figures})
     rows: list[list[str]] = []
     for load in loads:
-        qps = figures[(load, policies[0])]["qps"]
+        qps = next(f["qps"] for (at, _), f in figures.items() if at == load)
         for policy in policies:
-            f = figures[(load, policy)]
+            f = figures.get((load, policy))
+            if f is None:  # not run on this variant
+                continue
             rows.append([f"{load:.0%} ({qps:g} req/s)", policy, *(_fmt(f[k]) for k, _ in COLUMNS),
                          f"{f['preemptions']:.0f}"])  # fmt: skip
         pred = figures.get((load, subject))
