@@ -136,11 +136,11 @@ def _precise(config: dict[str, Any]) -> dict[str, Any]:
 
 # The KV-event variants and the load-core pipeline (issue 12), by name only: not in POLICY_NAMES, so a default
 # run is unchanged.
-PRECISE_POLICIES: dict[str, dict[str, Any]] = {
+NAMED_POLICIES: dict[str, dict[str, Any]] = {
     f"{name}-precise": _precise(BUILTIN_POLICIES[name])
     for name in ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency")
 }
-PRECISE_POLICIES["predicted-load-core"] = _predicted_latency(LOAD_CORE_SCHEDULER_CONFIG)
+NAMED_POLICIES["predicted-load-core"] = _predicted_latency(LOAD_CORE_SCHEDULER_CONFIG)
 
 
 class PolicyError(ValueError):
@@ -150,7 +150,7 @@ class PolicyError(ValueError):
 def resolve_policy(spec: str) -> Policy:
     """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``)."""
     spec = spec.strip()
-    builtin = BUILTIN_POLICIES.get(spec) or PRECISE_POLICIES.get(spec)
+    builtin = BUILTIN_POLICIES.get(spec) or NAMED_POLICIES.get(spec)
     if builtin is not None:
         return Policy(spec, copy.deepcopy(builtin), "built-in")
     name, sep, path = spec.partition("=")
@@ -158,7 +158,7 @@ def resolve_policy(spec: str) -> Policy:
         name, path = Path(spec).stem, spec
     if not path.endswith((".yaml", ".yml")) and not Path(path).exists():
         raise PolicyError(
-            f"unknown policy {spec!r}: use one of {', '.join((*POLICY_NAMES, *PRECISE_POLICIES))}, or "
+            f"unknown policy {spec!r}: use one of {', '.join((*POLICY_NAMES, *NAMED_POLICIES))}, or "
             "NAME=PATH / PATH of a scheduler config file"
         )
     parsed = load_scheduler_config_file(path)  # raises SchedulerConfigError naming the file and field

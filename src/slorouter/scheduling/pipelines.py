@@ -32,6 +32,40 @@ DEFAULT_SCHEDULER_CONFIG: dict[str, Any] = {
 
 
 PREDICTION_PROFILE_NAME = "predicted-latency"
+
+
+def _prediction_head() -> list[dict[str, Any]]:
+    """The plugins both predicted pipelines start with: the profile handler, the warm-up profile's scorer and
+    picker, the XGBoost producer and the SLO admitter (fresh dicts, so no two configs share one)."""
+    return [
+        {"type": "prediction-profile-handler"},
+        {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
+        {"type": "max-score-picker"},
+        {"type": "predicted-latency-producer"},
+        {"type": "latency-slo-admitter"},
+    ]
+
+
+def _loose_affinity_filter() -> dict[str, Any]:
+    return {
+        "name": "loose-affinity-filter",
+        "type": "prefix-cache-affinity-filter",
+        "parameters": {"affinityThreshold": 0.80},
+    }
+
+
+def _warm_up_profile() -> dict[str, Any]:
+    """Requests without predictions (warm-up, predictor down, opted out): llm-d's token-aware profile."""
+    return {
+        "name": DEFAULT_PROFILE_NAME,
+        "plugins": [
+            {"pluginRef": "loose-affinity-filter"},
+            {"pluginRef": "token-load-scorer"},
+            {"pluginRef": "max-score-picker"},
+        ],
+    }
+
+
 # After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
 # filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter; requests without
 # predictions run the heuristic default profile. Its five differences from the original, and the measurements
@@ -39,22 +73,14 @@ PREDICTION_PROFILE_NAME = "predicted-latency"
 AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
 PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
-        {"type": "prediction-profile-handler"},
-        {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
-        {"type": "max-score-picker"},
-        {"type": "predicted-latency-producer"},
-        {"type": "latency-slo-admitter"},
+        *_prediction_head(),
         {
             "name": "strict-affinity-filter",
             "type": "prefix-cache-affinity-filter",
             "parameters": {"affinityThreshold": 0.99, "maxTTFTPenaltyMs": AFFINITY_TTFT_PENALTY_MS},
         },
         {"type": "slo-headroom-tier-filter"},
-        {
-            "name": "loose-affinity-filter",
-            "type": "prefix-cache-affinity-filter",
-            "parameters": {"affinityThreshold": 0.80},
-        },
+        _loose_affinity_filter(),
         {
             "type": "latency-scorer",
             "parameters": {"headroomSelectionStrategy": "most", "ttftWeight": 1.0, "tpotWeight": 0.0},
@@ -62,14 +88,7 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         {"type": "prefix-cache-scorer"},
     ],
     "schedulingProfiles": [
-        {
-            "name": DEFAULT_PROFILE_NAME,
-            "plugins": [
-                {"pluginRef": "loose-affinity-filter"},
-                {"pluginRef": "token-load-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        },
+        _warm_up_profile(),
         {
             "name": PREDICTION_PROFILE_NAME,
             "plugins": [
@@ -116,20 +135,12 @@ STICKY_AFFINITY: dict[str, Any] = {
 }
 LOAD_CORE_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
-        {"type": "prediction-profile-handler"},
-        {"type": "token-load-scorer", "parameters": {"countDecodeTokens": True}},
-        {"type": "max-score-picker"},
-        {"type": "predicted-latency-producer"},
-        {"type": "latency-slo-admitter"},
+        *_prediction_head(),
         {"type": "load-latency-producer"},
         # Prompts only: indexing replies as the next turn's prefix (slorouter's addition) cost this pipeline
         # 10-20 % of TTFT p90 (docs/benchmarks.md, issue 12).
         {"type": "approx-prefix-cache-producer", "parameters": {"indexResponses": False}},
-        {
-            "name": "loose-affinity-filter",
-            "type": "prefix-cache-affinity-filter",
-            "parameters": {"affinityThreshold": 0.80},
-        },
+        _loose_affinity_filter(),
         {
             "name": "sticky-affinity-filter",
             "type": "prefix-cache-affinity-filter",
@@ -139,14 +150,7 @@ LOAD_CORE_SCHEDULER_CONFIG: dict[str, Any] = {
         {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
     ],
     "schedulingProfiles": [
-        {
-            "name": DEFAULT_PROFILE_NAME,
-            "plugins": [
-                {"pluginRef": "loose-affinity-filter"},
-                {"pluginRef": "token-load-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        },
+        _warm_up_profile(),
         {
             "name": PREDICTION_PROFILE_NAME,
             "plugins": [

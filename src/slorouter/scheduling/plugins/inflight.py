@@ -75,6 +75,25 @@ def uncached_prompt_tokens_list(request: InferenceRequest, candidates: Candidate
 DEFAULT_QUEUE_THRESHOLD_TOKENS = 4_194_304  # 128 requests × 32K
 
 
+def token_load_scores(
+    request: InferenceRequest,
+    candidates: Candidates,
+    inflight: np.ndarray | None,
+    *,
+    count_request_tokens: bool = True,
+    threshold: float = float(DEFAULT_QUEUE_THRESHOLD_TOKENS),
+) -> np.ndarray:
+    """``1 − min(t, T)/T`` per candidate, t = ``inflight`` (None: 0) + the request's own uncached prompt
+    there; the token-load scorer's formula, also the expected-latency scorer's fallback."""
+    load = inflight
+    if count_request_tokens:
+        own = uncached_prompt_tokens(request, candidates)
+        load = own if load is None else load + own
+    if load is None:
+        return np.ones(len(candidates))
+    return 1.0 - np.clip(load, 0, threshold) / threshold
+
+
 class TokenLoadParams(PluginParams):
     queue_threshold_tokens: int = Field(DEFAULT_QUEUE_THRESHOLD_TOKENS, alias="queueThresholdTokens", gt=0)
     # Add this request's own uncached prompt on each endpoint (``uncached_prompt_tokens``).
@@ -109,14 +128,13 @@ class TokenLoadScorer(Plugin, ListScorer):
         return candidates.attrs.get(key)
 
     def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
-        load = self._inflight(candidates)
-        if self.params.count_request_tokens:
-            own = uncached_prompt_tokens(request, candidates)
-            load = own if load is None else load + own
-        if load is None:
-            return np.ones(len(candidates))
-        threshold = float(self.params.queue_threshold_tokens)
-        return 1.0 - np.clip(load, 0, threshold) / threshold
+        return token_load_scores(
+            request,
+            candidates,
+            self._inflight(candidates),
+            count_request_tokens=self.params.count_request_tokens,
+            threshold=float(self.params.queue_threshold_tokens),
+        )
 
     def score_list(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> list[float]:
         inflight = self._inflight(candidates)

@@ -57,7 +57,7 @@ from slorouter.scheduling.plugin import (
     ResponseInfo,
     Scorer,
 )
-from slorouter.scheduling.plugins.inflight import DEFAULT_QUEUE_THRESHOLD_TOKENS, uncached_prompt_tokens
+from slorouter.scheduling.plugins.inflight import token_load_scores, uncached_prompt_tokens
 from slorouter.scheduling.plugins.latency import EXPLORED_KEY
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest, Route, SchedulingResult
@@ -341,12 +341,7 @@ class ExpectedLatencyScorer(Plugin, Scorer):
     def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
         expected = candidates.attrs.get(EXPECTED_TTFT_MS)
         if expected is None:
-            load = uncached_prompt_tokens(request, candidates)
-            inflight = candidates.attrs.get(INFLIGHT_PREFILL_TOKENS)
-            if inflight is not None:
-                load = load + inflight
-            threshold = float(DEFAULT_QUEUE_THRESHOLD_TOKENS)
-            return 1.0 - np.clip(load, 0.0, threshold) / threshold
+            return token_load_scores(request, candidates, candidates.attrs.get(INFLIGHT_PREFILL_TOKENS))
         cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
         cost = expected
         weight = self.params.interference_weight
