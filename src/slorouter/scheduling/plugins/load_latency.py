@@ -5,7 +5,7 @@ the uncached prefill tokens in flight ahead of the request there (``q``), the re
 there (``o``; both are what ``token-load-scorer`` adds up) and the decode context running there (``d``, the
 context tokens of the requests past their first token), and estimates
 
-    TTFT ≈ speed[pod] · (θ₀ + θ₁·q + θ₂·o + θ₃·d + θ₄·(q + o)·d + θ₅·o² + θ₆·r)
+    TTFT ≈ a[pod]·(θ₀ + θ₃·d + θ₆·r) + b[pod]·(θ₁·q + θ₂·o + θ₄·(q + o)·d + θ₅·o²) + θ₇·s
 
 - θ is one fit for the whole pool (``LoadLatencyFit``): relative-error least squares over the recent first
   tokens, constrained to θ ≥ 0. Why this shape: a vLLM-like engine drains prefill work at a rate set by its
@@ -13,19 +13,25 @@ context tokens of the requests past their first token), and estimates
   grows with its square; requests waiting for their first token (``r``) also queue for batch slots and
   KV-cache admission, which costs time even when their prompts are cached. The queue and the own prompt
   have separate rates because the router counts a
-  queued prompt in full until its first token, when part of it is usually done. A linear form keeps the
+  queued prompt in full until its first token, when part of it is usually done. ``s`` is the wait for a
+  batch slot (``BatchSlotQueue``): a pod at its cap of running requests (``max_num_seqs``, or what its KV
+  cache admits) starts a new one only when one finishes, so a request ``k`` places beyond the cap waits about
+  ``k`` × service time / cap (Little's law); no token count sees that, and a per-request slope fitted over
+  the many short waits of a pod below its cap puts about a millisecond on it. A linear form keeps the
   ranking monotone in the work (the token-aware core is never overridden by noise) and extrapolates to
   loads the fit has not seen, which a tree ensemble does not.
-- ``speed[pod]`` is what counting tokens cannot see: how much slower or faster this pod runs than the
-  pool's typical pod, from its own recent first tokens (``LoadLatencyFit``). A pod 2.2× slower than the rest
-  learns it within tens of requests; on a homogeneous pool every speed stays near 1.
+- ``a[pod]``, ``b[pod]`` are what counting tokens cannot see: how much slower or faster this pod runs its
+  fixed costs and its prompt work than the pool's typical pod, from its own recent first tokens
+  (``PodSpeeds``). A pod 2.2× slower than the rest learns it within tens of requests; on a homogeneous pool
+  every speed stays near 1. Everything it reads is router-local (in-flight counters, prefix match) but for
+  the batch-slot cap, which only the pod's scraped queue tells; late or coarse engine metrics delay that,
+  nothing else.
 
 The producer also attaches what the request's own prompt adds there (the terms in ``o``): the time the
 decode streams running on that pod would stall behind its prefill, which ``expected-latency-scorer``
 charges for (``interferenceWeight``).
 
-Everything it reads is router-local (in-flight counters, prefix match), so late or coarse engine metrics do
-not touch it. Until the fit has ``minSamples`` first tokens (or while it has no cost per own-prompt token)
+Until the fit has ``minSamples`` first tokens (or while it has no cost per own-prompt token)
 it attaches nothing, and the scorer counts tokens as ``token-load-scorer`` does.
 """
 
@@ -65,7 +71,8 @@ from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest,
 # Feature scales: they keep the normal equations well conditioned (w in thousands of tokens, d in 100k).
 WORK_SCALE = 1e-3
 DECODE_SCALE = 1e-5
-N_TERMS = 7  # 1, q, o, d, (q + o)·d, o², r
+SLOT_WAIT_SCALE = 1e-3  # s in seconds
+N_TERMS = 8  # 1, q, o, d, (q + o)·d, o², r, s
 MAX_LOG_RATIO = math.log(20.0)  # observations 20× off the fit (aborts, clock glitches) teach nothing
 RESOLVE_EVERY = 32  # samples between solves of the pooled fit, once it has 2 × minSamples
 
@@ -75,32 +82,162 @@ def load_terms(
     own_tokens: np.ndarray,
     decode_tokens: np.ndarray,
     waiting_requests: np.ndarray | None = None,
+    slot_wait_ms: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The fit's regressors, one row per candidate: 1, q, o, d, (q + o)·d, o², r (scaled); q: uncached
+    """The fit's regressors, one row per candidate: 1, q, o, d, (q + o)·d, o², r, s (scaled); q: uncached
     prefill tokens in flight ahead of the request, o: its own uncached prompt, d: the decode context running
-    there, r: requests in flight there that have not had their first token. o² is the attention of a long
-    prompt over itself; r is the queueing that is not prefill work (batch slots, KV-cache admission): cached
-    prompts wait there too, at almost no uncached tokens."""
+    there, r: requests in flight there that have not had their first token, s: the expected wait for a batch
+    slot (``BatchSlotQueue``). o² is the attention of a long prompt over itself; r is the queueing that is
+    not prefill work (KV-cache admission): cached prompts wait there too, at almost no uncached tokens."""
     q = np.asarray(queue_tokens, dtype=np.float64) * WORK_SCALE
     o = np.asarray(own_tokens, dtype=np.float64) * WORK_SCALE
     d = np.asarray(decode_tokens, dtype=np.float64) * DECODE_SCALE
-    r = np.zeros(len(q)) if waiting_requests is None else np.asarray(waiting_requests, dtype=np.float64)
-    return np.column_stack((np.ones(len(q)), q, o, d, (q + o) * d, o * o, r))
+    zeros = np.zeros(len(q))
+    r = zeros if waiting_requests is None else np.asarray(waiting_requests, dtype=np.float64)
+    s = zeros if slot_wait_ms is None else np.asarray(slot_wait_ms, dtype=np.float64) * SLOT_WAIT_SCALE
+    return np.column_stack((np.ones(len(q)), q, o, d, (q + o) * d, o * o, r, s))
+
+
+class BatchSlotQueue:
+    """Per pod: how many requests it runs at once at most, and how long a request takes there, so the wait
+    of a request beyond that cap can be estimated: places beyond the cap × service time / cap.
+
+    The cap is learned from the pod's scraped metrics: when it reports requests waiting, the requests it runs
+    are as many as it can (its ``max_num_seqs``, or what its KV cache admits then). A pod never seen
+    waiting has no known cap and no slot wait. The service time is a moving mean of its requests' dispatch
+    to end of stream."""
+
+    def __init__(self, *, service_alpha: float = 0.05) -> None:
+        self._alpha = service_alpha
+        self._cap: dict[str, float] = {}
+        self._service_ms: dict[str, float] = {}
+
+    def learn_caps(self, pods: list[str], waiting: np.ndarray, running: np.ndarray) -> None:
+        for i in np.flatnonzero((waiting > 0) & (running > 0)).tolist():
+            pod = pods[i]
+            seen = float(running[i])
+            if seen > self._cap.get(pod, 0.0):
+                self._cap[pod] = seen
+
+    def observe_service(self, pod: str, service_ms: float) -> None:
+        if not (service_ms > 0 and math.isfinite(service_ms)):
+            return
+        mean = self._service_ms.get(pod)
+        self._service_ms[pod] = service_ms if mean is None else mean + self._alpha * (service_ms - mean)
+
+    def wait_ms(self, pods: list[str], inflight_requests: np.ndarray) -> np.ndarray:
+        """Expected wait for a slot of a request sent now to each pod (0 where the cap or time is unknown)."""
+        cap = np.array([self._cap.get(p, math.inf) for p in pods])
+        service = np.array([self._service_ms.get(p, 0.0) for p in pods])
+        beyond = np.maximum(np.asarray(inflight_requests, dtype=np.float64) + 1.0 - cap, 0.0)
+        return beyond * service / cap
+
+    def forget(self, pod: str) -> None:
+        self._cap.pop(pod, None)
+        self._service_ms.pop(pod, None)
+
+
+# Which of the regressors are the pod's fixed costs (the step's floor, the decode context read in every
+# step, the requests queued for admission) and which are prompt work (prefill compute): a pod of another GPU
+# class differs in the two by other factors (an A100 runs the weight reads 1.6× slower than an H100 and the
+# prefill compute 3.2×), so each pod gets two speeds. The slot wait is already the pod's own.
+FIXED_TERMS = np.array([0, 3, 6])
+WORK_TERMS = np.array([1, 2, 4, 5])
+SLOT_TERM = 7
+MIN_FACTOR, MAX_FACTOR = 0.05, 20.0
+
+
+class PodSpeeds:
+    """Each pod's two speeds: how much slower than the pool's typical pod it runs its fixed costs (``a``) and
+    its prompt work (``b``), from its first tokens against the pooled fit.
+
+    A first token with pooled fixed part ``F``, work part ``W`` and observed ``y`` (its slot wait removed) is
+    the equation ``y/(F + W) = a·f + b·w`` with ``f = F/(F + W)``, ``w = 1 − f``; a pod's recent equations are
+    solved in least squares, shrunk towards (1, 1) as n/(n + ``prior_samples``), and each speed is taken
+    relative to the pool's sample-weighted geometric mean, so the pool's typical pod has speeds 1 and θ keeps
+    its meaning. The samples fade with the *pool's* observations (half-life ``half_life_samples`` per pod),
+    so a pod that gets no traffic drifts back to the pool's speeds and is tried again, instead of being
+    starved on an old estimate. One factor for both would be wrong for a pod that is slow only in compute: it
+    would be learned from the long prompts it was sent and applied to the short ones."""
+
+    def __init__(self, *, half_life_samples: float = 64.0, prior_samples: float = 16.0) -> None:
+        self._half_life = half_life_samples
+        self._prior = prior_samples
+        self._tick = 0
+        # pod -> [Σf², Σfw, Σw², Σf·t, Σw·t, n, tick]: sums decayed to the tick in the last slot
+        self._stats: dict[str, np.ndarray] = {}
+        self._relative: dict[str, tuple[float, float]] | None = None  # until the next observation
+
+    def _decay(self) -> float:
+        return 0.5 ** (1.0 / (self._half_life * max(len(self._stats), 1)))
+
+    def observe(self, pod: str, fixed_share: float, ratio: float) -> None:
+        stats = self._stats.get(pod)
+        if stats is None:
+            stats = self._stats[pod] = np.zeros(7)
+            stats[6] = self._tick
+        self._tick += 1
+        stats[:6] *= self._decay() ** (self._tick - stats[6])
+        f, w = fixed_share, 1.0 - fixed_share
+        stats[:6] += (f * f, f * w, w * w, f * ratio, w * ratio, 1.0)
+        stats[6] = self._tick
+        self._relative = None
+
+    def _solve(self, stats: np.ndarray, decay: float) -> tuple[float, float, float]:
+        """(log a, log b, decayed count) of one pod."""
+        g_ff, g_fw, g_ww, m_f, m_w, n = stats[:6] * decay ** (self._tick - stats[6])
+        if not n > 0:
+            return 0.0, 0.0, 0.0
+        # ((1 + c)·G + εI)·x = m + c·G·1 + ε·1, c = prior / n: the unshrunk solution G⁻¹m pulled towards
+        # (1, 1) as n/(n + prior) in every direction the pod's samples explore, and held at 1 (ε) in the
+        # direction they do not (a pod sent only short prompts has no evidence about its prompt work).
+        c = self._prior / n
+        eps = 1e-3 * n
+        a11, a12, a22 = (1 + c) * g_ff + eps, (1 + c) * g_fw, (1 + c) * g_ww + eps
+        r1, r2 = m_f + c * (g_ff + g_fw) + eps, m_w + c * (g_fw + g_ww) + eps
+        det = a11 * a22 - a12 * a12
+        if not det > 0:
+            return 0.0, 0.0, n
+        a = min(max((r1 * a22 - a12 * r2) / det, MIN_FACTOR), MAX_FACTOR)
+        b = min(max((a11 * r2 - a12 * r1) / det, MIN_FACTOR), MAX_FACTOR)
+        return math.log(a), math.log(b), n
+
+    def _speeds(self) -> dict[str, tuple[float, float]]:
+        relative = self._relative
+        if relative is None:
+            decay = self._decay()
+            solved = {pod: self._solve(stats, decay) for pod, stats in self._stats.items()}
+            weight = sum(n for _, _, n in solved.values())
+            anchor_a = sum(la * n for la, _, n in solved.values()) / weight if weight > 0 else 0.0
+            anchor_b = sum(lb * n for _, lb, n in solved.values()) / weight if weight > 0 else 0.0
+            relative = {
+                pod: (math.exp(la - anchor_a), math.exp(lb - anchor_b)) for pod, (la, lb, _) in solved.items()
+            }
+            self._relative = relative
+        return relative
+
+    def of(self, pod: str) -> tuple[float, float]:
+        """(fixed-cost speed, prompt-work speed) of the pod; (1, 1) for a pod without samples."""
+        return self._speeds().get(pod, (1.0, 1.0))
+
+    def arrays(self, pods: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        relative = self._speeds()
+        pairs = [relative.get(p, (1.0, 1.0)) for p in pods]
+        return np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
+
+    def forget(self, pod: str) -> None:
+        self._stats.pop(pod, None)
+        self._relative = None
 
 
 class LoadLatencyFit:
-    """TTFT ≈ speed[pod] · θ·x, fitted online (see the module docstring).
+    """TTFT ≈ a[pod]·(fixed terms of θ·x) + b[pod]·(prompt-work terms of θ·x) + θ₇·s, fitted online (see the
+    module docstring).
 
     θ: exponentially weighted (``half_life_samples``), relative-error (1/TTFT²) weighted least squares over
     every pod's first tokens, constrained to θ ≥ 0 (each term can only add latency; unconstrained, the
     collinear terms that the router's own routing produces take opposite signs). ``ridge``, relative to the
-    data's scale, matters only in directions without samples.
-
-    speed: a pod's recency-weighted mean log(observed / θ·x), shrunk by n/(n + ``speed_prior_samples``) and
-    taken relative to the pool's mean, so the pool's typical pod has speed 1 and θ keeps its meaning. Its
-    samples fade with the *pool's* observations (half-life ``speed_half_life_samples`` per pod), so a pod
-    that gets no traffic drifts back to the pool's speed and is tried again, instead of being starved on an
-    old unlucky estimate.
+    data's scale, matters only in directions without samples. a, b: ``PodSpeeds``.
     """
 
     def __init__(
@@ -113,8 +250,7 @@ class LoadLatencyFit:
         ridge: float = 1e-6,
     ) -> None:
         self._decay = 0.5 ** (1.0 / half_life_samples)
-        self._speed_half_life = speed_half_life_samples
-        self._prior = speed_prior_samples
+        self.speeds = PodSpeeds(half_life_samples=speed_half_life_samples, prior_samples=speed_prior_samples)
         self.min_samples = min_samples
         self._ridge = ridge
         self._gram = np.zeros((N_TERMS, N_TERMS))
@@ -123,40 +259,6 @@ class LoadLatencyFit:
         self._dirty = False
         self._solved_at = 0
         self.samples = 0
-        self._tick = 0  # observations with a usable fit, of every pod
-        # pod -> [Σ log ratio, count], both decayed to the tick in the third slot
-        self._log_speed: dict[str, list[float]] = {}
-        self._relative: dict[str, float] | None = None  # pod -> speed, until the next observation
-
-    # --- speeds ---------------------------------------------------------------------------------------
-    def _pool_decay(self) -> float:
-        return 0.5 ** (1.0 / (self._speed_half_life * max(len(self._log_speed), 1)))
-
-    def _decayed(self, stats: list[float], decay: float) -> tuple[float, float]:
-        factor = decay ** (self._tick - stats[2])
-        return stats[0] * factor, stats[1] * factor
-
-    def _speeds(self) -> dict[str, float]:
-        relative = self._relative
-        if relative is None:
-            decay = self._pool_decay()
-            shrunk: dict[str, tuple[float, float]] = {}
-            for pod, stats in self._log_speed.items():
-                total, count = self._decayed(stats, decay)
-                shrunk[pod] = (total / (count + self._prior), count)
-            weight = sum(count for _, count in shrunk.values())
-            anchor = sum(m * count for m, count in shrunk.values()) / weight if weight > 0 else 0.0
-            relative = {pod: math.exp(m - anchor) for pod, (m, _) in shrunk.items()}
-            self._relative = relative
-        return relative
-
-    def speed(self, pod: str) -> float:
-        """This pod's latency relative to the pool's typical pod (1 for a pod without samples)."""
-        return self._speeds().get(pod, 1.0)
-
-    def speeds(self, pods: list[str]) -> np.ndarray:
-        relative = self._speeds()
-        return np.array([relative.get(p, 1.0) for p in pods])
 
     # --- pooled fit -----------------------------------------------------------------------------------
     @property
@@ -195,7 +297,16 @@ class LoadLatencyFit:
         theta = self.theta
         if theta is None:
             return None
-        return (terms @ theta) * self.speeds(pods)
+        fixed_speed, work_speed = self.speeds.arrays(pods)
+        return self.expected_with(theta, terms, fixed_speed, work_speed)
+
+    @staticmethod
+    def expected_with(
+        theta: np.ndarray, terms: np.ndarray, fixed_speed: np.ndarray, work_speed: np.ndarray
+    ) -> np.ndarray:
+        fixed = terms[:, FIXED_TERMS] @ theta[FIXED_TERMS]
+        work = terms[:, WORK_TERMS] @ theta[WORK_TERMS]
+        return fixed_speed * fixed + work_speed * work + theta[SLOT_TERM] * terms[:, SLOT_TERM]
 
     def observe(self, pod: str, terms: np.ndarray, ttft_ms: float) -> None:
         """One first token: ``terms`` as ``load_terms`` built them for this pod at dispatch."""
@@ -204,12 +315,17 @@ class LoadLatencyFit:
         theta = self.theta
         scale = ttft_ms
         if theta is not None:
-            pooled = float(terms @ theta)
-            if pooled > 0:
-                log_ratio = math.log(ttft_ms / pooled)
-                if abs(log_ratio) <= MAX_LOG_RATIO:
-                    scale = pooled * self.speed(pod)
-                    self._observe_speed(pod, log_ratio)
+            fixed = float(terms[FIXED_TERMS] @ theta[FIXED_TERMS])
+            work = float(terms[WORK_TERMS] @ theta[WORK_TERMS])
+            slot = float(theta[SLOT_TERM] * terms[SLOT_TERM])
+            pooled = fixed + work
+            own = ttft_ms - slot
+            if pooled > 0 and own > 0:
+                ratio = own / pooled
+                if abs(math.log(ratio)) <= MAX_LOG_RATIO:
+                    a, b = self.speeds.of(pod)
+                    scale = a * fixed + b * work + slot
+                    self.speeds.observe(pod, fixed / pooled, ratio)
         # Weighted by 1/TTFT² (the fitted one once there is a fit, which is not biased low as 1/observed²
         # is): the fit minimises relative error, so a 30 ms chat turn counts as much as a 3 s long prompt
         # (plain least squares would fit the long prompts and ignore the rest).
@@ -221,18 +337,8 @@ class LoadLatencyFit:
         self._dirty = True
         self.samples += 1
 
-    def _observe_speed(self, pod: str, log_ratio: float) -> None:
-        stats = self._log_speed.get(pod)
-        if stats is None:
-            stats = self._log_speed[pod] = [0.0, 0.0, float(self._tick)]
-        self._tick += 1
-        total, count = self._decayed(stats, self._pool_decay())
-        stats[:] = [total + log_ratio, count + 1.0, float(self._tick)]
-        self._relative = None
-
     def forget(self, pod: str) -> None:
-        self._log_speed.pop(pod, None)
-        self._relative = None
+        self.speeds.forget(pod)
 
 
 class LoadLatencyParams(PluginParams):
@@ -269,23 +375,27 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
             speed_prior_samples=p.speed_prior_samples,
             min_samples=p.min_samples,
         )
+        self.slots = BatchSlotQueue()
 
     def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
         own = uncached_prompt_tokens(request, candidates)
         decode = candidates.column("inflight_decode_tokens")
-        waiting = candidates.column("inflight_requests") - candidates.column("inflight_decoding")
-        terms = load_terms(candidates.column("inflight_prefill_tokens"), own, decode, waiting)
+        inflight = candidates.column("inflight_requests")
+        waiting = inflight - candidates.column("inflight_decoding")
         pods = [e.address for e in candidates.endpoints]
+        self.slots.learn_caps(pods, candidates.column("waiting"), candidates.column("running"))
+        slot_wait = self.slots.wait_ms(pods, inflight)
+        terms = load_terms(candidates.column("inflight_prefill_tokens"), own, decode, waiting, slot_wait)
         request.state[self.name] = _Dispatch(pods, terms)
         theta = self.fit.theta
         if theta is None:
             return
-        speeds = self.fit.speeds(pods)
-        candidates.attrs[EXPECTED_TTFT_MS] = (terms @ theta) * speeds
+        fixed_speed, work_speed = self.fit.speeds.arrays(pods)
+        candidates.attrs[EXPECTED_TTFT_MS] = self.fit.expected_with(theta, terms, fixed_speed, work_speed)
         # What the request's own prompt adds to the pod's work: the terms in o.
         o = own * WORK_SCALE
         per_own_token = theta[2] + theta[4] * (decode * DECODE_SCALE) + theta[5] * o
-        candidates.attrs[OWN_PREFILL_MS] = per_own_token * o * speeds
+        candidates.attrs[OWN_PREFILL_MS] = per_own_token * o * work_speed
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> PreRequestResult | None:
         dispatch: _Dispatch | None = request.state.get(self.name)
@@ -300,9 +410,14 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None:
         dispatch: _Dispatch | None = request.state.get(self.name)
-        if dispatch is None or dispatch.observed or dispatch.target < 0 or response.first_token_at is None:
+        if dispatch is None or dispatch.target < 0 or response.first_token_at is None:
             return
         if response.error is not None or response.status not in (0, 200):
+            return
+        if end_of_stream and response.completed_at is not None:
+            service_ms = (response.completed_at - response.dispatched_at) * 1000.0
+            self.slots.observe_service(dispatch.pods[dispatch.target], service_ms)
+        if dispatch.observed:
             return
         dispatch.observed = True
         i = dispatch.target
