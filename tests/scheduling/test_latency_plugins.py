@@ -419,7 +419,10 @@ def test_the_shipped_example_is_the_built_in_predicted_latency_pipeline():
 
     from slorouter.config import load_config
     from slorouter.scheduling.loader import build_scheduler_setup
-    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
+    from slorouter.scheduling.pipelines import (
+        PREDICTED_LATENCY_SCHEDULER_CONFIG,
+        PREDICTION_RANKING_SCHEDULER_CONFIG,
+    )
 
     path = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency.yaml"
     config = load_config(path)
@@ -428,3 +431,5 @@ def test_the_shipped_example_is_the_built_in_predicted_latency_pipeline():
     setup = build_scheduler_setup(config.scheduler, make_ctx())
     assert setup.scheduler.profile_names == ["default", "predicted-latency"]
     assert yaml.safe_load(path.read_text())["predictor"]["mode"] == "embedded"
+    ranking = Path(__file__).resolve().parents[2] / "examples" / "predicted-ranking.yaml"
+    assert load_config(ranking).scheduler == PREDICTION_RANKING_SCHEDULER_CONFIG

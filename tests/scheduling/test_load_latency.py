@@ -348,11 +348,10 @@ def test_the_load_core_pipeline_is_the_load_model_with_the_predictor_on_slos():
 
     from slorouter.config import load_config
     from slorouter.scheduling.loader import build_scheduler_setup
-    from slorouter.scheduling.pipelines import LOAD_CORE_SCHEDULER_CONFIG, STICKY_AFFINITY
+    from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, STICKY_AFFINITY
 
-    (profile,) = [
-        p for p in LOAD_CORE_SCHEDULER_CONFIG["schedulingProfiles"] if p["name"] == "predicted-latency"
-    ]
+    profiles = PREDICTED_LATENCY_SCHEDULER_CONFIG["schedulingProfiles"]
+    (profile,) = [p for p in profiles if p["name"] == "predicted-latency"]
     refs = [ref["pluginRef"] for ref in profile["plugins"]]
     assert refs == [
         "slo-headroom-tier-filter",
@@ -361,10 +360,10 @@ def test_the_load_core_pipeline_is_the_load_model_with_the_predictor_on_slos():
         "max-score-picker",
     ]
     (sticky,) = [
-        p for p in LOAD_CORE_SCHEDULER_CONFIG["plugins"] if p.get("name") == "sticky-affinity-filter"
+        p for p in PREDICTED_LATENCY_SCHEDULER_CONFIG["plugins"] if p.get("name") == "sticky-affinity-filter"
     ]
     assert sticky["parameters"] == STICKY_AFFINITY
-    setup = build_scheduler_setup(LOAD_CORE_SCHEDULER_CONFIG, make_ctx())
+    setup = build_scheduler_setup(PREDICTED_LATENCY_SCHEDULER_CONFIG, make_ctx())
     assert isinstance(setup.plugins["load-latency-producer"], LoadLatencyProducer)
-    example = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency-load-core.yaml"
-    assert load_config(example).scheduler == LOAD_CORE_SCHEDULER_CONFIG
+    example = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency.yaml"
+    assert load_config(example).scheduler == PREDICTED_LATENCY_SCHEDULER_CONFIG

@@ -6,9 +6,11 @@ prefix 3 — the original's default), ``heuristic-tuned`` (3, 2, 2 — its best 
 prefill tokens, max-score picker — llm-d's current default, "Sticky Until Saturated")
 and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
 ``heuristic-precise``, ``heuristic-tuned-precise``, ``token-aware-precise`` and ``predicted-latency-precise``
-are those pipelines with ``precise-prefix-cache-producer`` reading the engines' KV events, and
-``predicted-load-core`` is issue 12's load-core pipeline (``LOAD_CORE_SCHEDULER_CONFIG``) with streaming-mode
-training (named only, not run by default).
+are those pipelines with ``precise-prefix-cache-producer`` reading the engines' KV events;
+``predicted-ranking`` is the pipeline that was built in before issue 12
+(``PREDICTION_RANKING_SCHEDULER_CONFIG``, ranking by the XGBoost TTFT prediction) and ``predicted-load-core``
+the name issue 12's measurements gave the shipped one (both with streaming-mode training, named only, not run
+by default).
 The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
 as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
 the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
@@ -24,8 +26,8 @@ from typing import Any
 from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import (
     DEFAULT_SCHEDULER_CONFIG,
-    LOAD_CORE_SCHEDULER_CONFIG,
     PREDICTED_LATENCY_SCHEDULER_CONFIG,
+    PREDICTION_RANKING_SCHEDULER_CONFIG,
     TOKEN_AWARE_AFFINITY,
 )
 
@@ -134,13 +136,14 @@ def _precise(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-# The KV-event variants and the load-core pipeline (issue 12), by name only: not in POLICY_NAMES, so a default
-# run is unchanged.
+# The KV-event variants, the ranking pipeline and the shipped one under its issue-12 name, by name only: not
+# in POLICY_NAMES, so a default run is unchanged.
 NAMED_POLICIES: dict[str, dict[str, Any]] = {
     f"{name}-precise": _precise(BUILTIN_POLICIES[name])
     for name in ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency")
 }
-NAMED_POLICIES["predicted-load-core"] = _predicted_latency(LOAD_CORE_SCHEDULER_CONFIG)
+NAMED_POLICIES["predicted-ranking"] = _predicted_latency(PREDICTION_RANKING_SCHEDULER_CONFIG)
+NAMED_POLICIES["predicted-load-core"] = _predicted_latency(PREDICTED_LATENCY_SCHEDULER_CONFIG)
 
 
 class PolicyError(ValueError):

@@ -1,4 +1,5 @@
-"""The built-in scheduler configurations: the original's default, and the predicted-latency pipeline.
+"""The built-in scheduler configurations: the original's default, the predicted-latency pipeline (the
+load-core one) and the ranking pipeline it replaced.
 
 Why the predicted-latency pipeline is shaped as it is, setting by setting and with the measurements behind
 each choice, is in docs/plugins.md ("The built-in predicted-latency pipeline").
@@ -66,12 +67,13 @@ def _warm_up_profile() -> dict[str, Any]:
     }
 
 
-# After the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier
-# filter → loose 0.80 gate → latency-scorer → picker, with the producer and the SLO admitter; requests without
-# predictions run the heuristic default profile. Its five differences from the original, and the measurements
-# that chose them, are in docs/plugins.md ("Predicted-latency plugins").
+# The ranking pipeline (issue 5's built-in; opt-in since issue 12: examples/predicted-ranking.yaml), after the
+# original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier filter →
+# loose 0.80 gate → latency-scorer ranking by the XGBoost TTFT prediction → picker, with the producer and the
+# SLO admitter; requests without predictions run the token-aware default profile. Its five differences from
+# the original, and why it is no longer the default, are in docs/plugins.md ("The ranking pipeline").
 AFFINITY_TTFT_PENALTY_MS = 5000.0  # the original's; 1,000 ms was tried and lost on the mixed pool
-PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
+PREDICTION_RANKING_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
         *_prediction_head(),
         {
@@ -104,9 +106,9 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
-# The load-core pipeline (issue 12; opt-in: examples/predicted-latency-load-core.yaml). Why each piece is
-# there, with the measurements and the two workloads where it still collapses, is in docs/plugins.md ("The
-# load-core pipeline"). A deterministic load core — llm-d's token-aware
+# The built-in predicted-latency pipeline (issue 12's load-core pipeline, spelled out in
+# examples/predicted-latency.yaml). Why each piece is there, with the measurements, is in docs/plugins.md
+# ("The built-in predicted-latency pipeline"). A deterministic load core — llm-d's token-aware
 # routing: prefix affinity, then the prefill work ahead of the request on each pod — turned into expected
 # milliseconds by an online fit of the pool's own first tokens, with each pod's learned speed and the decode
 # streams its prefill would stall (load-latency-producer, expected-latency-scorer). The XGBoost predictor
@@ -133,7 +135,7 @@ STICKY_AFFINITY: dict[str, Any] = {
     "ttftSource": "expectedLatency",
     "maxTTFTPenaltyMs": 500,
 }
-LOAD_CORE_SCHEDULER_CONFIG: dict[str, Any] = {
+PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
     "plugins": [
         *_prediction_head(),
         {"type": "load-latency-producer"},
