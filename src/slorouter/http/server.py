@@ -269,7 +269,9 @@ class _HttpProtocol(asyncio.Protocol):
         self._phase = _IDLE
         self._drain_waiter: asyncio.Future[None] | None = None
         self._url = b""
-        self._head_size = 0
+        self._head_size = 0  # bytes of the current head's parsed request line and header fields
+        self._head_raw = 0  # bytes of the data chunks read wholly inside the current head
+        self._messages = 0  # heads begun on this connection
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._body_size = 0
@@ -298,6 +300,8 @@ class _HttpProtocol(asyncio.Protocol):
         if self._discarding:
             return
         self._last_data = self.loop.time()
+        in_head = self._phase == _HEAD
+        messages = self._messages
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -310,6 +314,13 @@ class _HttpProtocol(asyncio.Protocol):
                 self._fail(_Reject(400, f"malformed HTTP request: {exc}"))
         except httptools.HttpParserError as exc:
             self._fail(_Reject(400, f"malformed HTTP request: {exc}"))
+        else:
+            if in_head and self._phase == _HEAD and self._messages == messages:
+                # The whole chunk is inside one head. httptools keeps a header field's name and value to
+                # itself until the field ends, so the callbacks alone cannot bound one endless field.
+                self._head_raw += len(data)
+                if self._head_raw > MAX_HEAD_BYTES:
+                    self._fail(self._head_too_large())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -338,6 +349,8 @@ class _HttpProtocol(asyncio.Protocol):
         self._head_started = self._last_data
         self._url = b""
         self._head_size = 0
+        self._head_raw = 0
+        self._messages += 1
         self._headers = []
         self._body = []
         self._body_size = 0

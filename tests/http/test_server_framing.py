@@ -1,0 +1,72 @@
+"""The lean HTTP/1.1 server against the attacks a front-line server must resist, over raw sockets on
+127.0.0.1: request smuggling, bad chunked framing, oversized and slow request heads and bodies, pipelining
+abuse, HTTP versions and the request target's forms (RFC 9112). What test_server_edges.py covers already
+(CL/TE conflicts, duplicate Content-Length, single slow clients, the connection cap) is not repeated here.
+
+Every wait is bounded (``WAIT``), never a speed expectation; timeouts are configured in tenths of a second
+where a test needs one to fire, and long where it must not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from slorouter.http.server import ServerLimits
+from tests.http.test_server import App
+from tests.http.test_server_edges import WAIT, Client, _error
+
+LONG = ServerLimits(head_timeout_s=60, body_timeout_s=60, keepalive_timeout_s=60)
+
+
+@pytest.fixture
+async def apps() -> AsyncIterator[list[App]]:
+    """Apps with their own limits: ``apps.append(await App(limits).start())``; closed at the end."""
+    started: list[App] = []
+    try:
+        yield started
+    finally:
+        for a in started:
+            a.release.set()
+            await a.server.close()
+
+
+async def _app(apps: list[App], limits: ServerLimits = LONG) -> App:
+    app = await App(limits).start()
+    apps.append(app)
+    return app
+
+
+async def _send_until_closed(client: Client, prefix: bytes, filler: bytes, total: int) -> None:
+    """Send ``prefix`` then ``filler`` until ``total`` bytes or the server stops reading."""
+    sent = 0
+    try:
+        await client.send(prefix)
+        while sent < total:
+            await asyncio.wait_for(client.send(filler), WAIT)
+            sent += len(filler)
+    except (ConnectionError, TimeoutError):
+        pass
+
+
+# --- oversized heads -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", [b"X-Big: ", b"X-Big"], ids=["endless-value", "endless-name"])
+async def test_one_endless_header_field_gets_431_before_the_head_timeout(apps, prefix):
+    # httptools keeps a field to itself until it ends: the old code held 60+ MB of one value until the
+    # head timeout fired (408), with a quadratic copy on every chunk.
+    app = await _app(apps)
+    client = await Client.open(app.address)
+    sender = asyncio.create_task(
+        _send_until_closed(client, b"GET /hello HTTP/1.1\r\nHost: x\r\n" + prefix, b"a" * 16384, 8 << 20)
+    )
+    try:
+        head, body = await client.response()
+        assert head.startswith(b"HTTP/1.1 431") and b"Connection: close" in head
+        assert _error(body)["type"] == "RequestHeaderFieldsTooLargeError"
+    finally:
+        sender.cancel()
+        client.close()
