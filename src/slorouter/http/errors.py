@@ -13,6 +13,7 @@ ERROR_TYPES = {
     405: "MethodNotAllowedError",
     408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    414: "URITooLongError",
     429: "RateLimitError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
