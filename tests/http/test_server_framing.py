@@ -10,7 +10,6 @@ where a test needs one to fire, and long where it must not.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,21 +20,9 @@ from tests.http.test_server_edges import WAIT, Client, _error
 LONG = ServerLimits(head_timeout_s=60, body_timeout_s=60, keepalive_timeout_s=60)
 
 
-@pytest.fixture
-async def apps() -> AsyncIterator[list[App]]:
-    """Apps with their own limits: ``apps.append(await App(limits).start())``; closed at the end."""
-    started: list[App] = []
-    try:
-        yield started
-    finally:
-        for a in started:
-            a.release.set()
-            await a.server.close()
-
-
-async def _app(apps: list[App], limits: ServerLimits = LONG) -> App:
+async def _app(limited: list[App], limits: ServerLimits = LONG) -> App:
     app = await App(limits).start()
-    apps.append(app)
+    limited.append(app)
     return app
 
 
@@ -55,10 +42,10 @@ async def _send_until_closed(client: Client, prefix: bytes, filler: bytes, total
 
 
 @pytest.mark.parametrize("prefix", [b"X-Big: ", b"X-Big"], ids=["endless-value", "endless-name"])
-async def test_one_endless_header_field_gets_431_before_the_head_timeout(apps, prefix):
+async def test_one_endless_header_field_gets_431_before_the_head_timeout(limited, prefix):
     # httptools keeps a field to itself until it ends: the old code held 60+ MB of one value until the
     # head timeout fired (408), with a quadratic copy on every chunk.
-    app = await _app(apps)
+    app = await _app(limited)
     client = await Client.open(app.address)
     sender = asyncio.create_task(
         _send_until_closed(client, b"GET /hello HTTP/1.1\r\nHost: x\r\n" + prefix, b"a" * 16384, 8 << 20)
@@ -69,4 +56,28 @@ async def test_one_endless_header_field_gets_431_before_the_head_timeout(apps, p
         assert _error(body)["type"] == "RequestHeaderFieldsTooLargeError"
     finally:
         sender.cancel()
+        client.close()
+
+
+# --- the request line and Host -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(b"GET /hello HTTP/1.1\r\n\r\n", id="http-1.1-without-host"),
+        pytest.param(b"GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", id="two-hosts"),
+        pytest.param(b"GET /hello HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", id="two-hosts-http-1.0"),
+    ],
+)
+async def test_a_request_without_exactly_one_host_gets_400_and_the_connection_closes(limited, head):
+    # RFC 9112 §3.2: a server MUST answer 400; they were served before.
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(head + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 400") and b"Connection: close" in text
+        assert b"Host" in text and text.count(b"\r\n\r\n") == 1  # one answer, nothing behind it
+    finally:
         client.close()

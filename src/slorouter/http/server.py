@@ -384,14 +384,26 @@ class _HttpProtocol(asyncio.Protocol):
             self._note_upgrade_offer()
             return  # the head is parsed again without the offer; that pass does the rest
         expect_continue = False
+        hosts = 0
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length":
                 if value.strip().isdigit():
                     self._too_large = int(value) > self.server.max_body_bytes
+            elif lower == b"host":
+                hosts += 1
             elif lower == b"expect":
                 expect_continue = value.lower() == b"100-continue"
-        if expect_continue and not self._too_large and parser.get_http_version() != "1.0":
+        http10 = parser.get_http_version() == "1.0"
+        if hosts > 1 or (hosts == 0 and not http10):
+            # RFC 9112 §3.2: MUST be 400; two Host lines are a classic way to make two servers disagree.
+            raise _Reject(
+                400,
+                "an HTTP/1.1 request needs exactly one Host header"
+                if hosts == 0
+                else "more than one Host header",
+            )
+        if expect_continue and not self._too_large and not http10:
             # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead. Only the
             # request whose turn it is may get it: otherwise it would land inside an earlier response.
             if self._task is None:
