@@ -81,3 +81,27 @@ async def test_a_request_without_exactly_one_host_gets_400_and_the_connection_cl
         assert b"Host" in text and text.count(b"\r\n\r\n") == 1  # one answer, nothing behind it
     finally:
         client.close()
+
+
+# --- transfer codings ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        pytest.param(b"Transfer-Encoding: chunked\r\n", id="chunked"),
+        pytest.param(b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n", id="chunked-and-length"),
+    ],
+)
+async def test_transfer_encoding_in_http_1_0_gets_400(limited, framing):
+    # RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding MUST be taken as faulty framing; the old
+    # code decoded it as chunked.
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(b"POST /echo HTTP/1.0\r\nHost: x\r\n" + framing + b"\r\n3\r\nabc\r\n0\r\n\r\n")
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 400") and b"Connection: close" in text
+        assert text.count(b"\r\n\r\n") == 1
+    finally:
+        client.close()

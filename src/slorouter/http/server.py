@@ -385,6 +385,7 @@ class _HttpProtocol(asyncio.Protocol):
             return  # the head is parsed again without the offer; that pass does the rest
         expect_continue = False
         hosts = 0
+        transfer_encoding = False
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length":
@@ -392,17 +393,18 @@ class _HttpProtocol(asyncio.Protocol):
                     self._too_large = int(value) > self.server.max_body_bytes
             elif lower == b"host":
                 hosts += 1
+            elif lower == b"transfer-encoding":
+                transfer_encoding = True
             elif lower == b"expect":
                 expect_continue = value.lower() == b"100-continue"
         http10 = parser.get_http_version() == "1.0"
         if hosts > 1 or (hosts == 0 and not http10):
             # RFC 9112 §3.2: MUST be 400; two Host lines are a classic way to make two servers disagree.
-            raise _Reject(
-                400,
-                "an HTTP/1.1 request needs exactly one Host header"
-                if hosts == 0
-                else "more than one Host header",
-            )
+            message = "more than one Host header" if hosts else "an HTTP/1.1 request needs a Host header"
+            raise _Reject(400, message)
+        if transfer_encoding and http10:
+            # RFC 9112 §6.1: MUST be taken as faulty framing (an HTTP/1.0 peer may not know chunked).
+            raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
         if expect_continue and not self._too_large and not http10:
             # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead. Only the
             # request whose turn it is may get it: otherwise it would land inside an earlier response.
