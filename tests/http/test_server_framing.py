@@ -105,3 +105,51 @@ async def test_transfer_encoding_in_http_1_0_gets_400(limited, framing):
         assert text.count(b"\r\n\r\n") == 1
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([b"gzip, chunked"], id="gzip-chunked"),
+        pytest.param([b"identity, chunked"], id="identity-chunked"),
+        pytest.param([b"gzip", b"chunked"], id="two-lines"),
+        pytest.param([b"x, chunked"], id="unknown-coding"),
+    ],
+)
+async def test_transfer_codings_other_than_chunked_get_501_and_the_connection_closes(limited, values):
+    # llhttp frames these by their final chunked; the old code handed the handler the still-coded body.
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    lines = b"".join(b"Transfer-Encoding: %s\r\n" % v for v in values)
+    try:
+        await client.send(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n3\r\nabc\r\n0\r\n\r\n")
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 501") and b"Connection: close" in text
+        assert text.count(b"\r\n\r\n") == 1
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(b"chunked", id="plain"),
+        pytest.param(b"Chunked", id="case"),
+        pytest.param(b"chunked ", id="trailing-space"),
+        pytest.param(b"\tchunked", id="leading-tab"),
+    ],
+)
+async def test_chunked_spelled_as_rfc_9110_allows_is_chunked(limited, value):
+    # Field values lose their surrounding whitespace and codings are case-insensitive (RFC 9110 §5.5,
+    # §7.8 of RFC 9112): these frame the body as chunked, and the next request is read where it ends.
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n\r\n3\r\nabc\r\n0\r\n\r\n" % value
+            + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        assert (await client.response())[1] == b"abc"
+        assert (await client.response())[1] == b'{"hello": "world"}'
+    finally:
+        client.close()

@@ -17,9 +17,11 @@ ERROR_TYPES = {
     429: "RateLimitError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
+    501: "NotImplementedError",
     502: "BadGatewayError",
     503: "ServiceUnavailableError",
     504: "GatewayTimeoutError",
+    505: "HTTPVersionNotSupportedError",
 }
 
 

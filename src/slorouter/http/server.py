@@ -385,7 +385,7 @@ class _HttpProtocol(asyncio.Protocol):
             return  # the head is parsed again without the offer; that pass does the rest
         expect_continue = False
         hosts = 0
-        transfer_encoding = False
+        codings: list[bytes] = []
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length":
@@ -394,7 +394,7 @@ class _HttpProtocol(asyncio.Protocol):
             elif lower == b"host":
                 hosts += 1
             elif lower == b"transfer-encoding":
-                transfer_encoding = True
+                codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
             elif lower == b"expect":
                 expect_continue = value.lower() == b"100-continue"
         http10 = parser.get_http_version() == "1.0"
@@ -402,9 +402,15 @@ class _HttpProtocol(asyncio.Protocol):
             # RFC 9112 §3.2: MUST be 400; two Host lines are a classic way to make two servers disagree.
             message = "more than one Host header" if hosts else "an HTTP/1.1 request needs a Host header"
             raise _Reject(400, message)
-        if transfer_encoding and http10:
-            # RFC 9112 §6.1: MUST be taken as faulty framing (an HTTP/1.0 peer may not know chunked).
-            raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
+        if codings:
+            if http10:
+                # RFC 9112 §6.1: MUST be taken as faulty framing (an HTTP/1.0 peer may not know chunked).
+                raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
+            if codings[-1] != b"chunked":  # RFC 9112 §6.3: the body's length is unknown, MUST be 400
+                raise _Reject(400, "the final transfer coding of a request must be chunked")
+            if len(codings) > 1:
+                # llhttp frames "gzip, chunked" as chunked and would hand the handler gzip bytes.
+                raise _Reject(501, "only the chunked transfer coding is implemented")
         if expect_continue and not self._too_large and not http10:
             # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead. Only the
             # request whose turn it is may get it: otherwise it would land inside an earlier response.
