@@ -83,6 +83,28 @@ async def test_a_request_without_exactly_one_host_gets_400_and_the_connection_cl
         client.close()
 
 
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        pytest.param(b"GET /hello HTTP/2.0\r\nHost: x\r\n", b"505", id="http-2.0"),
+        pytest.param(b"GET /hello HTTP/0.9\r\nHost: x\r\n", b"505", id="http-0.9"),
+        pytest.param(b"GET /hello\r\n", b"505", id="no-version"),
+        pytest.param(b"GET /hello HTTP/3.0\r\nHost: x\r\n", b"400", id="http-3.0"),  # llhttp refuses
+    ],
+)
+async def test_http_versions_other_than_1_x_get_505_or_400(limited, request_line, status):
+    # They were answered as HTTP/1.x (llhttp parses them); RFC 9110 §15.6.6.
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(request_line + b"\r\n")
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in text
+        assert b'"hello"' not in text
+    finally:
+        client.close()
+
+
 # --- transfer codings ----------------------------------------------------------------------------------
 
 

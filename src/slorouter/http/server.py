@@ -397,7 +397,10 @@ class _HttpProtocol(asyncio.Protocol):
                 codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
             elif lower == b"expect":
                 expect_continue = value.lower() == b"100-continue"
-        http10 = parser.get_http_version() == "1.0"
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":  # llhttp takes HTTP/0.9 and HTTP/2.0 request lines too
+            raise _Reject(505, "only HTTP/1.1 and HTTP/1.0 are supported")
+        http10 = version == "1.0"
         if hosts > 1 or (hosts == 0 and not http10):
             # RFC 9112 §3.2: MUST be 400; two Host lines are a classic way to make two servers disagree.
             message = "more than one Host header" if hosts else "an HTTP/1.1 request needs a Host header"
