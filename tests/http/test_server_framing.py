@@ -105,6 +105,31 @@ async def test_http_versions_other_than_1_x_get_505_or_400(limited, request_line
         client.close()
 
 
+@pytest.mark.parametrize(
+    ("target", "path", "query"),
+    [
+        (b"http://x/echo?a=1", b"/echo", b"a=1"),
+        (b"http://x:8080/echo", b"/echo", b""),
+        (b"HTTP://user@x/echo?b", b"/echo", b"b"),
+        (b"http://x?c=2", b"/", b"c=2"),
+    ],
+)
+async def test_an_absolute_form_target_is_served_by_its_path(limited, target, path, query):
+    # RFC 9112 §3.2.2: a server MUST accept the absolute form; it got 404 ("no route for http://...").
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi" % target)
+        head, body = await client.response()
+        if path == b"/echo":
+            assert head.startswith(b"HTTP/1.1 200 OK") and body == b"hi"
+            assert b"X-Query: %s\r\n" % query in head
+        else:
+            assert head.startswith(b"HTTP/1.1 404") and b"no route for /" in body
+    finally:
+        client.close()
+
+
 # --- transfer codings ----------------------------------------------------------------------------------
 
 

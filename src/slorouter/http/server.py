@@ -172,6 +172,8 @@ class HttpRequest:
         self._proto = proto
         self._stream: StreamWriter | None = None
         self.method = method
+        if target[:1] != b"/" and b"://" in target:
+            target = _origin_form(target)
         path, _, query = target.partition(b"?")
         self.path = path.decode("utf-8", "surrogateescape")
         self.query = query
@@ -200,6 +202,14 @@ class HttpRequest:
         writer = self._stream = StreamWriter(self._proto, self.keep_alive, chunked=not self.http10)
         writer.start(status, raw_headers)
         return writer
+
+
+def _origin_form(target: bytes) -> bytes:
+    """The path and query of an absolute-form target, which a server MUST accept (RFC 9112 §3.2.2)."""
+    rest = target.partition(b"://")[2]
+    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i != -1), default=len(rest))
+    path = rest[end:]
+    return path if path[:1] == b"/" else b"/" + path
 
 
 class StreamWriter:
