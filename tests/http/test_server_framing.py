@@ -10,10 +10,12 @@ where a test needs one to fire, and long where it must not.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
 from slorouter.http.server import ServerLimits
+from tests.gateway.conftest import eventually
 from tests.http.test_server import App
 from tests.http.test_server_edges import WAIT, Client, _error
 
@@ -199,4 +201,46 @@ async def test_chunked_spelled_as_rfc_9110_allows_is_chunked(limited, value):
         assert (await client.response())[1] == b"abc"
         assert (await client.response())[1] == b'{"hello": "world"}'
     finally:
+        client.close()
+
+
+# --- pipelining ----------------------------------------------------------------------------------------
+
+
+async def _small_window_client(app: App) -> Client:
+    """A connection with small socket buffers on both sides, so that what the client does not read stays
+    with the server's transport instead of the kernel's buffers."""
+    host, port = app.address.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    client = Client(*await asyncio.open_connection(sock=sock))
+    await eventually(lambda: len(app.server.connections) == 1)
+    for proto in app.server.connections:
+        assert proto.transport is not None
+        proto.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    return client
+
+
+async def test_a_client_that_pipelines_without_reading_is_not_answered_ahead(limited):
+    # The old code wrote each answer without waiting for the client: 100,000 pipelined GETs that were never
+    # read left 8 MB in the server's write buffer, and more requests grew it without bound.
+    app = await _app(limited)
+    client = await _small_window_client(app)
+    count = 20_000
+    writer = asyncio.create_task(client.send(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" * count))
+    try:
+        peak = 0
+        for _ in range(50):  # a second of the server doing what it can
+            await asyncio.sleep(0.02)
+            for proto in app.server.connections:
+                assert proto.transport is not None
+                peak = max(peak, proto.transport.get_write_buffer_size())
+        assert peak < 256 * 1024
+        for _ in range(count):  # then every answer arrives, in order
+            assert (await client.response())[1] == b'{"hello": "world"}'
+        await asyncio.wait_for(writer, WAIT)
+    finally:
+        writer.cancel()
         client.close()

@@ -525,6 +525,8 @@ class _HttpProtocol(asyncio.Protocol):
         while True:
             try:
                 await self._respond(request)
+                if self.write_paused:  # a client that pipelines and does not read is not answered ahead
+                    await self.drain()
             except asyncio.CancelledError:
                 self._abort()
                 raise
