@@ -226,7 +226,7 @@ async def _small_window_client(app: App) -> Client:
 async def test_a_client_that_pipelines_without_reading_is_not_answered_ahead(limited):
     # The old code wrote each answer without waiting for the client: 100,000 pipelined GETs that were never
     # read left 8 MB in the server's write buffer, and more requests grew it without bound.
-    app = await _app(limited)
+    app = await _app(limited, ServerLimits(keepalive_timeout_s=60, max_pipelined=100_000))
     client = await _small_window_client(app)
     count = 20_000
     writer = asyncio.create_task(client.send(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" * count))
@@ -244,3 +244,100 @@ async def test_a_client_that_pipelines_without_reading_is_not_answered_ahead(lim
     finally:
         writer.cancel()
         client.close()
+
+
+async def test_requests_pipelined_beyond_the_limit_get_503_after_the_answers_before_them(limited):
+    app = await _app(limited, ServerLimits(max_pipelined=3))
+    hits: list[str] = []
+    app.server.on_limit = hits.append
+    client = await Client.open(app.address)
+    try:
+        # /wait holds the first answer, so the next ones are read ahead: three are kept, the fifth is refused.
+        await client.send(
+            b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" * 6
+        )
+        await eventually(lambda: hits == ["pipelined"])
+        app.release.set()
+        for _ in range(4):
+            head, _ = await client.response()
+            assert head.startswith(b"HTTP/1.1 200 OK")
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in text and b"Connection: close" in text
+        assert "pipelined" in _error(text.partition(b"\r\n\r\n")[2])["message"]
+    finally:
+        client.close()
+
+
+# --- concurrent requests -------------------------------------------------------------------------------
+
+
+async def test_requests_beyond_the_concurrency_limit_get_503_and_unbounded_routes_still_answer(limited):
+    app = await _app(limited, ServerLimits(max_concurrent_requests=2))
+    hits: list[str] = []
+    app.server.on_limit = hits.append
+    app.server.add_route("GET", "/probe", app.hello, bounded=False)
+    held = [await Client.open(app.address) for _ in range(2)]
+    extra = await Client.open(app.address)
+    try:
+        for client in held:
+            await client.send(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+        await eventually(lambda: app.server.active == 2)
+        await extra.send(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = await extra.response()
+        assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+        assert b"Connection: close" not in head  # the request was read whole: the connection goes on
+        assert "too many requests at once" in _error(body)["message"] and hits == ["concurrent_requests"]
+        await extra.send(b"GET /probe HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = await extra.response()
+        assert head.startswith(b"HTTP/1.1 200 OK") and body == b'{"hello": "world"}'
+        app.release.set()
+        for client in held:
+            head, _ = await client.response()
+            assert head.startswith(b"HTTP/1.1 200 OK")
+        assert app.server.active == 0
+        await extra.send(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _ = await extra.response()
+        assert head.startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for client in [*held, extra]:
+            client.close()
+
+
+async def test_each_limit_hit_is_reported_by_name(limited):
+    app = await _app(
+        limited,
+        ServerLimits(
+            head_timeout_s=0.3,
+            body_timeout_s=0.3,
+            keepalive_timeout_s=60,
+            max_connections=3,
+            max_buffered_bytes=500,
+            max_head_bytes=1024,
+            max_header_fields=10,
+            max_target_bytes=256,
+        ),
+    )
+    hits: list[str] = []
+    app.server.on_limit = hits.append
+    requests = {
+        "target_bytes": b"GET /" + b"a" * 300 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        "head_bytes": b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 2000 + b"\r\n\r\n",
+        "head_timeout": b"GET /hello HTTP/1.1\r\nHost: x\r\n",
+        "body_timeout": b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab",
+        "buffered_bytes": b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n" + b"c" * 900,
+    }
+    for name, data in requests.items():
+        client = await Client.open(app.address)
+        try:
+            await client.send(data)
+            assert (await client.rest()).startswith((b"HTTP/1.1 4", b"HTTP/1.1 503"))
+            assert hits[-1] == name
+        finally:
+            client.close()
+    await eventually(lambda: not app.server.connections)
+    clients = [await Client.open(app.address) for _ in range(4)]
+    try:
+        await eventually(lambda: hits[-1] == "connections")
+    finally:
+        for client in clients:
+            client.close()

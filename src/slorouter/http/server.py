@@ -4,8 +4,9 @@ aiohttp's web server costs more CPU per request than the gateway's proxying itse
 little of it: a fixed route table, whole request bodies up to a limit, plain responses and chunked streaming
 responses with back-pressure, keep-alive and pipelining, and the handler cancelled when its client goes
 away. Slow or greedy clients are bounded by ``ServerLimits``: a deadline for the request head, a longest
-pause within a body, an idle keep-alive timeout, a cap on connections and one on the body bytes held across
-all connections.
+pause within a body, an idle keep-alive timeout, the size of a request head and target, caps on connections,
+on requests handled at once, on requests read ahead on one connection, and on the body bytes held across all
+connections. Each time a limit turns a client away, ``HttpServer.on_limit`` is told its name.
 
 Handlers are ``async def handler(request: HttpRequest) -> Response | None``; a handler that streamed its
 answer through ``request.start_stream`` returns None (or the ``Response`` it got is ignored).
@@ -35,12 +36,6 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _STATUS_LINES: dict[int, bytes] = {}
 _JSON = b"application/json"
 
-# Bounds on what one request head may hold, so a client cannot grow the server's memory with headers.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 200
-# A longer request target gets 414 (RFC 9112 §3): the gateway's paths are short, and 8 KiB is nginx's and
-# Apache's request-line bound.
-MAX_TARGET_BYTES = 8 * 1024
 # After an error answer, how long the connection is kept open (reading and dropping what the client still
 # sends) so that closing it with unread bytes does not reset it before the client has read the answer.
 LINGER_S = 2.0
@@ -55,13 +50,28 @@ class ServerLimits:
     keepalive_timeout_s: float = 75.0  # an idle connection, between requests, is closed after this
     max_connections: int = 4096  # connections beyond it get 503 and are closed
     max_buffered_bytes: int = 512 * 1024 * 1024  # request-body bytes held across all connections (503)
+    max_head_bytes: int = 64 * 1024  # request line and header fields of one request (431)
+    max_header_fields: int = 200  # header fields of one request (431)
+    # A longer request target gets 414 (RFC 9112 §3); 8 KiB is nginx's and Apache's request-line bound.
+    max_target_bytes: int = 8 * 1024
+    max_pipelined: int = 64  # requests read on one connection ahead of the one being answered (503, close)
+    max_concurrent_requests: int = 4096  # handled at once across connections, unbounded routes aside (503)
 
     def __post_init__(self) -> None:
         for name in ("head_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.max_connections < 1 or self.max_buffered_bytes < 1:
-            raise ValueError("max_connections and max_buffered_bytes must be >= 1")
+        for name in (
+            "max_connections",
+            "max_buffered_bytes",
+            "max_head_bytes",
+            "max_header_fields",
+            "max_target_bytes",
+            "max_pipelined",
+            "max_concurrent_requests",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
 
 
 def _status_line(status: int) -> bytes:
@@ -250,13 +260,15 @@ class StreamWriter:
 
 
 class _Reject(Exception):
-    """Raised inside a parser callback: the request is answered with this error and the connection closed."""
+    """Raised inside a parser callback: the request is answered with this error and the connection closed.
+    ``limit`` names the ``ServerLimits`` bound that the request hit, if any."""
 
-    def __init__(self, status: int, message: str, headers: bytes = b"") -> None:
+    def __init__(self, status: int, message: str, headers: bytes = b"", limit: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.limit = limit
 
 
 _RETRY_LATER = b"Retry-After: 1\r\n"
@@ -307,6 +319,7 @@ class _HttpProtocol(asyncio.Protocol):
         connections.add(self)
         limit = self.server.limits.max_connections
         if len(connections) > limit:
+            self.server.limit_hit("connections")
             self._answer_error(_Reject(503, f"too many connections (the limit is {limit})", _RETRY_LATER))
 
     def data_received(self, data: bytes) -> None:
@@ -332,7 +345,7 @@ class _HttpProtocol(asyncio.Protocol):
                 # The whole chunk is inside one head. httptools keeps a header field's name and value to
                 # itself until the field ends, so the callbacks alone cannot bound one endless field.
                 self._head_raw += len(data)
-                if self._head_raw > MAX_HEAD_BYTES:
+                if self._head_raw > self.server.limits.max_head_bytes:
                     self._fail(self._head_too_large())
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -373,19 +386,24 @@ class _HttpProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._head_size += len(url)
-        if len(self._url) > MAX_TARGET_BYTES:
-            raise _Reject(414, f"the request target exceeds {MAX_TARGET_BYTES} bytes")
+        limit = self.server.limits.max_target_bytes
+        if len(self._url) > limit:
+            raise _Reject(414, f"the request target exceeds {limit} bytes", limit="target_bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
         self._head_size += len(name) + len(value) + 4
-        if self._head_size > MAX_HEAD_BYTES or len(self._headers) > MAX_HEADERS:
+        limits = self.server.limits
+        if self._head_size > limits.max_head_bytes or len(self._headers) > limits.max_header_fields:
             raise self._head_too_large()
 
-    @staticmethod
-    def _head_too_large() -> _Reject:
-        message = f"the request line and headers exceed {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} fields"
-        return _Reject(431, message)
+    def _head_too_large(self) -> _Reject:
+        limits = self.server.limits
+        message = (
+            f"the request line and headers exceed {limits.max_head_bytes} bytes "
+            f"or {limits.max_header_fields} fields"
+        )
+        return _Reject(431, message, limit="head_bytes")
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
@@ -463,6 +481,10 @@ class _HttpProtocol(asyncio.Protocol):
         if self._task is None:
             self._task = self.loop.create_task(self._run(request))
         else:
+            limit = self.server.limits.max_pipelined
+            if len(self._pending) >= limit:  # what is read ahead is parsed whole: one read can hold thousands
+                message = f"too many pipelined requests (the limit is {limit})"
+                raise _Reject(503, message, _RETRY_LATER, limit="pipelined")
             self._pending.append(request)  # pipelined: answered in order
             self._pause_reading()
 
@@ -489,7 +511,8 @@ class _HttpProtocol(asyncio.Protocol):
     def _hold(self, size: int) -> None:
         server = self.server
         if server.buffered + size > server.limits.max_buffered_bytes:
-            raise _Reject(503, "the server holds too many request bytes; retry shortly", _RETRY_LATER)
+            message = "the server holds too many request bytes; retry shortly"
+            raise _Reject(503, message, _RETRY_LATER, limit="buffered_bytes")
         server.buffered += size
         self._held += size
 
@@ -511,12 +534,11 @@ class _HttpProtocol(asyncio.Protocol):
         if phase == _HEAD:
             if now - max(self._head_started, self.last_active) > limits.head_timeout_s:
                 message = f"the request head did not arrive within {limits.head_timeout_s:g} s"
-                self._fail(_Reject(408, message))
+                self._fail(_Reject(408, message, limit="head_timeout"))
         elif phase == _BODY:
             if now - max(self._last_data, self.last_active) > limits.body_timeout_s:
-                self._fail(
-                    _Reject(408, f"the request body stalled: no bytes for {limits.body_timeout_s:g} s")
-                )
+                message = f"the request body stalled: no bytes for {limits.body_timeout_s:g} s"
+                self._fail(_Reject(408, message, limit="body_timeout"))
         elif now - max(self._last_data, self.last_active) > limits.keepalive_timeout_s:
             self._close()
 
@@ -618,6 +640,8 @@ class _HttpProtocol(asyncio.Protocol):
     # --- errors and closing --------------------------------------------------------------------------
     def _fail(self, reason: _Reject) -> None:
         """The request being read cannot be served: answer ``reason`` in its turn, then close."""
+        if reason.limit:
+            self.server.limit_hit(reason.limit)
         self._drop_body()
         self._discarding = True  # the parser is in an error state, or the request is dropped
         if self._task is None:
@@ -668,7 +692,9 @@ class HttpServer:
     """Routes by exact path then method; unknown paths get 404, other methods 405.
 
     A body over ``max_body_bytes`` is not kept: the handler gets ``request.too_large`` and answers 413 (after
-    its own checks, such as authentication).
+    its own checks, such as authentication). Requests handled at once are capped by
+    ``limits.max_concurrent_requests`` (503 beyond it), except on the paths added with ``bounded=False``
+    (probes and metrics, which must answer under load).
     """
 
     def __init__(self, *, max_body_bytes: int, limits: ServerLimits | None = None) -> None:
@@ -678,6 +704,9 @@ class HttpServer:
         self.routes: dict[str, dict[str, Handler]] = {}
         self.connections: set[_HttpProtocol] = set()
         self.buffered = 0  # request-body bytes held across all connections
+        self.active = 0  # requests of bounded routes being handled
+        self.on_limit: Callable[[str], None] | None = None  # told the name of each limit hit
+        self._unbounded: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -689,11 +718,17 @@ class HttpServer:
             raise RuntimeError("the HTTP server has not been started")
         return self._loop
 
-    def add_route(self, method: str, path: str, handler: Handler) -> None:
+    def add_route(self, method: str, path: str, handler: Handler, *, bounded: bool = True) -> None:
         methods = self.routes.setdefault(path, {})
         methods[method] = handler
         if method == "GET":
             methods.setdefault("HEAD", handler)
+        if not bounded:
+            self._unbounded.add(path)
+
+    def limit_hit(self, name: str) -> None:
+        if self.on_limit is not None:
+            self.on_limit(name)
 
     async def dispatch(self, request: HttpRequest) -> Response | None:
         methods = self.routes.get(request.path)
@@ -706,7 +741,19 @@ class HttpServer:
                 f"method {request.method} is not allowed on {request.path}",
                 headers={"Allow": ",".join(sorted(methods))},
             )
-        return await handler(request)
+        if request.path in self._unbounded:
+            return await handler(request)
+        limit = self.limits.max_concurrent_requests
+        if self.active >= limit:
+            self.limit_hit("concurrent_requests")
+            return json_error(
+                503, f"too many requests at once (the limit is {limit})", headers={"Retry-After": "1"}
+            )
+        self.active += 1
+        try:
+            return await handler(request)
+        finally:
+            self.active -= 1
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         check_header_lines(self.extra_headers)
