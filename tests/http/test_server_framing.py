@@ -28,6 +28,28 @@ async def _app(limited: list[App], limits: ServerLimits = LONG) -> App:
     return app
 
 
+async def _until_closed(limited: list[App], data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection to a fresh app; all it answers up to its close."""
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(data)
+        return await client.rest()
+    finally:
+        client.close()
+
+
+async def _two_bodies(limited: list[App], data: bytes) -> tuple[bytes, bytes]:
+    """Send ``data`` (two requests) on a fresh connection to a fresh app; the bodies of the two answers."""
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(data)
+        return (await client.response())[1], (await client.response())[1]
+    finally:
+        client.close()
+
+
 async def _send_until_closed(client: Client, prefix: bytes, filler: bytes, total: int) -> None:
     """Send ``prefix`` then ``filler`` until ``total`` bytes or the server stops reading."""
     sent = 0
@@ -74,15 +96,9 @@ async def test_one_endless_header_field_gets_431_before_the_head_timeout(limited
 )
 async def test_a_request_without_exactly_one_host_gets_400_and_the_connection_closes(limited, head):
     # RFC 9112 §3.2: a server MUST answer 400; they were served before.
-    app = await _app(limited)
-    client = await Client.open(app.address)
-    try:
-        await client.send(head + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-        text = await client.rest()
-        assert text.startswith(b"HTTP/1.1 400") and b"Connection: close" in text
-        assert b"Host" in text and text.count(b"\r\n\r\n") == 1  # one answer, nothing behind it
-    finally:
-        client.close()
+    text = await _until_closed(limited, head + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert text.startswith(b"HTTP/1.1 400") and b"Connection: close" in text
+    assert b"Host" in text and text.count(b"\r\n\r\n") == 1  # one answer, nothing behind it
 
 
 @pytest.mark.parametrize(
@@ -96,15 +112,9 @@ async def test_a_request_without_exactly_one_host_gets_400_and_the_connection_cl
 )
 async def test_http_versions_other_than_1_x_get_505_or_400(limited, request_line, status):
     # They were answered as HTTP/1.x (llhttp parses them); RFC 9110 §15.6.6.
-    app = await _app(limited)
-    client = await Client.open(app.address)
-    try:
-        await client.send(request_line + b"\r\n")
-        text = await client.rest()
-        assert text.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in text
-        assert b'"hello"' not in text
-    finally:
-        client.close()
+    text = await _until_closed(limited, request_line + b"\r\n")
+    assert text.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in text
+    assert b'"hello"' not in text
 
 
 @pytest.mark.parametrize(
@@ -132,6 +142,84 @@ async def test_an_absolute_form_target_is_served_by_its_path(limited, target, pa
         client.close()
 
 
+# --- framing that llhttp refuses (400 and close), beyond test_server_edges.py's list ----------------------
+
+TE = b"Transfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        pytest.param(b"Content-Length: -1\r\n\r\n", id="cl-negative"),
+        pytest.param(b"Content-Length: 0x3\r\n\r\nabc", id="cl-hex"),
+        pytest.param(b"Content-Length: 1 2\r\n\r\nabc", id="cl-two-numbers"),
+        pytest.param(b"Content-Length: 99999999999999999999999\r\n\r\n", id="cl-overflow"),
+        pytest.param(b"Content-Length: \r\n\r\n", id="cl-empty"),
+        pytest.param(
+            b"Transfer-Encoding: chunked, identity\r\n\r\n3\r\nabc\r\n0\r\n\r\n", id="te-chunked-identity"
+        ),
+        pytest.param(b"Transfer-Encoding: chunked,\r\n\r\n3\r\nabc\r\n0\r\n\r\n", id="te-trailing-comma"),
+        pytest.param(b"Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n", id="te-chunked-twice"),
+        pytest.param(b"Transfer-Encoding: identity\r\n\r\n", id="te-identity"),
+        pytest.param(b"Transfer-Encoding: \r\n\r\n", id="te-empty"),
+        pytest.param(b"Transfer-Encoding:\r\n chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", id="te-folded"),
+        pytest.param(b"Transfer-Encoding: \x0bchunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", id="te-vertical-tab"),
+        pytest.param(b"Transfer-Encoding : chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", id="te-space-before-colon"),
+        pytest.param(b" Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", id="te-leading-space"),
+        pytest.param(TE + b"-1\r\nabc\r\n0\r\n\r\n", id="chunk-negative"),
+        pytest.param(TE + b"fffffffffffffffff1\r\nabc\r\n0\r\n\r\n", id="chunk-size-overflow"),
+        pytest.param(TE + b"0x3\r\nabc\r\n0\r\n\r\n", id="chunk-size-0x"),
+        pytest.param(TE + b"3 \r\nabc\r\n0\r\n\r\n", id="chunk-size-space"),
+        pytest.param(TE + b"3\nabc\n0\n\n", id="chunk-bare-lf"),
+        pytest.param(TE + b"3;ext\nabc\r\n0\r\n\r\n", id="chunk-extension-bare-lf"),
+        pytest.param(TE + b"3\r\nabc\rX0\r\n\r\n", id="chunk-data-bare-cr"),
+        pytest.param(TE + b"3\r\nabc\r\n0\r\nGET", id="last-chunk-without-crlf"),
+        pytest.param(b"X-A: a\x00b\r\n\r\n", id="nul-in-value"),
+        pytest.param(b"X-A: a\rb\r\n\r\n", id="bare-cr-in-value"),
+        pytest.param(b"X A: b\r\n\r\n", id="space-in-name"),
+        pytest.param(b"X-A\r\n\r\n", id="field-without-colon"),
+    ],
+)
+async def test_more_bad_framing_gets_400_and_the_connection_closes(limited, request_bytes):
+    smuggled = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+    text = await _until_closed(limited, b"POST /echo HTTP/1.1\r\nHost: x\r\n" + request_bytes + smuggled)
+    assert text.startswith(b"HTTP/1.1 400"), text
+    assert b"Connection: close" in text and text.count(b"\r\n\r\n") == 1  # nothing smuggled answered
+    assert b"\x00" not in text and b"\x0b" not in text  # the error names the fault, not the bytes
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param(b"3;name=value\r\nabc\r\n0\r\n\r\n", id="extension"),
+        pytest.param(b'3;a="b;c";d\r\nabc\r\n0;e\r\n\r\n', id="quoted-extensions"),
+        pytest.param(b"3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n", id="trailer"),
+        pytest.param(b"000003\r\nabc\r\n0\r\n\r\n", id="leading-zeros"),
+        pytest.param(b"1\r\na\r\n2\r\nbc\r\n0\r\n\r\n", id="several-chunks"),
+    ],
+)
+async def test_valid_chunked_bodies_are_read_to_their_end(limited, chunks):
+    # Chunk extensions and trailers are read and ignored (RFC 9112 §7.1.1, §7.1.2), and the next request
+    # starts exactly where the last chunk ends.
+    bodies = await _two_bodies(
+        limited,
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunks
+        + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    assert bodies == (b"abc", b'{"hello": "world"}')
+
+
+@pytest.mark.parametrize("length", [b"3 ", b"003", b"\t3"], ids=["trailing-space", "leading-zeros", "tab"])
+async def test_content_length_with_whitespace_or_leading_zeros_frames_the_body(limited, length):
+    bodies = await _two_bodies(
+        limited,
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\nabc" % length
+        + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    assert bodies == (b"abc", b'{"hello": "world"}')
+
+
 # --- transfer codings ----------------------------------------------------------------------------------
 
 
@@ -145,15 +233,10 @@ async def test_an_absolute_form_target_is_served_by_its_path(limited, target, pa
 async def test_transfer_encoding_in_http_1_0_gets_400(limited, framing):
     # RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding MUST be taken as faulty framing; the old
     # code decoded it as chunked.
-    app = await _app(limited)
-    client = await Client.open(app.address)
-    try:
-        await client.send(b"POST /echo HTTP/1.0\r\nHost: x\r\n" + framing + b"\r\n3\r\nabc\r\n0\r\n\r\n")
-        text = await client.rest()
-        assert text.startswith(b"HTTP/1.1 400") and b"Connection: close" in text
-        assert text.count(b"\r\n\r\n") == 1
-    finally:
-        client.close()
+    chunks = b"\r\n3\r\nabc\r\n0\r\n\r\n"
+    text = await _until_closed(limited, b"POST /echo HTTP/1.0\r\nHost: x\r\n" + framing + chunks)
+    assert text.startswith(b"HTTP/1.1 400") and b"Connection: close" in text
+    assert text.count(b"\r\n\r\n") == 1
 
 
 @pytest.mark.parametrize(
@@ -191,17 +274,12 @@ async def test_transfer_codings_other_than_chunked_get_501_and_the_connection_cl
 async def test_chunked_spelled_as_rfc_9110_allows_is_chunked(limited, value):
     # Field values lose their surrounding whitespace and codings are case-insensitive (RFC 9110 §5.5,
     # §7.8 of RFC 9112): these frame the body as chunked, and the next request is read where it ends.
-    app = await _app(limited)
-    client = await Client.open(app.address)
-    try:
-        await client.send(
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n\r\n3\r\nabc\r\n0\r\n\r\n" % value
-            + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
-        )
-        assert (await client.response())[1] == b"abc"
-        assert (await client.response())[1] == b'{"hello": "world"}'
-    finally:
-        client.close()
+    bodies = await _two_bodies(
+        limited,
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n\r\n3\r\nabc\r\n0\r\n\r\n" % value
+        + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    assert bodies == (b"abc", b'{"hello": "world"}')
 
 
 # --- pipelining ----------------------------------------------------------------------------------------
@@ -341,3 +419,104 @@ async def test_each_limit_hit_is_reported_by_name(limited):
     finally:
         for client in clients:
             client.close()
+
+
+# --- slowloris -----------------------------------------------------------------------------------------
+
+
+async def _dribble(client: Client, data: bytes, stop: asyncio.Event) -> None:
+    """Send ``data`` a little at a time until ``stop`` is set or the server closes."""
+    while not stop.is_set():
+        try:
+            await client.send(data)
+        except ConnectionError:
+            return
+        await asyncio.sleep(0.25)
+
+
+async def test_hundreds_of_slow_clients_do_not_stop_normal_traffic_and_timeouts_close_them(limited):
+    # 150 heads that never end (a header field every 0.25 s) and 150 bodies sent a byte every 0.25 s: the
+    # bodies keep their connections while they keep sending (the body timeout bounds a pause, not the
+    # upload), the heads until the head timeout. Meanwhile fresh clients are answered; then each slow
+    # client gets its 408 and its connection is closed.
+    limits = ServerLimits(head_timeout_s=3, body_timeout_s=1, keepalive_timeout_s=60)
+    app = await _app(limited, limits)
+    hits: list[str] = []
+    app.server.on_limit = hits.append
+    stop = asyncio.Event()
+    heads = [await Client.open(app.address) for _ in range(150)]
+    bodies = [await Client.open(app.address) for _ in range(150)]
+    for client in heads:
+        await client.send(b"GET /hello HTTP/1.1\r\nHost: x\r\n")
+    for client in bodies:
+        await client.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+    tasks = [asyncio.create_task(_dribble(c, b"X-Slow: 1\r\n", stop)) for c in heads]
+    tasks += [asyncio.create_task(_dribble(c, b"x", stop)) for c in bodies]
+    try:
+        await eventually(lambda: len(app.server.connections) == 300)
+        for i in range(20):  # normal traffic, on fresh connections and on one kept alive
+            fresh = await Client.open(app.address)
+            try:
+                await fresh.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n%02d" % i)
+                head, body = await fresh.response()
+                assert head.startswith(b"HTTP/1.1 200 OK") and body == b"%02d" % i
+            finally:
+                fresh.close()
+            assert len(app.server.connections) >= 150  # the slow bodies were all open meanwhile
+        stop.set()  # the bodies now stall: the body timeout closes them, the head timeout the heads
+        for client in heads + bodies:
+            text = await client.rest()
+            assert text.startswith(b"HTTP/1.1 408") and b"Connection: close" in text
+        await eventually(lambda: not app.server.connections)
+        assert hits.count("head_timeout") == 150 and hits.count("body_timeout") == 150
+        assert app.server.buffered == 0
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        for client in heads + bodies:
+            client.close()
+
+
+# --- HTTP/1.0, Connection: close, Expect ---------------------------------------------------------------
+
+
+async def test_http_1_0_gets_no_100_continue_and_its_body_is_read(limited):
+    # 100 Continue is an HTTP/1.1 answer (RFC 9110 §10.1.1): an HTTP/1.0 client sends its body anyway.
+    app = await _app(limited)
+    client = await Client.open(app.address)
+    try:
+        await client.send(b"POST /echo HTTP/1.0\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        await asyncio.sleep(0.1)  # a 100 Continue, if wrongly sent, is there now
+        await client.send(b"body")
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 200 OK") and text.endswith(b"body")
+        assert b"100 Continue" not in text and b"Connection: close" in text
+    finally:
+        client.close()
+
+
+async def test_expect_100_continue_then_a_client_that_sends_nothing_gets_408(limited):
+    app = await _app(limited, ServerLimits(head_timeout_s=5, body_timeout_s=0.3, keepalive_timeout_s=5))
+    client = await Client.open(app.address)
+    try:
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        )
+        assert await client.head() == b"HTTP/1.1 100 Continue\r\n\r\n"
+        text = await client.rest()
+        assert text.startswith(b"HTTP/1.1 408") and b"Connection: close" in text
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "connection", [b"close", b"Close", b"keep-alive, close", b"close, keep-alive"], ids=str
+)
+async def test_connection_close_in_any_spelling_closes_after_the_answer(limited, connection):
+    text = await _until_closed(
+        limited,
+        b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: %s\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        % connection,
+    )
+    assert text.count(b"HTTP/1.1 200 OK") == 1 and b"Connection: close" in text
