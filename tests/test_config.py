@@ -38,6 +38,7 @@ def test_full_file(tmp_path):
         ({"gateway": {"request_head_timeout_s": 0}}, "gateway.request_head_timeout_s"),
         ({"gateway": {"request_body_timeout_s": -1}}, "gateway.request_body_timeout_s"),
         ({"gateway": {"keepalive_timeout_s": "long"}}, "gateway.keepalive_timeout_s"),
+        ({"gateway": {"send_timeout_s": 0}}, "gateway.send_timeout_s"),
         ({"gateway": {"max_connections": 0}}, "gateway.max_connections"),
         ({"gateway": {"max_buffered_bytes": 10}}, "gateway.max_buffered_bytes"),
         ({"gateway": {"max_header_bytes": 100}}, "gateway.max_header_bytes"),

@@ -31,6 +31,9 @@ class GatewayConfig(StrictModel):
         default=30.0, gt=0, description="longest pause between bytes of a request body (408)"
     )
     keepalive_timeout_s: float = Field(default=75.0, gt=0, description="idle client connections are closed")
+    send_timeout_s: float = Field(
+        default=60.0, gt=0, description="a client that reads nothing of its answer this long is disconnected"
+    )
     max_connections: int = Field(default=4096, ge=1, description="client connections beyond it get 503")
     max_buffered_bytes: int = Field(
         default=512 * 1024 * 1024,

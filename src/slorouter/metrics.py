@@ -186,7 +186,7 @@ class GatewayMetrics:
             "slorouter_http_limit_rejections",
             "Client requests or connections the gateway's HTTP server turned away at a configured limit "
             "(connections, concurrent_requests, pipelined, buffered_bytes, head_bytes, target_bytes, "
-            "head_timeout, body_timeout).",
+            "head_timeout, body_timeout, send_timeout).",
             ("limit",),
             registry=r,
         )

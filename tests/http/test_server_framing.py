@@ -324,6 +324,25 @@ async def test_a_client_that_pipelines_without_reading_is_not_answered_ahead(lim
         client.close()
 
 
+@pytest.mark.parametrize("path", [b"/hello", b"/stream"])
+async def test_a_client_that_stops_reading_its_answers_is_dropped_after_the_send_timeout(limited, path):
+    # A whole answer pipelined 20,000 times, or a stream, to a client that reads nothing: the server's write
+    # buffer stays full. The old code waited for it forever, holding the connection and its handler.
+    limits = ServerLimits(keepalive_timeout_s=60, send_timeout_s=0.5, max_pipelined=100_000)
+    app = await _app(limited, limits)
+    hits: list[str] = []
+    app.server.on_limit = hits.append
+    app.release.set()  # /stream sends its two events and ends
+    client = await _small_window_client(app)
+    writer = asyncio.create_task(client.send(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path * 20_000))
+    try:
+        await eventually(lambda: not app.server.connections)
+        assert hits == ["send_timeout"]
+    finally:
+        writer.cancel()
+        client.close()
+
+
 async def test_requests_pipelined_beyond_the_limit_get_503_after_the_answers_before_them(limited):
     app = await _app(limited, ServerLimits(max_pipelined=3))
     hits: list[str] = []

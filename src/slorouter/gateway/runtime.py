@@ -99,6 +99,7 @@ def server_limits(config: GatewayConfig) -> ServerLimits:
         head_timeout_s=config.request_head_timeout_s,
         body_timeout_s=config.request_body_timeout_s,
         keepalive_timeout_s=config.keepalive_timeout_s,
+        send_timeout_s=config.send_timeout_s,
         max_connections=config.max_connections,
         max_buffered_bytes=config.max_buffered_bytes,
         max_head_bytes=config.max_header_bytes,

@@ -4,9 +4,10 @@ aiohttp's web server costs more CPU per request than the gateway's proxying itse
 little of it: a fixed route table, whole request bodies up to a limit, plain responses and chunked streaming
 responses with back-pressure, keep-alive and pipelining, and the handler cancelled when its client goes
 away. Slow or greedy clients are bounded by ``ServerLimits``: a deadline for the request head, a longest
-pause within a body, an idle keep-alive timeout, the size of a request head and target, caps on connections,
-on requests handled at once, on requests read ahead on one connection, and on the body bytes held across all
-connections. Each time a limit turns a client away, ``HttpServer.on_limit`` is told its name.
+pause within a body, an idle keep-alive timeout, a longest time without reading the answer, the size of a
+request head and target, caps on connections, on requests handled at once, on requests read ahead on one
+connection, and on the body bytes held across all connections. Each time a limit turns a client away,
+``HttpServer.on_limit`` is told its name.
 
 Handlers are ``async def handler(request: HttpRequest) -> Response | None``; a handler that streamed its
 answer through ``request.start_stream`` returns None (or the ``Response`` it got is ignored).
@@ -48,6 +49,7 @@ class ServerLimits:
     head_timeout_s: float = 10.0  # a request head must be complete this long after its first byte (408)
     body_timeout_s: float = 30.0  # longest pause between bytes of a request body (408)
     keepalive_timeout_s: float = 75.0  # an idle connection, between requests, is closed after this
+    send_timeout_s: float = 60.0  # a client that reads none of its answer this long is dropped
     max_connections: int = 4096  # connections beyond it get 503 and are closed
     max_buffered_bytes: int = 512 * 1024 * 1024  # request-body bytes held across all connections (503)
     max_head_bytes: int = 64 * 1024  # request line and header fields of one request (431)
@@ -58,7 +60,7 @@ class ServerLimits:
     max_concurrent_requests: int = 4096  # handled at once across connections, unbounded routes aside (503)
 
     def __post_init__(self) -> None:
-        for name in ("head_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+        for name in ("head_timeout_s", "body_timeout_s", "keepalive_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         for name in (
@@ -285,6 +287,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.write_paused = False
+        self._write_paused_at = 0.0  # loop time of the last pause_writing
         self._reading_paused = False
         # Clocks of the timeouts (loop time): the last response or connect, the current head's first byte,
         # the last bytes received. The sweep compares them with the limits while no response is under way.
@@ -362,6 +365,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self._write_paused_at = self.loop.time()
 
     def resume_writing(self) -> None:
         self.write_paused = False
@@ -529,7 +533,13 @@ class _HttpProtocol(asyncio.Protocol):
     # --- timeouts (called by the server's sweep) -----------------------------------------------------
     def check_timeouts(self, now: float, limits: ServerLimits) -> None:
         if self._task is not None or self._discarding:
-            return  # a response is under way: a request read meanwhile waits for its turn, not the client
+            # A response is under way: a request read meanwhile waits for its turn, not the client. But a
+            # client that stopped reading it (the write buffer over its high-water mark, no byte taken
+            # since) would hold the connection and its handler forever.
+            if self.write_paused and now - self._write_paused_at > limits.send_timeout_s:
+                self.server.limit_hit("send_timeout")
+                self._abort()
+            return
         phase = self._phase
         if phase == _HEAD:
             if now - max(self._head_started, self.last_active) > limits.head_timeout_s:
@@ -768,7 +778,9 @@ class HttpServer:
     async def _sweep(self) -> None:
         """Enforce the timeouts: a timer per connection would cost more than this scan does."""
         limits = self.limits
-        shortest = min(limits.head_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
+        shortest = min(
+            limits.head_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s, limits.send_timeout_s
+        )
         interval = min(1.0, max(0.01, shortest / 4))
         loop = self.loop
         while True:
