@@ -275,6 +275,9 @@ class _Reject(Exception):
 
 _RETRY_LATER = b"Retry-After: 1\r\n"
 
+# Body pieces shorter than this, after the first, are copied into one buffer (see ``on_body``).
+_SMALL_PIECE = 4096
+
 # What the parser is reading: nothing (between requests), a request head, a request body.
 _IDLE, _HEAD, _BODY = 0, 1, 2
 
@@ -301,7 +304,7 @@ class _HttpProtocol(asyncio.Protocol):
         self._head_raw = 0  # bytes of the data chunks read wholly inside the current head
         self._messages = 0  # heads begun on this connection
         self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
+        self._body: list[bytes | bytearray] = []
         self._body_size = 0
         self._too_large = False
         self._held = 0  # request-body bytes of this connection counted in ``server.buffered``
@@ -464,7 +467,17 @@ class _HttpProtocol(asyncio.Protocol):
             return
         self._hold(len(body))
         self._body_size = size
-        self._body.append(body)
+        parts = self._body
+        if parts and len(body) < _SMALL_PIECE:
+            # Tiny chunks gather in one buffer: a bytes object and a list slot per 2-byte chunk cost ~65x
+            # the bytes held (8 MB of body took 565 MB), which max_buffered_bytes did not see.
+            last = parts[-1]
+            if isinstance(last, bytearray):
+                last += body
+            else:
+                parts.append(bytearray(body))
+        else:
+            parts.append(body)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
@@ -474,7 +487,8 @@ class _HttpProtocol(asyncio.Protocol):
         parser = self.parser
         request = HttpRequest(self, parser.get_method().decode("ascii", "replace"), self._url, self._headers)
         body = self._body
-        request.body = body[0] if len(body) == 1 else b"".join(body)
+        # A lone piece is the first one, never a gathering buffer.
+        request.body = cast(bytes, body[0]) if len(body) == 1 else b"".join(body)
         request.too_large = self._too_large
         request.keep_alive = parser.should_keep_alive()
         request.http10 = parser.get_http_version() == "1.0"
