@@ -526,6 +526,18 @@ async def test_hundreds_of_slow_clients_do_not_stop_normal_traffic_and_timeouts_
             client.close()
 
 
+async def test_a_connection_that_never_sends_a_byte_is_closed_by_the_keepalive_timeout(limited):
+    # The head's clock starts at its first byte; before it, the connection is idle like one between
+    # requests, and is closed without an answer.
+    app = await _app(limited, ServerLimits(head_timeout_s=60, body_timeout_s=60, keepalive_timeout_s=0.3))
+    client = await Client.open(app.address)
+    try:
+        assert await client.rest() == b""
+        await eventually(lambda: not app.server.connections)
+    finally:
+        client.close()
+
+
 # --- HTTP/1.0, Connection: close, Expect ---------------------------------------------------------------
 
 
