@@ -31,11 +31,29 @@ class GatewayConfig(StrictModel):
         default=30.0, gt=0, description="longest pause between bytes of a request body (408)"
     )
     keepalive_timeout_s: float = Field(default=75.0, gt=0, description="idle client connections are closed")
+    send_timeout_s: float = Field(
+        default=60.0, gt=0, description="a client that reads nothing of its answer this long is disconnected"
+    )
     max_connections: int = Field(default=4096, ge=1, description="client connections beyond it get 503")
     max_buffered_bytes: int = Field(
         default=512 * 1024 * 1024,
         ge=1024,
         description="request-body bytes held across all client connections; beyond it 503",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="request line and header fields of one request; beyond it 431"
+    )
+    max_header_fields: int = Field(
+        default=200, ge=8, description="header fields of one request; beyond it 431"
+    )
+    max_request_target_bytes: int = Field(
+        default=8 * 1024, ge=256, description="the request target (path and query); beyond it 414"
+    )
+    max_pipelined_requests: int = Field(
+        default=64, ge=1, description="requests read on one connection ahead of its answers; beyond it 503"
+    )
+    max_concurrent_requests: int = Field(
+        default=4096, ge=1, description="inference and model-list requests handled at once; beyond it 503"
     )
 
 

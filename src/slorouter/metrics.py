@@ -182,6 +182,14 @@ class GatewayMetrics:
             ("endpoint", "phase"),
             registry=r,
         )
+        self.http_limit_rejections = LoopCounter(
+            "slorouter_http_limit_rejections",
+            "Client requests or connections the gateway's HTTP server turned away at a configured limit "
+            "(connections, concurrent_requests, pipelined, buffered_bytes, head_bytes, target_bytes, "
+            "head_timeout, body_timeout, send_timeout).",
+            ("limit",),
+            registry=r,
+        )
         self.client_disconnects = Counter(
             "slorouter_client_disconnects", "Requests whose client went away before the end.", registry=r
         )
@@ -210,6 +218,10 @@ class GatewayMetrics:
         if child is None:
             child = self._request_children[(endpoint, code)] = self.requests.labels(endpoint, str(code))
         child.inc()
+
+    def count_http_limit(self, limit: str) -> None:
+        """``slorouter_http_limit_rejections_total{limit}`` += 1."""
+        self.http_limit_rejections.labels(limit).inc()
 
     def latency_children(self, model: str, target_model: str) -> tuple[Any, Any]:
         """The (TTFT, TPOT) histogram children of one model pair."""

@@ -333,8 +333,14 @@ async def test_the_client_limits_of_the_config_reach_the_http_server(cluster):
         "request_head_timeout_s": 1.5,
         "request_body_timeout_s": 2.5,
         "keepalive_timeout_s": 3.5,
+        "send_timeout_s": 4.5,
         "max_connections": 7,
         "max_buffered_bytes": 4096,
+        "max_header_bytes": 2048,
+        "max_header_fields": 20,
+        "max_request_target_bytes": 512,
+        "max_pipelined_requests": 3,
+        "max_concurrent_requests": 5,
     }
     router = await start_router(list(cluster.addresses), gateway=limits)
     try:
@@ -343,8 +349,41 @@ async def test_the_client_limits_of_the_config_reach_the_http_server(cluster):
             head_timeout_s=1.5,
             body_timeout_s=2.5,
             keepalive_timeout_s=3.5,
+            send_timeout_s=4.5,
             max_connections=7,
             max_buffered_bytes=4096,
+            max_head_bytes=2048,
+            max_header_fields=20,
+            max_target_bytes=512,
+            max_pipelined=3,
+            max_concurrent_requests=5,
         )
+    finally:
+        await router.stop()
+
+
+async def test_limit_hits_are_counted_in_the_gateway_metrics_and_probes_skip_the_request_cap(cluster, http):
+    router = await start_router(
+        list(cluster.addresses), gateway={"max_request_target_bytes": 256, "max_concurrent_requests": 1}
+    )
+    try:
+        host, port = router.address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /v1/models?" + b"a" * 300 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        text = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert text.startswith(b"HTTP/1.1 414")
+        assert router._server is not None
+        router._server.active = 1  # as if an inference request were being handled
+        async with http.get(f"http://{router.address}/v1/models") as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+        for path in ("/health", "/ready"):
+            async with http.get(f"http://{router.address}{path}") as r:
+                assert r.status == 200
+        async with http.get(f"http://{router.address}/metrics") as r:
+            metrics = await r.text()
+        router._server.active = 0
+        assert 'slorouter_http_limit_rejections_total{limit="target_bytes"} 1.0' in metrics
+        assert 'slorouter_http_limit_rejections_total{limit="concurrent_requests"} 1.0' in metrics
     finally:
         await router.stop()

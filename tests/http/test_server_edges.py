@@ -82,18 +82,6 @@ async def app() -> AsyncIterator[App]:
         await a.server.close()
 
 
-@pytest.fixture
-async def limited() -> AsyncIterator[list[App]]:
-    """Apps with their own limits: ``await _started(limits)`` and append; closed at the end."""
-    apps: list[App] = []
-    try:
-        yield apps
-    finally:
-        for a in apps:
-            a.release.set()
-            await a.server.close()
-
-
 # --- 100 Continue --------------------------------------------------------------------------------------
 
 
@@ -121,7 +109,9 @@ async def test_100_continue_for_a_pipelined_request_waits_for_the_streamed_respo
 async def test_no_100_continue_when_the_body_is_over_the_limit(app):
     client = await Client.open(app.address)
     try:
-        await client.send(b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+        )
         await client.send(b"x" * 5000)
         head, _ = await client.response()
         assert head.startswith(b"HTTP/1.1 413")
@@ -137,7 +127,9 @@ H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: A
 async def test_an_h2c_upgrade_offer_is_ignored_and_answered_in_http_1_1(app):
     client = await Client.open(app.address)
     try:
-        await client.send(b"GET /hello HTTP/1.1\r\n" + H2C + b"\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await client.send(
+            b"GET /hello HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
         for _ in range(2):  # the offer's answer, then the next request on the same connection
             head, body = await client.response()
             assert head.startswith(b"HTTP/1.1 200 OK")
@@ -364,7 +356,9 @@ async def test_a_parse_error_after_pipelined_requests_is_answered_after_them(app
     good = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
     client = await Client.open(app.address)
     try:
-        await client.send(good + b"a" + good + b"b" + b"POST /echo HTTP/1.1\r\nContent-Length: x\r\n\r\n")
+        await client.send(
+            good + b"a" + good + b"b" + b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n"
+        )
         assert (await client.response())[1] == b"a"
         assert (await client.response())[1] == b"b"
         assert (await client.rest()).startswith(b"HTTP/1.1 400")
@@ -375,7 +369,10 @@ async def test_a_parse_error_after_pipelined_requests_is_answered_after_them(app
 async def test_connection_close_on_http_1_1_closes_after_the_answer(app):
     client = await Client.open(app.address)
     try:
-        await client.send(b"GET /hello HTTP/1.1\r\nConnection: close\r\n\r\nGET /hello HTTP/1.1\r\n\r\n")
+        await client.send(
+            b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
         text = await client.rest()
         assert text.count(b"HTTP/1.1 200 OK") == 1 and b"Connection: close" in text
     finally:
@@ -424,7 +421,9 @@ async def test_http_1_0_keep_alive_is_honoured(app):
 async def test_ambiguous_or_bad_framing_gets_400_and_the_connection_closes(app, request_bytes):
     client = await Client.open(app.address)
     try:
-        await client.send(b"POST /echo HTTP/1.1\r\n" + request_bytes + b"GET /hello HTTP/1.1\r\n\r\n")
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\n" + request_bytes + b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
         text = await client.rest()
         assert text.startswith(b"HTTP/1.1 400"), text
         assert b"Connection: close" in text

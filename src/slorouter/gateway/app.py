@@ -68,9 +68,11 @@ class Gateway:
         server.add_route("POST", "/v1/completions", self._completions)
         server.add_route("POST", "/v1/chat/completions", self._chat_completions)
         server.add_route("GET", "/v1/models", self._models)
-        server.add_route("GET", "/health", self._health)
-        server.add_route("GET", "/ready", self._ready)
-        server.add_route("GET", "/metrics", self._metrics)
+        # Probes and metrics answer whatever the load: outside max_concurrent_requests.
+        server.add_route("GET", "/health", self._health, bounded=False)
+        server.add_route("GET", "/ready", self._ready, bounded=False)
+        server.add_route("GET", "/metrics", self._metrics, bounded=False)
+        server.on_limit = self.metrics.count_http_limit
         return server
 
     async def open(self) -> None:

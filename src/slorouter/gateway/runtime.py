@@ -93,11 +93,18 @@ class Router:
 
 
 def server_limits(config: GatewayConfig) -> ServerLimits:
-    """What the gateway's HTTP server allows its clients (slow heads and bodies, idle, connections, bytes)."""
+    """What the gateway's HTTP server allows its clients (slow heads and bodies, idle, sizes, connections,
+    requests at once and read ahead, bytes)."""
     return ServerLimits(
         head_timeout_s=config.request_head_timeout_s,
         body_timeout_s=config.request_body_timeout_s,
         keepalive_timeout_s=config.keepalive_timeout_s,
+        send_timeout_s=config.send_timeout_s,
         max_connections=config.max_connections,
         max_buffered_bytes=config.max_buffered_bytes,
+        max_head_bytes=config.max_header_bytes,
+        max_header_fields=config.max_header_fields,
+        max_target_bytes=config.max_request_target_bytes,
+        max_pipelined=config.max_pipelined_requests,
+        max_concurrent_requests=config.max_concurrent_requests,
     )

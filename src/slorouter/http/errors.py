@@ -13,12 +13,15 @@ ERROR_TYPES = {
     405: "MethodNotAllowedError",
     408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    414: "URITooLongError",
     429: "RateLimitError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
+    501: "NotImplementedError",
     502: "BadGatewayError",
     503: "ServiceUnavailableError",
     504: "GatewayTimeoutError",
+    505: "HTTPVersionNotSupportedError",
 }
 
 

@@ -4,8 +4,10 @@ aiohttp's web server costs more CPU per request than the gateway's proxying itse
 little of it: a fixed route table, whole request bodies up to a limit, plain responses and chunked streaming
 responses with back-pressure, keep-alive and pipelining, and the handler cancelled when its client goes
 away. Slow or greedy clients are bounded by ``ServerLimits``: a deadline for the request head, a longest
-pause within a body, an idle keep-alive timeout, a cap on connections and one on the body bytes held across
-all connections.
+pause within a body, an idle keep-alive timeout, a longest time without reading the answer, the size of a
+request head and target, caps on connections, on requests handled at once, on requests read ahead on one
+connection, and on the body bytes held across all connections. Each time a limit turns a client away,
+``HttpServer.on_limit`` is told its name.
 
 Handlers are ``async def handler(request: HttpRequest) -> Response | None``; a handler that streamed its
 answer through ``request.start_stream`` returns None (or the ``Response`` it got is ignored).
@@ -35,9 +37,6 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _STATUS_LINES: dict[int, bytes] = {}
 _JSON = b"application/json"
 
-# Bounds on what one request head may hold, so a client cannot grow the server's memory with headers.
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 200
 # After an error answer, how long the connection is kept open (reading and dropping what the client still
 # sends) so that closing it with unread bytes does not reset it before the client has read the answer.
 LINGER_S = 2.0
@@ -50,15 +49,31 @@ class ServerLimits:
     head_timeout_s: float = 10.0  # a request head must be complete this long after its first byte (408)
     body_timeout_s: float = 30.0  # longest pause between bytes of a request body (408)
     keepalive_timeout_s: float = 75.0  # an idle connection, between requests, is closed after this
+    send_timeout_s: float = 60.0  # a client that reads none of its answer this long is dropped
     max_connections: int = 4096  # connections beyond it get 503 and are closed
     max_buffered_bytes: int = 512 * 1024 * 1024  # request-body bytes held across all connections (503)
+    max_head_bytes: int = 64 * 1024  # request line and header fields of one request (431)
+    max_header_fields: int = 200  # header fields of one request (431)
+    # A longer request target gets 414 (RFC 9112 §3); 8 KiB is nginx's and Apache's request-line bound.
+    max_target_bytes: int = 8 * 1024
+    max_pipelined: int = 64  # requests read on one connection ahead of the one being answered (503, close)
+    max_concurrent_requests: int = 4096  # handled at once across connections, unbounded routes aside (503)
 
     def __post_init__(self) -> None:
-        for name in ("head_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+        for name in ("head_timeout_s", "body_timeout_s", "keepalive_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.max_connections < 1 or self.max_buffered_bytes < 1:
-            raise ValueError("max_connections and max_buffered_bytes must be >= 1")
+        for name in (
+            "max_connections",
+            "max_buffered_bytes",
+            "max_head_bytes",
+            "max_header_fields",
+            "max_target_bytes",
+            "max_pipelined",
+            "max_concurrent_requests",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
 
 
 def _status_line(status: int) -> bytes:
@@ -169,6 +184,8 @@ class HttpRequest:
         self._proto = proto
         self._stream: StreamWriter | None = None
         self.method = method
+        if target[:1] != b"/" and b"://" in target:
+            target = _origin_form(target)
         path, _, query = target.partition(b"?")
         self.path = path.decode("utf-8", "surrogateescape")
         self.query = query
@@ -197,6 +214,14 @@ class HttpRequest:
         writer = self._stream = StreamWriter(self._proto, self.keep_alive, chunked=not self.http10)
         writer.start(status, raw_headers)
         return writer
+
+
+def _origin_form(target: bytes) -> bytes:
+    """The path and query of an absolute-form target, which a server MUST accept (RFC 9112 §3.2.2)."""
+    rest = target.partition(b"://")[2]
+    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i != -1), default=len(rest))
+    path = rest[end:]
+    return path if path[:1] == b"/" else b"/" + path
 
 
 class StreamWriter:
@@ -237,16 +262,21 @@ class StreamWriter:
 
 
 class _Reject(Exception):
-    """Raised inside a parser callback: the request is answered with this error and the connection closed."""
+    """Raised inside a parser callback: the request is answered with this error and the connection closed.
+    ``limit`` names the ``ServerLimits`` bound that the request hit, if any."""
 
-    def __init__(self, status: int, message: str, headers: bytes = b"") -> None:
+    def __init__(self, status: int, message: str, headers: bytes = b"", limit: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.limit = limit
 
 
 _RETRY_LATER = b"Retry-After: 1\r\n"
+
+# Body pieces shorter than this, after the first, are copied into one buffer (see ``on_body``).
+_SMALL_PIECE = 4096
 
 # What the parser is reading: nothing (between requests), a request head, a request body.
 _IDLE, _HEAD, _BODY = 0, 1, 2
@@ -260,6 +290,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.write_paused = False
+        self._write_paused_at = 0.0  # loop time of the last pause_writing
         self._reading_paused = False
         # Clocks of the timeouts (loop time): the last response or connect, the current head's first byte,
         # the last bytes received. The sweep compares them with the limits while no response is under way.
@@ -269,9 +300,11 @@ class _HttpProtocol(asyncio.Protocol):
         self._phase = _IDLE
         self._drain_waiter: asyncio.Future[None] | None = None
         self._url = b""
-        self._head_size = 0
+        self._head_size = 0  # bytes of the current head's parsed request line and header fields
+        self._head_raw = 0  # bytes of the data chunks read wholly inside the current head
+        self._messages = 0  # heads begun on this connection
         self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
+        self._body: list[bytes | bytearray] = []
         self._body_size = 0
         self._too_large = False
         self._held = 0  # request-body bytes of this connection counted in ``server.buffered``
@@ -292,12 +325,15 @@ class _HttpProtocol(asyncio.Protocol):
         connections.add(self)
         limit = self.server.limits.max_connections
         if len(connections) > limit:
+            self.server.limit_hit("connections")
             self._answer_error(_Reject(503, f"too many connections (the limit is {limit})", _RETRY_LATER))
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
         self._last_data = self.loop.time()
+        in_head = self._phase == _HEAD
+        messages = self._messages
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -310,6 +346,13 @@ class _HttpProtocol(asyncio.Protocol):
                 self._fail(_Reject(400, f"malformed HTTP request: {exc}"))
         except httptools.HttpParserError as exc:
             self._fail(_Reject(400, f"malformed HTTP request: {exc}"))
+        else:
+            if in_head and self._phase == _HEAD and self._messages == messages:
+                # The whole chunk is inside one head. httptools keeps a header field's name and value to
+                # itself until the field ends, so the callbacks alone cannot bound one endless field.
+                self._head_raw += len(data)
+                if self._head_raw > self.server.limits.max_head_bytes:
+                    self._fail(self._head_too_large())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -325,6 +368,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self._write_paused_at = self.loop.time()
 
     def resume_writing(self) -> None:
         self.write_paused = False
@@ -338,6 +382,8 @@ class _HttpProtocol(asyncio.Protocol):
         self._head_started = self._last_data
         self._url = b""
         self._head_size = 0
+        self._head_raw = 0
+        self._messages += 1
         self._headers = []
         self._body = []
         self._body_size = 0
@@ -347,19 +393,24 @@ class _HttpProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._head_size += len(url)
-        if self._head_size > MAX_HEAD_BYTES:
-            raise self._head_too_large()
+        limit = self.server.limits.max_target_bytes
+        if len(self._url) > limit:
+            raise _Reject(414, f"the request target exceeds {limit} bytes", limit="target_bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
         self._head_size += len(name) + len(value) + 4
-        if self._head_size > MAX_HEAD_BYTES or len(self._headers) > MAX_HEADERS:
+        limits = self.server.limits
+        if self._head_size > limits.max_head_bytes or len(self._headers) > limits.max_header_fields:
             raise self._head_too_large()
 
-    @staticmethod
-    def _head_too_large() -> _Reject:
-        message = f"the request line and headers exceed {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} fields"
-        return _Reject(431, message)
+    def _head_too_large(self) -> _Reject:
+        limits = self.server.limits
+        message = (
+            f"the request line and headers exceed {limits.max_head_bytes} bytes "
+            f"or {limits.max_header_fields} fields"
+        )
+        return _Reject(431, message, limit="head_bytes")
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
@@ -368,14 +419,37 @@ class _HttpProtocol(asyncio.Protocol):
             self._note_upgrade_offer()
             return  # the head is parsed again without the offer; that pass does the rest
         expect_continue = False
+        hosts = 0
+        codings: list[bytes] = []
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length":
                 if value.strip().isdigit():
                     self._too_large = int(value) > self.server.max_body_bytes
+            elif lower == b"host":
+                hosts += 1
+            elif lower == b"transfer-encoding":
+                codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
             elif lower == b"expect":
                 expect_continue = value.lower() == b"100-continue"
-        if expect_continue and not self._too_large and parser.get_http_version() != "1.0":
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":  # llhttp takes HTTP/0.9 and HTTP/2.0 request lines too
+            raise _Reject(505, "only HTTP/1.1 and HTTP/1.0 are supported")
+        http10 = version == "1.0"
+        if hosts > 1 or (hosts == 0 and not http10):
+            # RFC 9112 §3.2: MUST be 400; two Host lines are a classic way to make two servers disagree.
+            message = "more than one Host header" if hosts else "an HTTP/1.1 request needs a Host header"
+            raise _Reject(400, message)
+        if codings:
+            if http10:
+                # RFC 9112 §6.1: MUST be taken as faulty framing (an HTTP/1.0 peer may not know chunked).
+                raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
+            if codings[-1] != b"chunked":  # RFC 9112 §6.3: the body's length is unknown, MUST be 400
+                raise _Reject(400, "the final transfer coding of a request must be chunked")
+            if len(codings) > 1:
+                # llhttp frames "gzip, chunked" as chunked and would hand the handler gzip bytes.
+                raise _Reject(501, "only the chunked transfer coding is implemented")
+        if expect_continue and not self._too_large and not http10:
             # curl sends this for bodies over 1 KiB, and otherwise waits a second for the go-ahead. Only the
             # request whose turn it is may get it: otherwise it would land inside an earlier response.
             if self._task is None:
@@ -393,7 +467,17 @@ class _HttpProtocol(asyncio.Protocol):
             return
         self._hold(len(body))
         self._body_size = size
-        self._body.append(body)
+        parts = self._body
+        if parts and len(body) < _SMALL_PIECE:
+            # Tiny chunks gather in one buffer: a bytes object and a list slot per 2-byte chunk cost ~65x
+            # the bytes held (8 MB of body took 565 MB), which max_buffered_bytes did not see.
+            last = parts[-1]
+            if isinstance(last, bytearray):
+                last += body
+            else:
+                parts.append(bytearray(body))
+        else:
+            parts.append(body)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
@@ -403,7 +487,8 @@ class _HttpProtocol(asyncio.Protocol):
         parser = self.parser
         request = HttpRequest(self, parser.get_method().decode("ascii", "replace"), self._url, self._headers)
         body = self._body
-        request.body = body[0] if len(body) == 1 else b"".join(body)
+        # A lone piece is the first one, never a gathering buffer.
+        request.body = cast(bytes, body[0]) if len(body) == 1 else b"".join(body)
         request.too_large = self._too_large
         request.keep_alive = parser.should_keep_alive()
         request.http10 = parser.get_http_version() == "1.0"
@@ -414,6 +499,10 @@ class _HttpProtocol(asyncio.Protocol):
         if self._task is None:
             self._task = self.loop.create_task(self._run(request))
         else:
+            limit = self.server.limits.max_pipelined
+            if len(self._pending) >= limit:  # what is read ahead is parsed whole: one read can hold thousands
+                message = f"too many pipelined requests (the limit is {limit})"
+                raise _Reject(503, message, _RETRY_LATER, limit="pipelined")
             self._pending.append(request)  # pipelined: answered in order
             self._pause_reading()
 
@@ -440,7 +529,8 @@ class _HttpProtocol(asyncio.Protocol):
     def _hold(self, size: int) -> None:
         server = self.server
         if server.buffered + size > server.limits.max_buffered_bytes:
-            raise _Reject(503, "the server holds too many request bytes; retry shortly", _RETRY_LATER)
+            message = "the server holds too many request bytes; retry shortly"
+            raise _Reject(503, message, _RETRY_LATER, limit="buffered_bytes")
         server.buffered += size
         self._held += size
 
@@ -457,17 +547,22 @@ class _HttpProtocol(asyncio.Protocol):
     # --- timeouts (called by the server's sweep) -----------------------------------------------------
     def check_timeouts(self, now: float, limits: ServerLimits) -> None:
         if self._task is not None or self._discarding:
-            return  # a response is under way: a request read meanwhile waits for its turn, not the client
+            # A response is under way: a request read meanwhile waits for its turn, not the client. But a
+            # client that stopped reading it (the write buffer over its high-water mark, no byte taken
+            # since) would hold the connection and its handler forever.
+            if self.write_paused and now - self._write_paused_at > limits.send_timeout_s:
+                self.server.limit_hit("send_timeout")
+                self._abort()
+            return
         phase = self._phase
         if phase == _HEAD:
             if now - max(self._head_started, self.last_active) > limits.head_timeout_s:
                 message = f"the request head did not arrive within {limits.head_timeout_s:g} s"
-                self._fail(_Reject(408, message))
+                self._fail(_Reject(408, message, limit="head_timeout"))
         elif phase == _BODY:
             if now - max(self._last_data, self.last_active) > limits.body_timeout_s:
-                self._fail(
-                    _Reject(408, f"the request body stalled: no bytes for {limits.body_timeout_s:g} s")
-                )
+                message = f"the request body stalled: no bytes for {limits.body_timeout_s:g} s"
+                self._fail(_Reject(408, message, limit="body_timeout"))
         elif now - max(self._last_data, self.last_active) > limits.keepalive_timeout_s:
             self._close()
 
@@ -476,6 +571,8 @@ class _HttpProtocol(asyncio.Protocol):
         while True:
             try:
                 await self._respond(request)
+                if self.write_paused:  # a client that pipelines and does not read is not answered ahead
+                    await self.drain()
             except asyncio.CancelledError:
                 self._abort()
                 raise
@@ -567,6 +664,8 @@ class _HttpProtocol(asyncio.Protocol):
     # --- errors and closing --------------------------------------------------------------------------
     def _fail(self, reason: _Reject) -> None:
         """The request being read cannot be served: answer ``reason`` in its turn, then close."""
+        if reason.limit:
+            self.server.limit_hit(reason.limit)
         self._drop_body()
         self._discarding = True  # the parser is in an error state, or the request is dropped
         if self._task is None:
@@ -617,7 +716,9 @@ class HttpServer:
     """Routes by exact path then method; unknown paths get 404, other methods 405.
 
     A body over ``max_body_bytes`` is not kept: the handler gets ``request.too_large`` and answers 413 (after
-    its own checks, such as authentication).
+    its own checks, such as authentication). Requests handled at once are capped by
+    ``limits.max_concurrent_requests`` (503 beyond it), except on the paths added with ``bounded=False``
+    (probes and metrics, which must answer under load).
     """
 
     def __init__(self, *, max_body_bytes: int, limits: ServerLimits | None = None) -> None:
@@ -627,6 +728,9 @@ class HttpServer:
         self.routes: dict[str, dict[str, Handler]] = {}
         self.connections: set[_HttpProtocol] = set()
         self.buffered = 0  # request-body bytes held across all connections
+        self.active = 0  # requests of bounded routes being handled
+        self.on_limit: Callable[[str], None] | None = None  # told the name of each limit hit
+        self._unbounded: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -638,11 +742,17 @@ class HttpServer:
             raise RuntimeError("the HTTP server has not been started")
         return self._loop
 
-    def add_route(self, method: str, path: str, handler: Handler) -> None:
+    def add_route(self, method: str, path: str, handler: Handler, *, bounded: bool = True) -> None:
         methods = self.routes.setdefault(path, {})
         methods[method] = handler
         if method == "GET":
             methods.setdefault("HEAD", handler)
+        if not bounded:
+            self._unbounded.add(path)
+
+    def limit_hit(self, name: str) -> None:
+        if self.on_limit is not None:
+            self.on_limit(name)
 
     async def dispatch(self, request: HttpRequest) -> Response | None:
         methods = self.routes.get(request.path)
@@ -655,7 +765,19 @@ class HttpServer:
                 f"method {request.method} is not allowed on {request.path}",
                 headers={"Allow": ",".join(sorted(methods))},
             )
-        return await handler(request)
+        if request.path in self._unbounded:
+            return await handler(request)
+        limit = self.limits.max_concurrent_requests
+        if self.active >= limit:
+            self.limit_hit("concurrent_requests")
+            return json_error(
+                503, f"too many requests at once (the limit is {limit})", headers={"Retry-After": "1"}
+            )
+        self.active += 1
+        try:
+            return await handler(request)
+        finally:
+            self.active -= 1
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         check_header_lines(self.extra_headers)
@@ -670,7 +792,9 @@ class HttpServer:
     async def _sweep(self) -> None:
         """Enforce the timeouts: a timer per connection would cost more than this scan does."""
         limits = self.limits
-        shortest = min(limits.head_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
+        shortest = min(
+            limits.head_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s, limits.send_timeout_s
+        )
         interval = min(1.0, max(0.01, shortest / 4))
         loop = self.loop
         while True:
