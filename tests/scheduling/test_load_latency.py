@@ -76,14 +76,16 @@ def test_the_pooled_fit_recovers_a_linear_pool():
 
 
 def test_a_slower_pod_learns_its_speed_relative_to_the_pool():
-    """2.2× slower, learned as about 2× (the shrinkage towards the pool keeps ~15 % of the log ratio back at
-    the default prior of 16 samples against a decayed count of ~92); the pool's typical pod stays at 1."""
-    fit = LoadLatencyFit()
+    """2.2× slower, learned as about 2× (the prior keeps some of it back); the pool's typical pod stays at 1.
+    Its fixed costs (20 ms against up to 1.6 s of prompt work here) carry little evidence, so their speed
+    stays nearer the prior; the expectation, dominated by the work, is still about 2× the fast pods'."""
+    fit = LoadLatencyFit(speed_prior_samples=16.0)
     _train(fit, ["fast1", "fast2", "slow"], {"fast1": 1.0, "fast2": 1.0, "slow": 2.2}, 1500)
     fast1, fast2, slow = (np.array(fit.speeds.of(p)) for p in ("fast1", "fast2", "slow"))
-    fast = np.sqrt(fast1 * fast2)
-    assert np.all((slow / fast >= 1.8) & (slow / fast <= 2.3)), slow / fast
-    np.testing.assert_allclose(fast1, fast2, rtol=0.05)
+    fixed_ratio, work_ratio = slow / np.sqrt(fast1 * fast2)
+    assert 1.8 <= work_ratio <= 2.3
+    assert 1.1 <= fixed_ratio <= 2.3
+    np.testing.assert_allclose(fast1, fast2, rtol=0.1)
     terms = _terms(np.array([8_000.0, 8_000.0]))
     expected = fit.expected_ms(terms, ["fast1", "slow"])
     assert expected is not None
@@ -93,7 +95,7 @@ def test_a_slower_pod_learns_its_speed_relative_to_the_pool():
 def test_a_pod_slow_only_in_compute_is_slow_on_long_prompts_and_not_on_short_ones():
     """An A100 among H100s: its fixed costs (weight reads) 1.6× slower, its prompt work 3.2×. One factor would
     be learned between the two and be wrong for both; the two speeds are learned apart."""
-    fit = LoadLatencyFit()
+    fit = LoadLatencyFit(speed_prior_samples=16.0)
     speeds: dict[str, float | tuple[float, float]] = {"h1": 1.0, "h2": 1.0, "h3": 1.0, "a100": (1.6, 3.2)}
     _train(fit, list(speeds), speeds, 3000, max_work=2_000.0)
     base = np.sqrt(np.array(fit.speeds.of("h1")) * np.array(fit.speeds.of("h2")))
@@ -104,6 +106,20 @@ def test_a_pod_slow_only_in_compute_is_slow_on_long_prompts_and_not_on_short_one
     on_short, on_long = fit.expected_ms(short, ["h1", "a100"]), fit.expected_ms(long, ["h1", "a100"])
     assert on_short is not None and on_long is not None
     assert on_short[1] / on_short[0] < 2.0 < 2.4 < on_long[1] / on_long[0]
+
+
+def test_speeds_are_learned_only_from_first_tokens_that_did_not_queue():
+    """Where requests queue, the pooled fit's misfit grows with the queue: no pod takes it for slowness."""
+    fit = LoadLatencyFit(speed_prior_samples=16.0)
+    _train(fit, ["a", "b"], {"a": 1.0, "b": 1.0}, 400)
+    before = fit.speeds.of("b")
+    queued = load_terms(np.array([0.0]), np.array([1_000.0]), np.array([0.0]), np.array([5.0]))[0]
+    slot_wait = load_terms(np.array([0.0]), np.array([1_000.0]), np.array([0.0]), None, np.array([300.0]))[0]
+    for terms in (queued, slot_wait):
+        for _ in range(50):
+            fit.observe("b", terms, 5_000.0)
+    assert fit.speeds.of("b") == before
+    assert fit.samples == 500  # the pooled fit still learns from them
 
 
 def test_an_unknown_pod_starts_at_the_pools_speed():
