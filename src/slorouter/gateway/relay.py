@@ -3,7 +3,8 @@
 The request body goes upstream unchanged; the response comes back chunk by chunk, observed on the way
 (``slorouter.api.stream``) so the Director's lifecycle sees the first token, the tokens, the reply text
 and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``,
-so the gateway can try another endpoint.
+so the gateway can try another endpoint; one that fails mid-stream ends the client's stream with an
+OpenAI-style error event and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ NOT_FORWARDED = HOP_BY_HOP | {
 }
 # The gateway's server writes its own Date; the upstream's would be a duplicate.
 _NOT_RETURNED = NOT_FORWARDED | {b"date"}
+_SSE_DONE = b"data: [DONE]\n\n"
 
 
 class UpstreamFailedError(Exception):
@@ -113,7 +115,9 @@ class Relay:
                 except UpstreamError as exc:
                     self._metrics.upstream_failures.labels(address, "stream").inc()
                     lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
-                    await writer.write(sse_error_event(502, f"the model server {address} failed mid-stream"))
+                    event = sse_error_event(502, f"the model server {address} failed mid-stream")
+                    # The event is OpenAI's error shape; [DONE] tells a client's SDK the stream is over.
+                    await writer.write(event + _SSE_DONE)
                     break
             lifecycle.on_complete(usage=observer.finish())
             self._outcomes.record(lifecycle)
