@@ -2,9 +2,9 @@
 
 The request body goes upstream unchanged; the response comes back chunk by chunk, observed on the way
 (``slorouter.api.stream``) so the Director's lifecycle sees the first token, the tokens, the reply text
-and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``,
-so the gateway can try another endpoint; one that fails mid-stream ends the client's stream with an
-OpenAI-style error event and ``data: [DONE]``.
+and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``
+(its status for the client, and whether another endpoint may be tried); one that fails mid-stream ends
+the client's stream with an OpenAI-style error event and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from slorouter.director import RequestLifecycle
 from slorouter.http.errors import sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
-from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from slorouter.http.upstream import (
+    UpstreamClient,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 from slorouter.metrics import GatewayMetrics
 from slorouter.serving.headers import (
     ENDPOINT_HEADER,
@@ -38,7 +44,25 @@ _SSE_DONE = b"data: [DONE]\n\n"
 
 
 class UpstreamFailedError(Exception):
-    """The upstream failed before any byte reached the client; another endpoint may be tried."""
+    """The upstream failed before any byte reached the client.
+
+    ``status`` is what the client gets if no other endpoint answers (502, or 504 when a timeout expired);
+    ``retryable`` whether another endpoint may be tried (not after a timeout: the client waited long
+    enough); ``phase`` labels the failure metric (``connect``, ``timeout``).
+    """
+
+    def __init__(self, message: str, *, status: int = 502, retryable: bool = True, phase: str = "connect"):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.phase = phase
+
+
+def _failed(address: str, exc: UpstreamError) -> UpstreamFailedError:
+    message = f"{address}: {exc.__class__.__name__}: {exc}"
+    if isinstance(exc, UpstreamTimeoutError):
+        return UpstreamFailedError(message, status=504, retryable=False, phase="timeout")
+    return UpstreamFailedError(message, phase="connect")
 
 
 class Relay:
@@ -63,8 +87,9 @@ class Relay:
         try:
             upstream = await self._client.request(address, "POST", path, forward_head, body)
         except UpstreamError as exc:
-            lifecycle.on_complete(error=f"connect: {exc.__class__.__name__}")
-            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+            phase = "connect" if isinstance(exc, UpstreamConnectError) else "response"
+            lifecycle.on_complete(error=f"{phase}: {exc.__class__.__name__}")
+            raise _failed(address, exc) from exc
         try:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
             lifecycle.on_headers(upstream.status, streaming)
@@ -81,7 +106,7 @@ class Relay:
             body = await upstream.read()
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
-            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+            raise _failed(address, exc) from exc
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
         if error is None:
             observe_body(lifecycle, body, lifecycle.request.history_form)
@@ -99,7 +124,7 @@ class Relay:
             first = await upstream.next_chunk()
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
-            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+            raise _failed(address, exc) from exc
         if not first:
             lifecycle.on_complete(error="empty stream")
             raise UpstreamFailedError(f"{address}: closed the stream before sending anything")
@@ -115,7 +140,11 @@ class Relay:
                 except UpstreamError as exc:
                     self._metrics.upstream_failures.labels(address, "stream").inc()
                     lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
-                    event = sse_error_event(502, f"the model server {address} failed mid-stream")
+                    if isinstance(exc, UpstreamTimeoutError):
+                        message = f"the model server {address} timed out mid-stream ({exc})"
+                        event = sse_error_event(504, message)
+                    else:
+                        event = sse_error_event(502, f"the model server {address} failed mid-stream")
                     # The event is OpenAI's error shape; [DONE] tells a client's SDK the stream is over.
                     await writer.write(event + _SSE_DONE)
                     break

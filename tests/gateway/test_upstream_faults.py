@@ -1,0 +1,66 @@
+"""What the gateway answers when a model server misbehaves (scripted fake upstreams, in-process); the same
+faults against real processes: tests/reliability."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from tests.gateway.conftest import FakeUpstream, eventually, start_router
+
+BODY = {"model": "fake", "prompt": "hi", "max_tokens": 4}
+TIMEOUTS = {"upstream_first_byte_timeout_s": 0.3, "upstream_idle_timeout_s": 0.3}
+
+
+def _inflight(router) -> int:
+    return int(router.pool.columns["inflight_requests"].sum())
+
+
+async def _hang(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    await asyncio.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+async def test_an_upstream_that_hangs_gets_504_without_retry(http):
+    hanging = [await FakeUpstream(_hang).start() for _ in range(2)]
+    router = await start_router([u.address for u in hanging], gateway=TIMEOUTS)
+    try:
+        for stream in (False, True):
+            body = {**BODY, "stream": stream}
+            async with http.post(f"http://{router.address}/v1/completions", json=body) as resp:
+                assert resp.status == 504
+                error = (await resp.json())["error"]
+            assert error["type"] == "GatewayTimeoutError"
+            assert "no response byte within 0.3 s" in error["message"]
+        assert sum(u.calls for u in hanging) == 2  # one per request: a timeout is not retried
+        await eventually(lambda: _inflight(router) == 0)
+    finally:
+        await router.stop()
+        for upstream in hanging:
+            await upstream.close()
+
+
+async def test_a_stream_that_stalls_ends_with_a_504_error_event_and_done(http):
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n')
+        await asyncio.sleep(3600)
+        return response
+
+    upstream = await FakeUpstream(stalls).start()
+    router = await start_router([upstream.address], gateway=TIMEOUTS)
+    try:
+        body = {**BODY, "stream": True}
+        async with http.post(f"http://{router.address}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            text = (await resp.read()).decode()
+        assert text.endswith("data: [DONE]\n\n")
+        assert '"code": 504' in text and "stalled" in text
+        await eventually(lambda: _inflight(router) == 0)
+    finally:
+        await router.stop()
+        await upstream.close()
