@@ -64,3 +64,61 @@ async def test_a_stream_that_stalls_ends_with_a_504_error_event_and_done(http):
     finally:
         await router.stop()
         await upstream.close()
+
+
+async def _not_json(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    return web.Response(body=b"<html>oops</html>", content_type="text/html")
+
+
+async def _not_sse(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"this is not server-sent events\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _first_event_cut(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b'data: {"choices": [{"ind')
+    assert request.transport is not None
+    request.transport.abort()
+    return response
+
+
+async def test_bad_answers_before_any_byte_are_retried_then_502(cluster, http):
+    for handler, stream, needle in (
+        (_not_json, False, "not a JSON object"),
+        (_not_sse, True, "not SSE"),
+        (_first_event_cut, True, "closed before the response was complete"),
+    ):
+        bad = await FakeUpstream(handler).start()
+        other_bad = await FakeUpstream(handler).start()
+        router = await start_router([bad.address, cluster.addresses[0]])
+        only_bad = await start_router([bad.address, other_bad.address])
+        try:
+            body = {"model": cluster.model, "prompt": "hi", "max_tokens": 3, "stream": stream}
+            for _ in range(20):  # until the bad endpoint was picked first at least once
+                async with http.post(f"http://{router.address}/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["x-slorouter-endpoint"] == cluster.addresses[0]
+                    assert b'"error"' not in await resp.read()
+                if bad.calls:
+                    break
+            assert bad.calls >= 1
+            async with http.post(f"http://{only_bad.address}/v1/completions", json=body) as resp:
+                assert resp.status == 502
+                error = (await resp.json())["error"]
+            assert needle in error["message"] and error["type"] == "BadGatewayError"
+            assert "slorouter_upstream_retries_total 1.0" in only_bad.metrics.render().decode()
+            routers = (router, only_bad)
+            await eventually(lambda rs=routers: all(_inflight(r) == 0 for r in rs))
+        finally:
+            await router.stop()
+            await only_bad.stop()
+            await bad.close()
+            await other_bad.close()

@@ -41,6 +41,9 @@ NOT_FORWARDED = HOP_BY_HOP | {
 # The gateway's server writes its own Date; the upstream's would be a duplicate.
 _NOT_RETURNED = NOT_FORWARDED | {b"date"}
 _SSE_DONE = b"data: [DONE]\n\n"
+_HOLD_BYTES = 1 << 20  # a first event longer than this is relayed before it is whole
+# How an SSE body may begin (a field name or a comment), after optional blank lines.
+_SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
 class UpstreamFailedError(Exception):
@@ -48,7 +51,7 @@ class UpstreamFailedError(Exception):
 
     ``status`` is what the client gets if no other endpoint answers (502, or 504 when a timeout expired);
     ``retryable`` whether another endpoint may be tried (not after a timeout: the client waited long
-    enough); ``phase`` labels the failure metric (``connect``, ``timeout``).
+    enough); ``phase`` labels the failure metric (``connect``, ``timeout``, ``invalid``).
     """
 
     def __init__(self, message: str, *, status: int = 502, retryable: bool = True, phase: str = "connect"):
@@ -63,6 +66,20 @@ def _failed(address: str, exc: UpstreamError) -> UpstreamFailedError:
     if isinstance(exc, UpstreamTimeoutError):
         return UpstreamFailedError(message, status=504, retryable=False, phase="timeout")
     return UpstreamFailedError(message, phase="connect")
+
+
+def looks_like_json(body: bytes) -> bool:
+    """A cheap shape check of a JSON object body (no parse): ``{`` ... ``}`` around optional white space."""
+    stripped = body.strip()
+    return stripped[:1] == b"{" and stripped[-1:] == b"}"
+
+
+def looks_like_sse(first: bytes) -> bool:
+    """Whether an SSE body may begin with ``first`` (only the first event is checked)."""
+    head = first.lstrip(b"\r\n")[:6]
+    if not head:
+        return True  # blank lines only: nothing to judge yet
+    return any(head.startswith(start) or start.startswith(head) for start in _SSE_STARTS)
 
 
 class Relay:
@@ -107,6 +124,10 @@ class Relay:
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise _failed(address, exc) from exc
+        if upstream.status < 300 and not looks_like_json(body):
+            lifecycle.on_complete(error="invalid JSON answer")
+            message = f"{address}: answered {upstream.status} with a body that is not a JSON object"
+            raise UpstreamFailedError(message, phase="invalid")
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
         if error is None:
             observe_body(lifecycle, body, lifecycle.request.history_form)
@@ -118,16 +139,25 @@ class Relay:
         self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse
     ) -> None:
         address = lifecycle.target.address
-        # Hold the client's headers back until the first chunk arrives, so that an upstream that dies
-        # before sending anything can still be retried elsewhere.
+        # Hold the client's headers back until the first whole event arrives (or _HOLD_BYTES of it), so
+        # that an upstream that dies before sending one can still be retried elsewhere.
+        first = b""
         try:
-            first = await upstream.next_chunk()
+            while True:
+                chunk = await upstream.next_chunk()
+                first += chunk
+                if not chunk or b"\n\n" in first or b"\r\n\r\n" in first or len(first) >= _HOLD_BYTES:
+                    break
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise _failed(address, exc) from exc
-        if not first:
+        if not chunk:
             lifecycle.on_complete(error="empty stream")
-            raise UpstreamFailedError(f"{address}: closed the stream before sending anything")
+            what = "anything" if not first else "a whole event"
+            raise UpstreamFailedError(f"{address}: closed the stream before sending {what}")
+        if not looks_like_sse(first):
+            lifecycle.on_complete(error="invalid SSE")
+            raise UpstreamFailedError(f"{address}: answered a stream that is not SSE", phase="invalid")
         observer = StreamObserver(lifecycle, lifecycle.request.history_form)
         chunk = first
         try:
