@@ -35,6 +35,9 @@ class GatewayConfig(StrictModel):
         description="longest pause between the upstream's response bytes; then 504, or mid-stream an error "
         "event",
     )
+    max_upstream_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="a non-streamed upstream answer larger gets 502"
+    )
     retry_on_upstream_failure: bool = True
     request_head_timeout_s: float = Field(
         default=10.0, gt=0, description="a request head must be whole this long after its first byte (408)"

@@ -122,3 +122,22 @@ async def test_bad_answers_before_any_byte_are_retried_then_502(cluster, http):
             await only_bad.stop()
             await bad.close()
             await other_bad.close()
+
+
+async def test_a_body_over_the_bound_gets_502_without_retry(http):
+    async def huge(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.Response(body=b'{"pad": "' + b"x" * 300_000 + b'"}', content_type="application/json")
+
+    upstreams = [await FakeUpstream(huge).start() for _ in range(2)]
+    router = await start_router([u.address for u in upstreams], gateway={"max_upstream_body_bytes": 100_000})
+    try:
+        async with http.post(f"http://{router.address}/v1/completions", json=BODY) as resp:
+            assert resp.status == 502
+            assert "larger than 100000 bytes" in (await resp.json())["error"]["message"]
+        assert sum(u.calls for u in upstreams) == 1
+        await eventually(lambda: _inflight(router) == 0)
+    finally:
+        await router.stop()
+        for upstream in upstreams:
+            await upstream.close()

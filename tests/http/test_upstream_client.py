@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from slorouter.http.upstream import (
+    UpstreamBodyTooLargeError,
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,
@@ -413,3 +414,17 @@ async def test_idle_timeout_does_not_expire_while_bytes_keep_coming(server):
             resp.release()
     finally:
         await client.close()
+
+
+async def test_a_body_over_the_bound_is_refused_and_its_connection_closed(server, client):
+    for query in ("", "?chunked"):  # announced by Content-Length, or found while reading
+        resp = await client.request(server.address, "GET", "/big" + query)
+        try:
+            with pytest.raises(UpstreamBodyTooLargeError, match="larger than 65536 bytes"):
+                await resp.read(max_bytes=65536)
+        finally:
+            resp.release()
+        assert not client._pools[server.address].idle
+    resp = await client.request(server.address, "GET", "/big")
+    assert await resp.read(max_bytes=len(BIG)) == BIG
+    resp.release()

@@ -82,7 +82,12 @@ class Gateway:
             first_byte_timeout=config.upstream_first_byte_timeout_s,
             idle_timeout=config.upstream_idle_timeout_s,
         )
-        self._relay = Relay(self._client, self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
+        self._relay = Relay(
+            self._client,
+            self.metrics,
+            e2e_as_ttft=self.director.predicts_end_to_end,
+            max_body_bytes=config.max_upstream_body_bytes,
+        )
 
     async def close(self) -> None:
         if self._client is not None:

@@ -15,6 +15,7 @@ from slorouter.http.errors import sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
 from slorouter.http.upstream import (
+    UpstreamBodyTooLargeError,
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,
@@ -51,7 +52,7 @@ class UpstreamFailedError(Exception):
 
     ``status`` is what the client gets if no other endpoint answers (502, or 504 when a timeout expired);
     ``retryable`` whether another endpoint may be tried (not after a timeout: the client waited long
-    enough); ``phase`` labels the failure metric (``connect``, ``timeout``, ``invalid``).
+    enough); ``phase`` labels the failure metric (``connect``, ``timeout``, ``invalid``, ``too-large``).
     """
 
     def __init__(self, message: str, *, status: int = 502, retryable: bool = True, phase: str = "connect"):
@@ -65,6 +66,8 @@ def _failed(address: str, exc: UpstreamError) -> UpstreamFailedError:
     message = f"{address}: {exc.__class__.__name__}: {exc}"
     if isinstance(exc, UpstreamTimeoutError):
         return UpstreamFailedError(message, status=504, retryable=False, phase="timeout")
+    if isinstance(exc, UpstreamBodyTooLargeError):
+        return UpstreamFailedError(message, retryable=False, phase="too-large")
     return UpstreamFailedError(message, phase="connect")
 
 
@@ -85,8 +88,16 @@ def looks_like_sse(first: bytes) -> bool:
 class Relay:
     """Proxies dispatched requests over one pooled upstream client and records their outcome."""
 
-    def __init__(self, client: UpstreamClient, metrics: GatewayMetrics, *, e2e_as_ttft: bool) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        metrics: GatewayMetrics,
+        *,
+        e2e_as_ttft: bool,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self._client = client
+        self._max_body_bytes = max_body_bytes
         self._metrics = metrics
         self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft)
         self._own_headers: dict[tuple[str, str], bytes] = {}
@@ -120,7 +131,7 @@ class Relay:
     async def _relay_whole(self, lifecycle: RequestLifecycle, upstream: UpstreamResponse) -> Response:
         address = lifecycle.target.address
         try:
-            body = await upstream.read()
+            body = await upstream.read(self._max_body_bytes)
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise _failed(address, exc) from exc

@@ -4,7 +4,8 @@ aiohttp's ClientSession costs more CPU per request than the rest of the proxy to
 only what the gateway needs: one request at a time per connection (no pipelining), per-endpoint keep-alive
 pools, Content-Length, chunked and read-until-close bodies (parsed by httptools/llhttp), body chunks handed
 over as they arrive (SSE), a connect timeout, a first-byte timeout (request sent → first response byte),
-an idle timeout (longest pause between response bytes) and a total timeout per request.
+an idle timeout (longest pause between response bytes) and a total timeout per request, and a bound on a
+body read whole.
 
 A connection goes back to its pool only after a complete response that allows keep-alive; anything else
 (an error, a timeout, cancellation, a response abandoned before its end) closes it, so the model server
@@ -43,6 +44,10 @@ class UpstreamTimeoutError(UpstreamError):
         self.phase = phase
 
 
+class UpstreamBodyTooLargeError(UpstreamError):
+    """A body read whole (``read(max_bytes=...)``) is larger than the bound."""
+
+
 class UpstreamResponse:
     """Status, headers and body of one upstream response. Call ``release()`` when done with it."""
 
@@ -53,6 +58,7 @@ class UpstreamResponse:
         "_done",
         "_error",
         "_keep_alive",
+        "_limit",
         "_waiter",
         "_whole",
         "headers",
@@ -70,6 +76,7 @@ class UpstreamResponse:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._whole = False  # read() wants the whole body: buffering it all is the point, never pause
+        self._limit = 0  # read()'s bound on the body (0: none)
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower-case bytes), decoded."""
@@ -82,8 +89,15 @@ class UpstreamResponse:
     def complete(self) -> bool:
         return self._done
 
-    async def read(self) -> bytes:
-        """The whole body; raises ``UpstreamError`` if the response fails before its end."""
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The whole body; raises ``UpstreamError`` if the response fails before its end, and
+        ``UpstreamBodyTooLargeError`` (closing the connection) once it holds more than ``max_bytes``."""
+        if max_bytes is not None:
+            self._limit = max_bytes
+            length = self.header(b"content-length") or ""
+            announced = int(length) if length.strip().isdigit() else 0
+            if max(announced, self._buffered) > max_bytes:
+                self._too_large()
         self._whole = True
         conn = self._conn
         if conn is not None and conn.paused:
@@ -148,7 +162,17 @@ class UpstreamResponse:
         self._buffered += len(data)
         if self._buffered > _PAUSE_READING_AT and not self._whole and self._conn is not None:
             self._conn.pause()
+        if self._limit and self._buffered > self._limit:
+            self._too_large()
         self._wake()
+
+    def _too_large(self) -> None:
+        self._chunks.clear()
+        self._buffered = 0
+        self._error = UpstreamBodyTooLargeError(f"the response body is larger than {self._limit} bytes")
+        self._wake()
+        if self._conn is not None:
+            self._conn.abort()
 
     def _finish(self, keep_alive: bool) -> None:
         self._done = True
