@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiohttp import web
 
+from slorouter.gateway.relay import looks_like_json, looks_like_sse
 from tests.gateway.conftest import FakeUpstream, eventually, start_router
 
 BODY = {"model": "fake", "prompt": "hi", "max_tokens": 4}
@@ -141,3 +143,21 @@ async def test_a_body_over_the_bound_gets_502_without_retry(http):
         await router.stop()
         for upstream in upstreams:
             await upstream.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "json_shaped"),
+    [(b'{"a": 1}', True), (b' \n{"a": 1}\r\n', True), (b"{}", True), (b"{", False), (b"", False),
+     (b"  ", False), (b"<html>", False), (b'{"a": ', False)],
+)  # fmt: skip
+def test_the_json_shape_check(body, json_shaped):
+    assert looks_like_json(body) is json_shaped
+
+
+@pytest.mark.parametrize(
+    ("first", "sse"),
+    [(b"data: x\n\n", True), (b"\n\ndata: x", True), (b": ping\n\n", True), (b"da", True),
+     (b"event: e\n", True), (b"\r\n", True), (b"this is not", False), (b"{json}", False)],
+)  # fmt: skip
+def test_the_sse_start_check(first, sse):
+    assert looks_like_sse(first) is sse

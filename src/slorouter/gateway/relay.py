@@ -71,18 +71,29 @@ def _failed(address: str, exc: UpstreamError) -> UpstreamFailedError:
     return UpstreamFailedError(message, phase="connect")
 
 
+_WHITE = frozenset(b" \t\r\n")
+
+
 def looks_like_json(body: bytes) -> bool:
-    """A cheap shape check of a JSON object body (no parse): ``{`` ... ``}`` around optional white space."""
-    stripped = body.strip()
-    return stripped[:1] == b"{" and stripped[-1:] == b"}"
+    """A cheap shape check of a JSON object body (no parse, no copy): ``{`` ... ``}`` around optional white
+    space."""
+    start, end = 0, len(body)
+    while start < end and body[start] in _WHITE:
+        start += 1
+    while end > start and body[end - 1] in _WHITE:
+        end -= 1
+    return end - start >= 2 and body[start] == 0x7B and body[end - 1] == 0x7D  # { }
 
 
 def looks_like_sse(first: bytes) -> bool:
     """Whether an SSE body may begin with ``first`` (only the first event is checked)."""
-    head = first.lstrip(b"\r\n")[:6]
+    start = 0
+    while start < len(first) and first[start] in (0x0D, 0x0A):  # blank lines
+        start += 1
+    head = first[start : start + 6]
     if not head:
         return True  # blank lines only: nothing to judge yet
-    return any(head.startswith(start) or start.startswith(head) for start in _SSE_STARTS)
+    return any(head.startswith(prefix) or prefix.startswith(head) for prefix in _SSE_STARTS)
 
 
 class Relay:
