@@ -28,6 +28,11 @@ from tests.processes import wait_for_line
 
 MODEL = "sim-llama3-8b"
 CLI = [sys.executable, "-c", "import sys; from slorouter.cli import main; sys.exit(main())"]
+_INFLIGHT = (
+    "slorouter_inflight_requests",
+    "slorouter_inflight_prefill_tokens",
+    "slorouter_inflight_decode_tokens",
+)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
@@ -208,7 +213,11 @@ class GatewayProcess:
         return self.metric("slorouter_endpoint_healthy").get(f'{{endpoint="{address}"}}') == 1.0
 
     def inflight(self) -> dict[str, float]:
-        return self.metric("slorouter_inflight_requests")
+        """The in-flight gauges (requests, prefill and decode tokens) of every endpoint."""
+        page = self.metrics()
+        return {
+            f"{name}{labels}": value for name in _INFLIGHT for labels, value in samples(page, name).items()
+        }
 
     def fds(self) -> int:
         assert self.process is not None
@@ -222,7 +231,8 @@ class GatewayProcess:
         """In-flight gauges back to exactly zero (released once: never negative) and no descriptor growth
         beyond ``slack`` (kept-alive upstream connections and scrapes come and go)."""
         wait_until(lambda: all(v == 0 for v in self.inflight().values()), 10, "in-flight back to 0")
-        assert all(v == 0 for v in self.inflight().values()), self.inflight()
+        gauges = self.inflight()
+        assert len(gauges) >= 3 and all(v == 0 for v in gauges.values()), gauges
         wait_until(lambda: self.fds() <= baseline_fds + slack, 10, f"fds back to {baseline_fds}+{slack}")
 
 
