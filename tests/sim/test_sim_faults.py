@@ -101,6 +101,9 @@ async def test_admin_api_validates_lists_and_clears(pod, http):
     await inject(http, pod, fault="metrics-garbage")
     async with http.get(url) as resp:
         assert [f["fault"] for f in (await resp.json())["faults"]] == ["status", "metrics-garbage"]
+    async with http.delete(url + "?name=status") as resp:
+        assert resp.status == 400
+        assert "?fault=NAME" in (await resp.json())["error"]["message"]
     async with http.delete(url + "?fault=status") as resp:
         assert (await resp.json())["cleared"] == 1
     async with http.delete(url) as resp:

@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import math
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -449,8 +450,11 @@ class SimPod:
         return _json_response({"fault": fault.describe(), "faults": self.faults.describe()})
 
     async def _clear_faults(self, request: HttpRequest) -> Response:
-        name = request.query.decode("latin-1").removeprefix("fault=") or None
-        cleared = self.faults.clear(name)
+        query = urllib.parse.parse_qs(request.query.decode("latin-1"), keep_blank_values=True)
+        if set(query) - {"fault"} or len(query.get("fault", ())) > 1:
+            return json_error(400, "DELETE /admin/faults takes at most one query parameter: ?fault=NAME")
+        names = query.get("fault")
+        cleared = self.faults.clear(names[0] if names else None)
         return _json_response({"cleared": cleared, "faults": self.faults.describe()})
 
 
