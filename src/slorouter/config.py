@@ -23,6 +23,21 @@ class GatewayConfig(StrictModel):
     api_keys: list[str] = Field(default_factory=list, description="if set, Authorization: Bearer is checked")
     connect_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="whole upstream response")
+    upstream_first_byte_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="request sent → the upstream's first response byte (a JSON answer's comes when it is "
+        "whole); then 504",
+    )
+    upstream_idle_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="longest pause between the upstream's response bytes; then 504, or mid-stream an error "
+        "event",
+    )
+    max_upstream_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="a non-streamed upstream answer larger gets 502"
+    )
     retry_on_upstream_failure: bool = True
     request_head_timeout_s: float = Field(
         default=10.0, gt=0, description="a request head must be whole this long after its first byte (408)"

@@ -178,7 +178,8 @@ class GatewayMetrics:
         )
         self.upstream_failures = Counter(
             "slorouter_upstream_failures",
-            "Upstream failures by endpoint and phase (connect: before any byte; stream: mid-response).",
+            "Upstream failures by endpoint and phase (connect, invalid, timeout, too-large: before any "
+            "byte reached the client; stream: mid-response).",
             ("endpoint", "phase"),
             registry=r,
         )

@@ -138,7 +138,10 @@ async def test_endpoint_killed_mid_stream_ends_with_an_error_event(http):
             assert resp.status == 200
             text = (await resp.read()).decode()
         assert text.count('"text"') == 3
-        assert '"error"' in text
+        # An OpenAI-style error event, then [DONE]: a client's SDK ends the stream instead of waiting.
+        error_event, done = text.rstrip("\n").split("\n\n")[-2:]
+        assert json.loads(error_event.removeprefix("data: "))["error"]["code"] == 502
+        assert done == "data: [DONE]"
         await eventually(lambda: int(router.pool.columns["inflight_requests"].sum()) == 0)
         metrics = router.metrics.render().decode()
         assert (

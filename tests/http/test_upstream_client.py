@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from slorouter.http.upstream import (
+    UpstreamBodyTooLargeError,
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,
@@ -377,3 +378,53 @@ async def test_a_streamed_body_larger_than_the_read_pause_mark_arrives_in_chunks
         assert received == BIG
     finally:
         resp.release()
+
+
+async def test_first_byte_timeout_expires_before_the_total_timeout(server):
+    client = UpstreamClient(connect_timeout=5, total_timeout=30, first_byte_timeout=0.2)
+    try:
+        with pytest.raises(UpstreamTimeoutError, match=r"no response byte within 0\.2 s") as info:
+            await client.request(server.address, "GET", "/slow")
+        assert info.value.phase == "first-byte"
+        await eventually(lambda: "cancelled" in server.events)
+    finally:
+        await client.close()
+
+
+async def test_idle_timeout_expires_when_a_stream_stalls(server):
+    client = UpstreamClient(connect_timeout=5, total_timeout=30, first_byte_timeout=5, idle_timeout=0.2)
+    try:
+        resp = await client.request(server.address, "GET", "/stream")
+        assert await resp.next_chunk() == b"data: first\n\n"
+        with pytest.raises(UpstreamTimeoutError, match="stalled") as info:
+            await resp.next_chunk()
+        assert info.value.phase == "idle"
+        resp.release()
+        await eventually(lambda: "cancelled" in server.events)
+    finally:
+        await client.close()
+
+
+async def test_idle_timeout_does_not_expire_while_bytes_keep_coming(server):
+    client = UpstreamClient(connect_timeout=5, total_timeout=30, first_byte_timeout=0.5, idle_timeout=0.5)
+    try:
+        for query in ("", "?chunked"):
+            resp = await client.request(server.address, "GET", "/big" + query)
+            assert await resp.read() == BIG
+            resp.release()
+    finally:
+        await client.close()
+
+
+async def test_a_body_over_the_bound_is_refused_and_its_connection_closed(server, client):
+    for query in ("", "?chunked"):  # announced by Content-Length, or found while reading
+        resp = await client.request(server.address, "GET", "/big" + query)
+        try:
+            with pytest.raises(UpstreamBodyTooLargeError, match="larger than 65536 bytes"):
+                await resp.read(max_bytes=65536)
+        finally:
+            resp.release()
+        assert not client._pools[server.address].idle
+    resp = await client.request(server.address, "GET", "/big")
+    assert await resp.read(max_bytes=len(BIG)) == BIG
+    resp.release()

@@ -77,10 +77,19 @@ class Gateway:
 
     async def open(self) -> None:
         """Create the upstream client (needs the running loop)."""
+        config = self.config
         self._client = UpstreamClient(
-            connect_timeout=self.config.connect_timeout_s, total_timeout=self.config.upstream_timeout_s
+            connect_timeout=config.connect_timeout_s,
+            total_timeout=config.upstream_timeout_s,
+            first_byte_timeout=config.upstream_first_byte_timeout_s,
+            idle_timeout=config.upstream_idle_timeout_s,
         )
-        self._relay = Relay(self._client, self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
+        self._relay = Relay(
+            self._client,
+            self.metrics,
+            e2e_as_ttft=self.director.predicts_end_to_end,
+            max_body_bytes=config.max_upstream_body_bytes,
+        )
 
     async def close(self) -> None:
         if self._client is not None:
@@ -177,6 +186,7 @@ class Gateway:
         attempts = 2 if self.config.retry_on_upstream_failure else 1
         tried: list[str] = []
         last_failure = ""
+        status = 502
         for attempt in range(attempts):
             started = time.perf_counter()
             try:
@@ -203,12 +213,17 @@ class Gateway:
                 raise
             except UpstreamFailedError as exc:
                 last_failure = str(exc)
+                status = exc.status
                 tried.append(address)
-                self.metrics.upstream_failures.labels(address, "connect").inc()
+                self.metrics.upstream_failures.labels(address, exc.phase).inc()
                 log.warning("upstream %s failed before responding: %s", address, exc)
+                if not exc.retryable:
+                    break
             finally:
                 lifecycle.on_complete(error="aborted")  # a no-op when the relay completed it
-        self.metrics.count_request(tried[-1] if tried else "none", 502)
+        self.metrics.count_request(tried[-1] if tried else "none", status)
+        if status == 504:
+            return json_error(504, f"the model server did not answer in time ({last_failure})")
         return json_error(502, f"the model server failed before responding ({last_failure})")
 
     # --- helpers -------------------------------------------------------------------------------------

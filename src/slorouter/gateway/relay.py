@@ -2,8 +2,9 @@
 
 The request body goes upstream unchanged; the response comes back chunk by chunk, observed on the way
 (``slorouter.api.stream``) so the Director's lifecycle sees the first token, the tokens, the reply text
-and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``,
-so the gateway can try another endpoint.
+and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``
+(its status for the client, and whether another endpoint may be tried); one that fails mid-stream ends
+the client's stream with an OpenAI-style error event and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from slorouter.director import RequestLifecycle
 from slorouter.http.errors import sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
-from slorouter.http.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from slorouter.http.upstream import (
+    UpstreamBodyTooLargeError,
+    UpstreamClient,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 from slorouter.metrics import GatewayMetrics
 from slorouter.serving.headers import (
     ENDPOINT_HEADER,
@@ -33,17 +41,74 @@ NOT_FORWARDED = HOP_BY_HOP | {
 }
 # The gateway's server writes its own Date; the upstream's would be a duplicate.
 _NOT_RETURNED = NOT_FORWARDED | {b"date"}
+_SSE_DONE = b"data: [DONE]\n\n"
+_HOLD_BYTES = 1 << 20  # a first event longer than this is relayed before it is whole
+# How an SSE body may begin (a field name or a comment), after optional blank lines.
+_SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
 class UpstreamFailedError(Exception):
-    """The upstream failed before any byte reached the client; another endpoint may be tried."""
+    """The upstream failed before any byte reached the client.
+
+    ``status`` is what the client gets if no other endpoint answers (502, or 504 when a timeout expired);
+    ``retryable`` whether another endpoint may be tried (not after a timeout: the client waited long
+    enough); ``phase`` labels the failure metric (``connect``, ``timeout``, ``invalid``, ``too-large``).
+    """
+
+    def __init__(self, message: str, *, status: int = 502, retryable: bool = True, phase: str = "connect"):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.phase = phase
+
+
+def _failed(address: str, exc: UpstreamError) -> UpstreamFailedError:
+    message = f"{address}: {exc.__class__.__name__}: {exc}"
+    if isinstance(exc, UpstreamTimeoutError):
+        return UpstreamFailedError(message, status=504, retryable=False, phase="timeout")
+    if isinstance(exc, UpstreamBodyTooLargeError):
+        return UpstreamFailedError(message, retryable=False, phase="too-large")
+    return UpstreamFailedError(message, phase="connect")
+
+
+_WHITE = frozenset(b" \t\r\n")
+
+
+def looks_like_json(body: bytes) -> bool:
+    """A cheap shape check of a JSON object body (no parse, no copy): ``{`` ... ``}`` around optional white
+    space."""
+    start, end = 0, len(body)
+    while start < end and body[start] in _WHITE:
+        start += 1
+    while end > start and body[end - 1] in _WHITE:
+        end -= 1
+    return end - start >= 2 and body[start] == 0x7B and body[end - 1] == 0x7D  # { }
+
+
+def looks_like_sse(first: bytes) -> bool:
+    """Whether an SSE body may begin with ``first`` (only the first event is checked)."""
+    start = 0
+    while start < len(first) and first[start] in (0x0D, 0x0A):  # blank lines
+        start += 1
+    head = first[start : start + 6]
+    if not head:
+        return True  # blank lines only: nothing to judge yet
+    return any(head.startswith(prefix) or prefix.startswith(head) for prefix in _SSE_STARTS)
 
 
 class Relay:
     """Proxies dispatched requests over one pooled upstream client and records their outcome."""
 
-    def __init__(self, client: UpstreamClient, metrics: GatewayMetrics, *, e2e_as_ttft: bool) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        metrics: GatewayMetrics,
+        *,
+        e2e_as_ttft: bool,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self._client = client
+        self._max_body_bytes = max_body_bytes
         self._metrics = metrics
         self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft)
         self._own_headers: dict[tuple[str, str], bytes] = {}
@@ -61,8 +126,9 @@ class Relay:
         try:
             upstream = await self._client.request(address, "POST", path, forward_head, body)
         except UpstreamError as exc:
-            lifecycle.on_complete(error=f"connect: {exc.__class__.__name__}")
-            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+            phase = "connect" if isinstance(exc, UpstreamConnectError) else "response"
+            lifecycle.on_complete(error=f"{phase}: {exc.__class__.__name__}")
+            raise _failed(address, exc) from exc
         try:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
             lifecycle.on_headers(upstream.status, streaming)
@@ -76,10 +142,14 @@ class Relay:
     async def _relay_whole(self, lifecycle: RequestLifecycle, upstream: UpstreamResponse) -> Response:
         address = lifecycle.target.address
         try:
-            body = await upstream.read()
+            body = await upstream.read(self._max_body_bytes)
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
-            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
+            raise _failed(address, exc) from exc
+        if upstream.status < 300 and not looks_like_json(body):
+            lifecycle.on_complete(error="invalid JSON answer")
+            message = f"{address}: answered {upstream.status} with a body that is not a JSON object"
+            raise UpstreamFailedError(message, phase="invalid")
         error = None if upstream.status < 400 else f"upstream status {upstream.status}"
         if error is None:
             observe_body(lifecycle, body, lifecycle.request.history_form)
@@ -91,16 +161,25 @@ class Relay:
         self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse
     ) -> None:
         address = lifecycle.target.address
-        # Hold the client's headers back until the first chunk arrives, so that an upstream that dies
-        # before sending anything can still be retried elsewhere.
+        # Hold the client's headers back until the first whole event arrives (or _HOLD_BYTES of it), so
+        # that an upstream that dies before sending one can still be retried elsewhere.
+        first = b""
         try:
-            first = await upstream.next_chunk()
+            while True:
+                chunk = await upstream.next_chunk()
+                first += chunk
+                if not chunk or b"\n\n" in first or b"\r\n\r\n" in first or len(first) >= _HOLD_BYTES:
+                    break
         except UpstreamError as exc:
             lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
-            raise UpstreamFailedError(f"{address}: {exc.__class__.__name__}: {exc}") from exc
-        if not first:
+            raise _failed(address, exc) from exc
+        if not chunk:
             lifecycle.on_complete(error="empty stream")
-            raise UpstreamFailedError(f"{address}: closed the stream before sending anything")
+            what = "anything" if not first else "a whole event"
+            raise UpstreamFailedError(f"{address}: closed the stream before sending {what}")
+        if not looks_like_sse(first):
+            lifecycle.on_complete(error="invalid SSE")
+            raise UpstreamFailedError(f"{address}: answered a stream that is not SSE", phase="invalid")
         observer = StreamObserver(lifecycle, lifecycle.request.history_form)
         chunk = first
         try:
@@ -113,7 +192,13 @@ class Relay:
                 except UpstreamError as exc:
                     self._metrics.upstream_failures.labels(address, "stream").inc()
                     lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
-                    await writer.write(sse_error_event(502, f"the model server {address} failed mid-stream"))
+                    if isinstance(exc, UpstreamTimeoutError):
+                        message = f"the model server {address} timed out mid-stream ({exc})"
+                        event = sse_error_event(504, message)
+                    else:
+                        event = sse_error_event(502, f"the model server {address} failed mid-stream")
+                    # The event is OpenAI's error shape; [DONE] tells a client's SDK the stream is over.
+                    await writer.write(event + _SSE_DONE)
                     break
             lifecycle.on_complete(usage=observer.finish())
             self._outcomes.record(lifecycle)

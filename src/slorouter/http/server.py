@@ -215,6 +215,14 @@ class HttpRequest:
         writer.start(status, raw_headers)
         return writer
 
+    def write_raw(self, data: bytes) -> None:
+        """Send bytes as they are, outside any framing (fault injection: a response cut short)."""
+        self._proto.send(data)
+
+    def abort_connection(self) -> None:
+        """Reset the client's connection at once (fault injection: a server killed mid-response)."""
+        self._proto._abort()
+
 
 def _origin_form(target: bytes) -> bytes:
     """The path and query of an absolute-form target, which a server MUST accept (RFC 9112 §3.2.2)."""
@@ -733,6 +741,7 @@ class HttpServer:
         self._unbounded: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
+        self._address: tuple[str, int] | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -787,7 +796,30 @@ class HttpServer:
         )
         self._sweeper = loop.create_task(self._sweep())
         sockname = self._server.sockets[0].getsockname()
+        self._address = (sockname[0], sockname[1])
         return sockname[0], sockname[1]
+
+    def stop_listening(self, keep: HttpRequest | None = None) -> None:
+        """Close the listening socket and drop every connection but ``keep``'s (fault injection: a server
+        that is down refuses connections); ``listen_again`` undoes it."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for proto in list(self.connections):
+            if keep is not None and proto is keep._proto:
+                continue
+            if proto._task is not None and not proto._task.done():
+                proto._task.cancel()
+            proto._abort()
+
+    async def listen_again(self) -> None:
+        """Listen on the address ``start`` bound, after ``stop_listening``."""
+        if self._server is not None or self._address is None:
+            return
+        host, port = self._address
+        self._server = await self.loop.create_server(
+            lambda: _HttpProtocol(self), host, port, reuse_address=True, backlog=1024
+        )
 
     async def _sweep(self) -> None:
         """Enforce the timeouts: a timer per connection would cost more than this scan does."""
@@ -807,6 +839,7 @@ class HttpServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        self._address = None  # no listen_again after this
         if self._server is not None:
             self._server.close()
         tasks = []

@@ -3,7 +3,9 @@
 aiohttp's ClientSession costs more CPU per request than the rest of the proxy together; this client does
 only what the gateway needs: one request at a time per connection (no pipelining), per-endpoint keep-alive
 pools, Content-Length, chunked and read-until-close bodies (parsed by httptools/llhttp), body chunks handed
-over as they arrive (SSE), a connect timeout and a total timeout per request.
+over as they arrive (SSE), a connect timeout, a first-byte timeout (request sent → first response byte),
+an idle timeout (longest pause between response bytes) and a total timeout per request, and a bound on a
+body read whole.
 
 A connection goes back to its pool only after a complete response that allows keep-alive; anything else
 (an error, a timeout, cancellation, a response abandoned before its end) closes it, so the model server
@@ -33,7 +35,17 @@ class UpstreamConnectError(UpstreamError):
 
 
 class UpstreamTimeoutError(UpstreamError):
-    """The whole response did not arrive within the total timeout."""
+    """The response did not arrive in time: ``phase`` says which timeout expired (``first-byte``: nothing
+    came back after the request was sent; ``idle``: the response paused too long; ``total``: it was not
+    complete within the total timeout)."""
+
+    def __init__(self, message: str, phase: str = "total") -> None:
+        super().__init__(message)
+        self.phase = phase
+
+
+class UpstreamBodyTooLargeError(UpstreamError):
+    """A body read whole (``read(max_bytes=...)``) is larger than the bound."""
 
 
 class UpstreamResponse:
@@ -46,6 +58,7 @@ class UpstreamResponse:
         "_done",
         "_error",
         "_keep_alive",
+        "_limit",
         "_waiter",
         "_whole",
         "headers",
@@ -63,6 +76,7 @@ class UpstreamResponse:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._whole = False  # read() wants the whole body: buffering it all is the point, never pause
+        self._limit = 0  # read()'s bound on the body (0: none)
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower-case bytes), decoded."""
@@ -75,8 +89,15 @@ class UpstreamResponse:
     def complete(self) -> bool:
         return self._done
 
-    async def read(self) -> bytes:
-        """The whole body; raises ``UpstreamError`` if the response fails before its end."""
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The whole body; raises ``UpstreamError`` if the response fails before its end, and
+        ``UpstreamBodyTooLargeError`` (closing the connection) once it holds more than ``max_bytes``."""
+        if max_bytes is not None:
+            self._limit = max_bytes
+            length = self.header(b"content-length") or ""
+            announced = int(length) if length.strip().isdigit() else 0
+            if max(announced, self._buffered) > max_bytes:
+                self._too_large()
         self._whole = True
         conn = self._conn
         if conn is not None and conn.paused:
@@ -141,7 +162,17 @@ class UpstreamResponse:
         self._buffered += len(data)
         if self._buffered > _PAUSE_READING_AT and not self._whole and self._conn is not None:
             self._conn.pause()
+        if self._limit and self._buffered > self._limit:
+            self._too_large()
         self._wake()
+
+    def _too_large(self) -> None:
+        self._chunks.clear()
+        self._buffered = 0
+        self._error = UpstreamBodyTooLargeError(f"the response body is larger than {self._limit} bytes")
+        self._wake()
+        if self._conn is not None:
+            self._conn.abort()
 
     def _finish(self, keep_alive: bool) -> None:
         self._done = True
@@ -172,6 +203,8 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._until_close = False
         self.deadline = 0.0  # loop time by which the exchange in progress must be complete
+        # Loop time by which the next response byte must arrive (first-byte, then idle timeout; 0: none).
+        self.byte_deadline = 0.0
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -181,6 +214,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        if self.byte_deadline:
+            idle = self.pool.client.idle_timeout
+            self.byte_deadline = self.loop.time() + idle if idle else 0.0
         if self._head is None and self._response is None:
             self.abort()  # bytes nobody asked for: the connection can no longer be trusted
             return
@@ -247,8 +283,14 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._until_close = False
         head = self._head = self.loop.create_future()
-        self.deadline = self.loop.time() + timeout
-        self.pool.client.active.add(self)
+        client = self.pool.client
+        now = self.loop.time()
+        self.deadline = now + timeout
+        if client.first_byte_timeout:
+            self.byte_deadline = now + client.first_byte_timeout
+        elif client.idle_timeout:
+            self.byte_deadline = now + client.idle_timeout
+        client.active.add(self)
         assert self.transport is not None
         self.transport.write(data)
         try:
@@ -269,10 +311,27 @@ class _Connection(asyncio.Protocol):
         else:
             self.abort()
 
-    def on_timeout(self) -> None:
+    def on_timeout(self, now: float) -> None:
+        client = self.pool.client
+        if self.deadline <= now:
+            error = UpstreamTimeoutError(f"no complete response within {client.total_timeout:g} s", "total")
+        elif not self._received:
+            error = UpstreamTimeoutError(
+                f"no response byte within {client.first_byte_timeout:g} s of the request", "first-byte"
+            )
+        else:
+            error = UpstreamTimeoutError(
+                f"the response stalled: no byte for {client.idle_timeout:g} s", "idle"
+            )
         self._cancel_timer()
-        self._fail(UpstreamTimeoutError(f"no complete response within {self.pool.client.total_timeout:g} s"))
+        self._fail(error)
         self.abort()
+
+    def expired(self, now: float) -> bool:
+        if self.deadline and self.deadline <= now:
+            return True
+        # Paused: the client is not reading, so the upstream's silence is not the upstream's fault.
+        return 0.0 < self.byte_deadline <= now and not self.paused
 
     def _fail(self, error: BaseException) -> None:
         head = self._head
@@ -284,6 +343,7 @@ class _Connection(asyncio.Protocol):
             self._response._fail(error)
 
     def _cancel_timer(self) -> None:
+        self.byte_deadline = 0.0
         if self.deadline:
             self.deadline = 0.0
             self.pool.client.active.discard(self)
@@ -296,6 +356,8 @@ class _Connection(asyncio.Protocol):
     def resume(self) -> None:
         if self.paused and self.transport is not None and not self.closed:
             self.paused = False
+            if self.byte_deadline and self.pool.client.idle_timeout:
+                self.byte_deadline = self.loop.time() + self.pool.client.idle_timeout
             self.transport.resume_reading()
 
     def abort(self) -> None:
@@ -358,26 +420,37 @@ class UpstreamClient:
     """Keep-alive connection pools, one per endpoint address (``host:port``)."""
 
     def __init__(
-        self, *, connect_timeout: float = 5.0, total_timeout: float = 600.0, keepalive_timeout: float = 30.0
+        self,
+        *,
+        connect_timeout: float = 5.0,
+        total_timeout: float = 600.0,
+        keepalive_timeout: float = 30.0,
+        first_byte_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
+        """``first_byte_timeout``: from the request sent to the response's first byte; ``idle_timeout``:
+        the longest pause between response bytes after that (None: only the total timeout)."""
         self.loop = asyncio.get_running_loop()
         self.connect_timeout = connect_timeout
         self.total_timeout = total_timeout
         self.keepalive_timeout = keepalive_timeout
+        self.first_byte_timeout = first_byte_timeout or 0.0
+        self.idle_timeout = idle_timeout or 0.0
         self._pools: dict[str, _EndpointPool] = {}
-        # Total timeouts: connections with an exchange in progress, checked by one periodic sweep rather
-        # than a timer per request (the check interval is a tenth of the timeout, at most a second).
+        # Timeouts: connections with an exchange in progress, checked by one periodic sweep rather than a
+        # timer per request (the check interval is a tenth of the shortest timeout, at most a second).
         self.active: set[_Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
     async def _sweep(self) -> None:
-        interval = min(1.0, self.total_timeout / 10)
+        timeouts = [t for t in (self.total_timeout, self.first_byte_timeout, self.idle_timeout) if t]
+        interval = max(0.001, min(1.0, min(timeouts) / 10))
         while True:
             await asyncio.sleep(interval)
             now = self.loop.time()
-            expired = [conn for conn in self.active if conn.deadline and conn.deadline <= now]
+            expired = [conn for conn in self.active if conn.expired(now)]
             for conn in expired:
-                conn.on_timeout()
+                conn.on_timeout(now)
 
     def _pool(self, address: str) -> _EndpointPool:
         pool = self._pools.get(address)

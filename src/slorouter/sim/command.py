@@ -10,6 +10,7 @@ import sys
 import uvloop
 import zmq
 
+from slorouter.sim.faults import FaultError, parse_fault_flag
 from slorouter.sim.profiles import PROFILES, get_profile
 from slorouter.sim.server import start_pods
 from slorouter.sim.variants import VariantError, apply_variant
@@ -67,6 +68,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--kv-events-topic", default=None, help="topic of the KV events (default: kv@<host:port>@<model>)"
     )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a fault every pod plays from the start, e.g. 'hang,probability=0.1', 'kill-mid-stream,"
+        "after_tokens=3,count=5', or the JSON object of POST /admin/faults; repeatable (docs/simulator.md)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -88,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"slorouter sim: error: --engine-variant: {exc}", file=sys.stderr)
         return 2
     try:
+        args.faults = [parse_fault_flag(spec) for spec in args.fault]
+    except FaultError as exc:
+        print(f"slorouter sim: error: --fault: {exc}", file=sys.stderr)
+        return 2
+    try:
         return uvloop.run(_serve(args))
     except (OSError, zmq.ZMQError) as exc:
         print(f"slorouter sim: error: cannot listen: {exc}", file=sys.stderr)
@@ -104,6 +118,7 @@ async def _serve(args: argparse.Namespace) -> int:
         model=args.model,
         kv_events_port=args.kv_events_port,
         kv_events_topic=args.kv_events_topic,
+        faults=args.faults,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -118,6 +133,8 @@ async def _serve(args: argparse.Namespace) -> int:
             publisher = pod.kv_events.publisher
             line += f" kv-events {publisher.endpoint} replay {publisher.replay_endpoint}"
         print(line, flush=True)
+    for fault in args.faults:
+        print(f"  fault {fault.describe()}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -10,24 +10,29 @@ which costs a fraction of aiohttp's CPU per request; the simulated pods share th
 benchmark, so their overhead is the benchmark's noise.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /health``, ``GET /metrics``. Every response carries ``x-sim-pod: <pod name>``.
+``GET /health``, ``GET /metrics``, and ``GET``/``POST``/``DELETE /admin/faults`` to inject faults
+(``slorouter.sim.faults``). Every response carries ``x-sim-pod: <pod name>``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
 import math
+import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.http.server import HttpRequest, HttpServer, Response
+from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
+from slorouter.sim.faults import INFERENCE, LISTENER, METRICS, Fault, FaultError, FaultPlan, parse_fault
 from slorouter.sim.kv_events import PodKVEvents
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
@@ -50,6 +55,9 @@ _CHAIN_TOLERANCE_S = 0.005
 _MAX_BODY_BYTES = 32 * 1024 * 1024  # a prompt at the context limit must get its 400, not a 413
 _SSE_HEADERS = b"Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
 _JSON = b"application/json; charset=utf-8"
+_NOT_JSON = b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>\n"
+_NOT_SSE = b"this is not server-sent events\n{{{\n\n"
+_NOT_PROMETHEUS = b"<html>\x00\xff garbage {{{ not prometheus text\n"
 
 
 def _zero_cost(profile: Profile) -> bool:
@@ -90,8 +98,12 @@ class _Active:
 class SimPod:
     """One simulated model server: HTTP front-end, engine, and the loop that steps it in real time."""
 
-    def __init__(self, name: str, engine: Engine, model: str, clock: Clock | None = None) -> None:
+    def __init__(
+        self, name: str, engine: Engine, model: str, clock: Clock | None = None, *, seed: int = 0
+    ) -> None:
         self.engine = engine
+        self.faults = FaultPlan(seed)
+        self._refusing: asyncio.TimerHandle | None = None
         self.model = model
         self.metrics = PodMetrics(engine, model)
         self._late_gauges = self.metrics.gauges.delayed  # sample the gauges at every step (gauges.py)
@@ -112,6 +124,9 @@ class SimPod:
         self.http.add_route("GET", "/v1/models", self._models)
         self.http.add_route("GET", "/health", self._health)
         self.http.add_route("GET", "/metrics", self._metrics)
+        self.http.add_route("GET", "/admin/faults", self._list_faults)
+        self.http.add_route("POST", "/admin/faults", self._add_fault)
+        self.http.add_route("DELETE", "/admin/faults", self._clear_faults)
         self.name = name
 
     @property
@@ -138,6 +153,9 @@ class SimPod:
 
     async def close(self) -> None:
         """Stop serving: requests in flight are cancelled (and aborted in the engine), then the loop stops."""
+        if self._refusing is not None:
+            self._refusing.cancel()
+            self._refusing = None
         for entry in list(self._active.values()):
             if entry.handler is not None:
                 entry.handler.cancel()
@@ -253,12 +271,15 @@ class SimPod:
                 max_model_len=self.engine.max_model_len,
             )
             engine_id = next(self._ids)
-            try:
-                self.engine.add_request(engine_id, parsed.prompt_ids, parsed.max_tokens, self._clock.now())
-            except RequestRejected as exc:
-                raise ApiError(str(exc)) from None
+            fault = self.faults.draw(INFERENCE) if self.faults else None
+            if fault is not None and not (parsed.stream and fault.params.get("after_tokens", 0) > 0):
+                return await self._play(request, parsed, fault)
         except ApiError as exc:
             return _json_response(exc.body(), status=exc.status)
+        try:
+            self.engine.add_request(engine_id, parsed.prompt_ids, parsed.max_tokens, self._clock.now())
+        except RequestRejected as exc:
+            return _json_response(ApiError(str(exc)).body(), status=400)
         entry = _Active(stream=parsed.stream, handler=asyncio.current_task())
         self._active[engine_id] = entry
         if not self._zero_cost:
@@ -268,7 +289,7 @@ class SimPod:
             asyncio.get_running_loop().call_soon(self._step_now)
         try:
             if parsed.stream:
-                await self._stream(request, parsed, entry)
+                await self._stream(request, parsed, entry, fault)
                 return None
             while entry.finished is None:
                 await entry.wait()
@@ -282,13 +303,26 @@ class SimPod:
             if entry.finished is None:  # the client went away (or the pod is closing)
                 self.engine.abort(engine_id)
 
-    async def _stream(self, request: HttpRequest, parsed: GenerationRequest, entry: _Active) -> None:
+    async def _stream(
+        self, request: HttpRequest, parsed: GenerationRequest, entry: _Active, fault: Fault | None = None
+    ) -> None:
+        # A fault mid-stream (kill-mid-stream, hang) strikes once after_tokens tokens were written.
+        strike_at = int(fault.param("after_tokens")) if fault is not None else -1
         try:
             response = await request.start_stream(200, _SSE_HEADERS)
             writer = SseWriter(parsed, new_request_id(parsed.chat), created_now())
             while True:
+                if writer.sent == strike_at:
+                    assert fault is not None
+                    if fault.name == "kill-mid-stream":
+                        request.abort_connection()
+                        return
+                    await _forever()
                 if entry.pending:
-                    count, entry.pending = entry.pending, 0
+                    count = entry.pending
+                    if strike_at > writer.sent:
+                        count = min(count, strike_at - writer.sent)
+                    entry.pending -= count
                     await response.write(writer.tokens(count))
                     continue
                 if entry.finished is not None and writer.sent >= entry.finished.output_tokens:
@@ -301,6 +335,48 @@ class SimPod:
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away: _generate aborts the request
+
+    async def _play(self, request: HttpRequest, parsed: GenerationRequest, fault: Fault) -> Response | None:
+        """Answer a generation request with ``fault`` instead of generating (the engine never sees it)."""
+        name = fault.name
+        if name == "status":
+            status = int(fault.param("status"))
+            return json_error(status, f"injected fault: status {status}")
+        if name == "non-json":
+            return Response(200, _NOT_JSON, content_type=b"text/html")
+        if name == "hang":
+            await _forever()
+        if name == "kill-mid-stream":
+            request.abort_connection()
+            return None
+        body = response_json(parsed, new_request_id(parsed.chat), created_now(), parsed.max_tokens, 0)
+        if name == "large-body":
+            size = int(fault.param("bytes"))
+            text = json.dumps("x" * max(size - len(body), 0))
+            body = body.replace(b'{"index": 0, ', b'{"index": 0, "pad": ' + text.encode() + b", ", 1)
+        if parsed.stream and name in ("truncated-json", "invalid-sse", "large-body"):
+            response = await request.start_stream(200, _SSE_HEADERS)
+            if name == "invalid-sse":
+                await response.write(_NOT_SSE)
+                await response.write_eof()
+                return None
+            event = b"data: " + body + b"\n\n"
+            if name == "truncated-json":
+                await response.write(event[: len(event) // 2])
+                request.abort_connection()
+                return None
+            await response.write(event)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return None
+        if name == "truncated-json":
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            request.write_raw(head % len(body) + body[: len(body) // 2])
+            request.abort_connection()
+            return None
+        if name == "invalid-sse":
+            return Response(200, _NOT_SSE, content_type=b"text/event-stream")
+        return Response(200, body, content_type=_JSON)
 
     async def _sleep_until(self, deadline: float) -> None:
         delay = deadline - self._clock.now()
@@ -323,8 +399,77 @@ class SimPod:
         return Response()
 
     async def _metrics(self, request: HttpRequest) -> Response:
-        page = self.metrics.render(self._clock.now())
+        now = self._clock.now()
+        fault = self.faults.draw(METRICS) if self.faults else None
+        if fault is not None:
+            if fault.name == "metrics-hang":
+                await _forever()
+            if fault.name == "metrics-garbage":
+                return Response(body=_NOT_PROMETHEUS, content_type=CONTENT_TYPE.encode())
+            if int((now - fault.since) / fault.param("period_s")) % 2 == 0:  # metrics-flap: failing
+                return json_error(500, "injected fault: metrics-flap")
+        page = self.metrics.render(now)
         return Response(body=page.encode(), content_type=CONTENT_TYPE.encode())
+
+    # ------------------------------------------------------------------------------------------ faults
+
+    def inject(self, fault: Fault, request: HttpRequest | None = None) -> None:
+        """Activate ``fault`` (a ``refuse`` strikes at once; ``request``'s connection is spared)."""
+        fault.since = self._clock.now()
+        if fault.target != LISTENER:
+            self.faults.add(fault)
+            return
+        fault.hits += 1
+        if self._refusing is not None:
+            self._refusing.cancel()
+        self.http.stop_listening(keep=request)
+        loop = asyncio.get_running_loop()
+        self._refusing = loop.call_later(fault.param("duration_s"), self._listen_again)
+
+    def _listen_again(self) -> None:
+        self._refusing = None
+        task = asyncio.get_running_loop().create_task(self.http.listen_again())
+        _background.add(task)
+        task.add_done_callback(_listened)
+
+    async def _list_faults(self, request: HttpRequest) -> Response:
+        return _json_response({"faults": self.faults.describe()})
+
+    async def _add_fault(self, request: HttpRequest) -> Response:
+        try:
+            data = json.loads(request.body)
+        except ValueError as exc:
+            return json_error(400, f"the fault is not valid JSON: {exc}")
+        try:
+            fault = parse_fault(data)
+        except FaultError as exc:
+            return json_error(400, str(exc), param="fault")
+        if fault.target == LISTENER:
+            request.keep_alive = False  # its connection is the only one spared, and only for this answer
+        self.inject(fault, request)
+        return _json_response({"fault": fault.describe(), "faults": self.faults.describe()})
+
+    async def _clear_faults(self, request: HttpRequest) -> Response:
+        query = urllib.parse.parse_qs(request.query.decode("latin-1"), keep_blank_values=True)
+        if set(query) - {"fault"} or len(query.get("fault", ())) > 1:
+            return json_error(400, "DELETE /admin/faults takes at most one query parameter: ?fault=NAME")
+        names = query.get("fault")
+        cleared = self.faults.clear(names[0] if names else None)
+        return _json_response({"cleared": cleared, "faults": self.faults.describe()})
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _listened(task: asyncio.Task[None]) -> None:
+    _background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("simulated pod could not listen again: %s", task.exception())
+
+
+async def _forever() -> None:
+    """Wait until cancelled (the client went away, or the pod closes)."""
+    await asyncio.get_running_loop().create_future()
 
 
 class SimCluster:
@@ -363,6 +508,7 @@ async def start_pods(
     jitter_sigma: float | None = None,
     kv_events_port: int | None = None,
     kv_events_topic: str | None = None,
+    faults: Sequence[Fault] = (),
 ) -> SimCluster:
     """Start ``count`` pods on ports ``port``..``port+count-1`` (``port=0``: a free port each).
 
@@ -371,7 +517,8 @@ async def start_pods(
     ``tcp://host:kv_events_port + 2i`` and answers replay on the next port (0: free ports), with topic
     ``kv_events_topic`` (default ``kv@<host:port>@<model>``, as llm-d-inference-sim). Raises ``ValueError``
     for a bad count, port or profile and ``OSError`` (``zmq.ZMQError`` for a KV-event port) when a port
-    cannot be bound (pods already started are closed first).
+    cannot be bound (pods already started are closed first). Every pod starts with a copy of each of
+    ``faults`` active (``slorouter.sim.faults``).
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -382,8 +529,10 @@ async def start_pods(
     try:
         for index in range(count):
             engine = Engine(resolved, seed=seed + index, jitter_sigma=jitter_sigma)
-            pod = SimPod("", engine, model or resolved.model)
+            pod = SimPod("", engine, model or resolved.model, seed=seed + index)
             await pod.start(host, port + index if port else 0)
+            for fault in faults:
+                pod.inject(dataclasses.replace(fault, params=dict(fault.params)))
             pod.name = f"sim-{pod.address.rsplit(':', 1)[1]}"
             pods.append(pod)
             if kv_events_port is not None:
