@@ -131,5 +131,7 @@ def _decode(raw: bytes) -> Any:
         raise RequestError("the request body is empty; a JSON object is required")
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer beyond Python's 4,300 digits
         raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise RequestError("the request body is not valid JSON: nested too deeply") from None
