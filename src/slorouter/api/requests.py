@@ -18,6 +18,9 @@ from slorouter.tokenizer import chat_to_prompt, count_tokens
 # run to the end of the context, so the router budgets a typical answer for its load accounting.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHAT_ASSUMED_MAX_TOKENS = 256
+# The largest token limit taken: far beyond any context length, and small enough that the in-flight token
+# sums of the pool's int64 columns cannot overflow.
+MAX_TOKENS_LIMIT = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -41,6 +44,8 @@ def _require_int(body: dict[str, Any], key: str) -> int | None:
         raise RequestError(f"'{key}' must be an integer, got {type(value).__name__}", param=key)
     if value < 1:
         raise RequestError(f"'{key}' must be at least 1, got {value}", param=key)
+    if value > MAX_TOKENS_LIMIT:
+        raise RequestError(f"'{key}' must be at most {MAX_TOKENS_LIMIT}, got {value}", param=key)
     return value
 
 
