@@ -42,3 +42,21 @@ def test_a_token_limit_beyond_int32_is_a_400_naming_it(key, value):
         with pytest.raises(RequestError, match="at most 2147483647"):
             parse_completion(json.dumps({"model": "m", "prompt": "x", key: value}).encode())
     assert parse_completion(json.dumps({"model": "m", "prompt": "x", "max_tokens": 2**31 - 1}).encode())
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, "2", True, [], 2**31])
+def test_a_bad_n_is_a_400_naming_it(n):
+    # It used to pass unchecked to the model server (only n in (None, 1) was told apart, and True == 1).
+    for parse, body in [
+        (parse_completion, {"model": "m", "prompt": "x", "n": n}),
+        (parse_chat_completion, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": n}),
+    ]:
+        with pytest.raises(RequestError, match="'n' must be") as info:
+            parse(json.dumps(body).encode())
+        assert (info.value.param, info.value.status) == ("n", 400)
+
+
+def test_n_of_one_or_null_keeps_the_history_form_and_more_drops_it():
+    assert parse_completion(b'{"model": "m", "prompt": "x", "n": null}').history_form == "text"
+    assert parse_completion(b'{"model": "m", "prompt": "x", "n": 1}').history_form == "text"
+    assert parse_completion(b'{"model": "m", "prompt": "x", "n": 3}').history_form == ""

@@ -18,8 +18,8 @@ from slorouter.tokenizer import chat_to_prompt, count_tokens
 # run to the end of the context, so the router budgets a typical answer for its load accounting.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHAT_ASSUMED_MAX_TOKENS = 256
-# The largest token limit taken: far beyond any context length, and small enough that the in-flight token
-# sums of the pool's int64 columns cannot overflow.
+# The largest token limit (and ``n``) taken: far beyond any context length, and small enough that the
+# in-flight token sums of the pool's int64 columns cannot overflow.
 MAX_TOKENS_LIMIT = 2**31 - 1
 
 
@@ -92,7 +92,7 @@ def _prompt_text(prompt: Any) -> tuple[str, int, str]:
 
 def _single_choice(body: dict[str, Any], form: str) -> str:
     """``form``, unless the request asks for several choices (no single reply continues the prompt)."""
-    return form if body.get("n") in (None, 1) else ""
+    return form if _require_int(body, "n") in (None, 1) else ""
 
 
 def parse_completion(raw: bytes) -> ParsedRequest:
