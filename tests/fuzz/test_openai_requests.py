@@ -60,3 +60,18 @@ def test_n_of_one_or_null_keeps_the_history_form_and_more_drops_it():
     assert parse_completion(b'{"model": "m", "prompt": "x", "n": null}').history_form == "text"
     assert parse_completion(b'{"model": "m", "prompt": "x", "n": 1}').history_form == "text"
     assert parse_completion(b'{"model": "m", "prompt": "x", "n": 3}').history_form == ""
+
+
+def test_a_batch_of_token_id_prompts_is_accepted():
+    # A valid OpenAI prompt form (a list of token-id lists) that used to be refused with a 400.
+    batch = parse_completion(b'{"model": "m", "prompt": [[1, 2, 3], [4, 5]]}')
+    assert (batch.prompt_tokens, batch.history_form) == (5, "")
+    one = parse_completion(b'{"model": "m", "prompt": [[1, 2, 3]]}')
+    assert one.prompt_text == parse_completion(b'{"model": "m", "prompt": [1, 2, 3]}').prompt_text
+
+
+@pytest.mark.parametrize("prompt", [[-1], [2**32], [[1], []], [[1], [-5]], [[1], "a"], [[True]], [1.0]])
+def test_token_ids_out_of_range_or_of_another_type_are_a_400(prompt):
+    with pytest.raises(RequestError, match="token ids") as info:
+        parse_completion(json.dumps({"model": "m", "prompt": prompt}).encode())
+    assert info.value.param == "prompt"

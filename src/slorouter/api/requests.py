@@ -21,6 +21,7 @@ CHAT_ASSUMED_MAX_TOKENS = 256
 # The largest token limit (and ``n``) taken: far beyond any context length, and small enough that the
 # in-flight token sums of the pool's int64 columns cannot overflow.
 MAX_TOKENS_LIMIT = 2**31 - 1
+MAX_TOKEN_ID = 2**32 - 1  # token ids are unsigned 32-bit integers (the simulator's and vLLM's)
 
 
 @dataclass(slots=True)
@@ -82,12 +83,19 @@ def _prompt_text(prompt: Any) -> tuple[str, int, str]:
         if all(isinstance(p, str) for p in prompt):
             text = "".join(prompt)
             return text, sum(count_tokens(p) for p in prompt), ""  # a batch: no one conversation
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        if _token_ids(prompt):
             return " ".join(map(str, prompt)), len(prompt), ""
+        if all(isinstance(p, list) and p and _token_ids(p) for p in prompt):  # a batch of token-id lists
+            return " ".join(str(t) for p in prompt for t in p), sum(map(len, prompt)), ""
     raise RequestError(
-        "'prompt' is required and must be a non-empty string, list of strings or list of token ids",
+        "'prompt' is required and must be a non-empty string, list of strings, list of token ids or list "
+        f"of lists of token ids (integers from 0 to {MAX_TOKEN_ID})",
         param="prompt",
     )
+
+
+def _token_ids(items: list[Any]) -> bool:
+    return all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in items)
 
 
 def _single_choice(body: dict[str, Any], form: str) -> str:
