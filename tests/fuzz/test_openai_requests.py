@@ -75,3 +75,35 @@ def test_token_ids_out_of_range_or_of_another_type_are_a_400(prompt):
     with pytest.raises(RequestError, match="token ids") as info:
         parse_completion(json.dumps({"model": "m", "prompt": prompt}).encode())
     assert info.value.param == "prompt"
+
+
+def test_content_parts_other_than_text_are_accepted_and_left_out_of_the_estimate():
+    # Image, audio, file and refusal parts are valid OpenAI content; they used to be refused with a 400.
+    parts = [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    ]
+    with_media = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    text_only = {"model": "m", "messages": [{"role": "user", "content": parts[:1]}]}
+    parsed = parse_chat_completion(json.dumps(with_media).encode())
+    assert parsed.prompt_tokens == parse_chat_completion(json.dumps(text_only).encode()).prompt_tokens
+    assert "image_url" in parsed.prompt_text  # the prefix index still hashes the whole messages
+    refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}
+    assert parse_chat_completion(json.dumps({"model": "m", "messages": [refusal]}).encode())
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ([1], r"content\[0\] must be an object"),
+        ([{"text": "x"}], r"content\[0\] must be an object with a string 'type'"),
+        ([{"type": "text", "text": "x"}, {"type": "text"}], r"content\[1\] is a text part"),
+        (3, "must be a string, an array of parts or null"),
+    ],
+)
+def test_malformed_content_parts_are_a_400_naming_the_part(content, problem):
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    with pytest.raises(RequestError, match=problem) as info:
+        parse_chat_completion(json.dumps(body).encode())
+    assert info.value.param == "messages"

@@ -117,26 +117,44 @@ def parse_chat_completion(raw: bytes) -> ParsedRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' is required and must be a non-empty array", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise RequestError(f"messages[{i}] must be an object", param="messages")
-        if not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}].role is required and must be a string", param="messages")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise RequestError(
-                f"messages[{i}].content must be a string, an array of parts or null", param="messages"
-            )
+    text_only = [_text_only(i, message) for i, message in enumerate(messages)]
     limit = _require_int(body, "max_completion_tokens")
     limit = limit or _require_int(body, "max_tokens") or CHAT_ASSUMED_MAX_TOKENS
     try:
-        rendered = chat_to_prompt(messages)
+        rendered = chat_to_prompt(text_only)
     except (TypeError, ValueError, KeyError) as exc:
         raise RequestError(f"'messages' could not be read: {exc}", param="messages") from exc
     # The prefix index hashes the messages' JSON, as the original EPP does, so prefixes follow turns.
     prompt_text = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
     history_form = _single_choice(body, CHAT)
     return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt, history_form)
+
+
+def _text_only(i: int, message: Any) -> Any:
+    """``messages[i]`` validated, as the token estimate reads it: its text parts only (an image, audio,
+    file or refusal part is valid, but its tokens are the model server's to count)."""
+    if not isinstance(message, dict):
+        raise RequestError(f"messages[{i}] must be an object", param="messages")
+    if not isinstance(message.get("role"), str):
+        raise RequestError(f"messages[{i}].role is required and must be a string", param="messages")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    if not isinstance(content, list):
+        raise RequestError(
+            f"messages[{i}].content must be a string, an array of parts or null", param="messages"
+        )
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise RequestError(
+                f"messages[{i}].content[{j}] must be an object with a string 'type'", param="messages"
+            )
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise RequestError(f"messages[{i}].content[{j}] is a text part without a string 'text'",
+                               param="messages")  # fmt: skip
+    if all(part["type"] == "text" for part in content):
+        return message
+    return {**message, "content": [part for part in content if part["type"] == "text"]}
 
 
 def _decode(raw: bytes) -> Any:
