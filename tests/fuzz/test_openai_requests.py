@@ -4,11 +4,21 @@
 from __future__ import annotations
 
 import json
+import logging
 
+import numpy as np
 import pytest
 
 from slorouter.api.requests import parse_chat_completion, parse_completion
+from slorouter.api.routing_headers import RoutingHints
+from slorouter.clock import ManualClock
+from slorouter.director import Director
 from slorouter.http.errors import RequestError
+from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.plugin import PluginContext
+from slorouter.serving.requests import inference_request
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 HUGE = b"1" * 5000
@@ -107,3 +117,33 @@ def test_malformed_content_parts_are_a_400_naming_the_part(content, problem):
     with pytest.raises(RequestError, match=problem) as info:
         parse_chat_completion(json.dumps(body).encode())
     assert info.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "prompt": "' + b"a" * 70 + b'\\ud800 lone surrogate"}',
+        b'{"model": "m\\udfff", "cache_salt": "\\ud800", "messages": '
+        b'[{"role": "user", "content": "\\ud83d"}]}',
+        b'{"model": "m", "prompt": "\xed\xa0\x80"}',  # a surrogate as (invalid) UTF-8: json.loads takes it
+    ],
+    ids=["escaped-in-prompt", "in-model-salt-and-chat", "utf8-encoded"],
+)
+def test_a_lone_surrogate_is_hashed_by_the_prefix_plugin_not_failing_it(raw, caplog):
+    # JSON allows "\ud800"; the prefix plugin's str.encode() raised UnicodeEncodeError on it, logged an
+    # error with a traceback for every such request and routed it without prefix data.
+    clock = ManualClock(100.0)
+    pool = PoolState([Endpoint(a) for a in ("10.0.0.1:8000", "10.0.0.2:8000")])
+    for endpoint in pool.endpoints:
+        pool.set_metrics(endpoint.address, MetricsSnapshot(kv_usage=0.1), at=clock.now())
+    setup = build_scheduler_setup(None, PluginContext(clock=clock, rng=np.random.default_rng(0), pool=pool))
+    director = Director(pool, setup, InFlightTracker(pool), clock)
+    parse = parse_chat_completion if b"messages" in raw else parse_completion
+    request = inference_request(parse(raw), RoutingHints(), {}, "r1", clock.now())
+    with caplog.at_level(logging.ERROR, logger="slorouter"):
+        lifecycle = director.dispatch(request, director.schedule(request))
+        lifecycle.on_headers(200, False)
+        lifecycle.on_reply_text("a reply \udc00")
+        lifecycle.on_complete({"completion_tokens": 3})
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert int(pool.columns["inflight_requests"].sum()) == 0
