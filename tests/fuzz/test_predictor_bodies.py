@@ -7,6 +7,8 @@ import pytest
 
 from slorouter.http.errors import RequestError
 from slorouter.http.json_bodies import parse_json
+from slorouter.predictor.features import DEFAULT_SCHEMA
+from slorouter.predictor.training_server import parse_samples
 
 
 @pytest.mark.parametrize(
@@ -18,3 +20,12 @@ def test_a_body_nested_too_deeply_is_a_400_not_a_crash(raw):
     with pytest.raises(RequestError, match="nested too deeply") as info:
         parse_json(raw)
     assert info.value.status == 400
+
+
+@pytest.mark.parametrize("model", [{}, [], ["ttft"], {"ttft": 1}])
+def test_a_sample_whose_model_is_an_object_or_array_is_a_400_naming_it(model):
+    # `kind not in rows` raised TypeError (unhashable) for these: a 500 from POST /v1/samples.
+    body = {"schema": DEFAULT_SCHEMA.key(), "samples": [{"model": model, "features": {}, "latency_ms": 1}]}
+    with pytest.raises(RequestError, match=r"samples\[0\].model: must be one of") as info:
+        parse_samples(body, schema=DEFAULT_SCHEMA)
+    assert (info.value.status, info.value.param) == (400, "samples[0].model")
