@@ -1,12 +1,23 @@
-"""The Prometheus text parser (a model server's /metrics page): regressions of the defects the fuzzing
-found (docs/reliability.md, "Fuzzing")."""
+"""The Prometheus text parser (a model server's /metrics page) on generated pages: valid ones (label
+escapes, several label sets, timestamps, CRLF) parse into values the pool can store; damaged ones (values
+replaced, lines cut, dropped or spliced in, random text) parse or raise ``ParseError`` naming the metric;
+nothing else is raised. Then the regressions of the defects the fuzzing found (docs/reliability.md)."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
 
 from slorouter.pool.metrics_parser import MAX_VALUE, ParseError, parse_metrics
 from slorouter.pool.state import Endpoint, PoolState
+from tests.fuzz.strategies import METRICS_CASES, TextCase, check_metrics
+
+
+@settings(max_examples=300, deadline=None)
+@given(METRICS_CASES)
+def test_generated_pages(case: TextCase) -> None:
+    check_metrics(case)
+
 
 RUNNING_KV = "vllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.1\n"
 
