@@ -18,6 +18,7 @@ from slorouter.api.routing_headers import RoutingHints
 from slorouter.clock import ManualClock
 from slorouter.director import Director
 from slorouter.http.errors import RequestError
+from slorouter.metrics import GatewayMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.loader import build_scheduler_setup
@@ -135,11 +136,10 @@ def test_malformed_content_parts_are_a_400_naming_the_part(content, problem):
     "raw",
     [
         b'{"model": "m", "prompt": "' + b"a" * 70 + b'\\ud800 lone surrogate"}',
-        b'{"model": "m\\udfff", "cache_salt": "\\ud800", "messages": '
-        b'[{"role": "user", "content": "\\ud83d"}]}',
+        b'{"model": "m", "cache_salt": "\\ud800", "messages": [{"role": "user", "content": "\\ud83d"}]}',
         b'{"model": "m", "prompt": "\xed\xa0\x80"}',  # a surrogate as (invalid) UTF-8: json.loads takes it
     ],
-    ids=["escaped-in-prompt", "in-model-salt-and-chat", "utf8-encoded"],
+    ids=["escaped-in-prompt", "in-salt-and-chat", "utf8-encoded"],
 )
 def test_a_lone_surrogate_is_hashed_by_the_prefix_plugin_not_failing_it(raw, caplog):
     # JSON allows "\ud800"; the prefix plugin's str.encode() raised UnicodeEncodeError on it, logged an
@@ -159,3 +159,24 @@ def test_a_lone_surrogate_is_hashed_by_the_prefix_plugin_not_failing_it(raw, cap
         lifecycle.on_complete({"completion_tokens": 3})
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     assert int(pool.columns["inflight_requests"].sum()) == 0
+
+
+@pytest.mark.parametrize("model", ["m\\ud800", "\\udfff", "a\\ud83d"])
+def test_a_model_name_with_a_lone_surrogate_is_a_400(model):
+    # The model name labels the TTFT/TPOT histograms: one such request made every later GET /metrics a 500
+    # (UnicodeEncodeError while the exposition was written as UTF-8).
+    for raw in (
+        b'{"model": "%s", "prompt": "x"}' % model.encode(),
+        b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}' % model.encode(),
+    ):
+        parse = parse_chat_completion if b"messages" in raw else parse_completion
+        with pytest.raises(RequestError, match="lone surrogate") as info:
+            parse(raw)
+        assert info.value.param == "model"
+
+
+def test_a_unicode_model_name_labels_the_metrics():
+    parsed = parse_completion('{"model": "модель-🦙", "prompt": "x"}'.encode())
+    metrics = GatewayMetrics()
+    metrics.latency_children(parsed.model, "")[0].observe(0.1)
+    assert "модель-🦙" in metrics.render().decode()

@@ -56,6 +56,8 @@ def _common(body: Any) -> tuple[str, bool, str]:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise RequestError("'model' is required and must be a non-empty string", param="model")
+    if not model.isascii() and not _encodable(model):  # it would be a metric label, written as UTF-8
+        raise RequestError("'model' must be valid Unicode text; it holds a lone surrogate", param="model")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -70,6 +72,14 @@ def _common(body: Any) -> tuple[str, bool, str]:
     if not isinstance(salt, str):
         raise RequestError("'cache_salt' must be a string", param="cache_salt")
     return model, stream, salt
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _prompt_text(prompt: Any) -> tuple[str, int, str]:
