@@ -216,7 +216,7 @@ def chat_bodies(draw: st.DrawFn) -> dict[str, Any]:
 
 # Invalid on purpose: each with the parameter its error must name.
 INVALID_FIELDS: dict[str, Any] = {
-    "model": st.sampled_from([None, "", "   ", 3, ["m"], {"m": 1}]),
+    "model": st.sampled_from([None, "", "   ", 3, ["m"], {"m": 1}, "m\ud800", "\udfff"]),
     "stream": st.sampled_from(["true", 1, 0, [], {}]),
     "stream_options": st.sampled_from(["x", 1, [], True]),
     "max_tokens": st.one_of(
@@ -317,6 +317,9 @@ class Pipeline:
         self.ids = 0
 
     def run(self, request: Any) -> None:
+        from slorouter.metrics import GatewayMetrics
+        from slorouter.serving.outcome import OutcomeRecorder
+
         with logged_errors() as errors:
             result = self.director.schedule(request)
             lifecycle = self.director.dispatch(request, result)
@@ -325,6 +328,9 @@ class Pipeline:
             lifecycle.on_tokens(1)
             lifecycle.on_reply_text("Hello, \u00e9\U0001f600 world")
             lifecycle.on_complete({"prompt_tokens": request.prompt_tokens, "completion_tokens": 2})
+            metrics = GatewayMetrics(self.pool)  # the request's outcome, as the front-ends record it
+            OutcomeRecorder(metrics, e2e_as_ttft=False).record(lifecycle)
+            metrics.render()  # what GET /metrics answers next
         assert not errors, f"errors logged while serving it: {errors[0][:100]} | {errors}"
         inflight = {
             name: int(self.pool.columns[name].sum())
@@ -1029,7 +1035,7 @@ def _extproc_cases(draw: st.DrawFn) -> ExtProcCase:
 
 EXTPROC_CASES = _extproc_cases()
 _LOOP: Any = None
-_PICKER: Any = None
+_CONFIG: Any = None
 
 
 def check_extproc(case: ExtProcCase) -> None:
@@ -1039,14 +1045,13 @@ def check_extproc(case: ExtProcCase) -> None:
     from slorouter.extproc.stream import Picker, PickerStream, ProtocolError
     from slorouter.metrics import GatewayMetrics
 
-    global _LOOP, _PICKER
+    global _LOOP, _CONFIG
     p = pipeline()
     if _LOOP is None:
         _LOOP = asyncio.new_event_loop()
-        _PICKER = Picker(
-            p.director, GatewayMetrics(p.pool), GatewayConfig(max_body_bytes=1 << 20), OBJECTIVES, False
-        )
-    stream = PickerStream(_PICKER)
+        _CONFIG = GatewayConfig(max_body_bytes=1 << 20)
+    picker = Picker(p.director, GatewayMetrics(p.pool), _CONFIG, OBJECTIVES, False)
+    stream = PickerStream(picker)
     routed = False
     rejected: list[tuple[int, str]] = []
 
@@ -1076,6 +1081,7 @@ def check_extproc(case: ExtProcCase) -> None:
             _LOOP.run_until_complete(play())
         finally:
             stream.close("the stream ended")
+        picker.metrics.render()  # what GET /metrics answers next
     assert not errors, f"errors logged while serving it: {errors[0][:100]} | {errors}"
     if case.valid:
         assert routed and not rejected, f"a valid request not routed: {rejected[:1]} | {case.steps[:2]!r}"
