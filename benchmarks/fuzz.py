@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         strategy, check = PARSERS[name]
         tallies[name] = tally = run(strategy, check, per_parser, args.seed)
         print(f"{name}: {tally.inputs} inputs, {tally.failures} failures, {tally.seconds:.1f} s", flush=True)
+        _print_failures(name, tally)
     wall = time.perf_counter() - started
     print()
     print("| parser | inputs | failures | distinct failures | seconds |")
@@ -120,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         f"| **total** | {total_inputs:,} | {total_failures:,} | "
         f"{sum(len(t.distinct) for t in tallies.values())} | {wall:.1f} |"
     )
-    for name, tally in tallies.items():
-        for key, (count, smallest) in sorted(tally.distinct.items(), key=lambda kv: -kv[1][0]):
-            print(f"\n[{name}] {count}x {key}\n    e.g. {smallest[:600]}")
     return 1 if total_failures else 0
+
+
+def _print_failures(name: str, tally: Tally) -> None:
+    """The distinct failures of one parser, as soon as its run ends (a later crash loses none of them)."""
+    for key, (count, smallest) in sorted(tally.distinct.items(), key=lambda kv: -kv[1][0]):
+        print(f"  [{name}] {count}x {key}\n      e.g. {smallest[:600]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ ODD_FLOATS = st.one_of(
     st.sampled_from([1e308, -1e308, 5e-324, -0.0, 1.7976931348623157e308]),
 )
 JSON_SCALARS = st.one_of(st.none(), st.booleans(), HUGE_INTS, ODD_FLOATS, ANY_TEXT)
+JSON_FINITE_SCALARS = st.one_of(
+    st.none(), st.booleans(), HUGE_INTS, st.floats(allow_nan=False, allow_infinity=False), ANY_TEXT
+)
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(SHORT_TEXT, inner, max_size=4),
@@ -688,7 +691,7 @@ def feature_row(draw: st.DrawFn, names: tuple[str, ...]) -> dict[str, Any]:
         if name not in DERIVED_FEATURES or draw(st.booleans())
     }
     if draw(st.booleans()):
-        row["extra"] = draw(JSON_SCALARS)  # extra keys are ignored
+        row["extra"] = draw(JSON_FINITE_SCALARS)  # extra keys are ignored (NaN would make it not JSON)
     return row
 
 
@@ -938,8 +941,12 @@ class ExtProcCase:
 def _header_map(headers: dict[str, str], as_value: bool) -> Any:
     from envoy.config.core.v3 import base_pb2
 
-    if as_value:  # Envoy configured to send ``value`` (a string) instead of ``raw_value``
-        return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, value=v) for k, v in headers.items()])
+    if as_value:  # Envoy configured to send ``value`` (a UTF-8 string: no lone surrogates) not ``raw_value``
+        utf8 = {
+            k.encode("utf-8", "replace").decode(): v.encode("utf-8", "replace").decode()
+            for k, v in headers.items()
+        }
+        return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, value=v) for k, v in utf8.items()])
     values = [
         base_pb2.HeaderValue(key=k, raw_value=v.encode("latin-1", "replace")) for k, v in headers.items()
     ]
