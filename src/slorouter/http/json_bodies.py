@@ -38,6 +38,8 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # deeper than orjson's 1,024 levels and the standard library's stack
+        raise RequestError("request body is not valid JSON: nested too deeply") from None
 
 
 # --- the lean server (slorouter.http.server) ------------------------------------------------------------

@@ -15,6 +15,9 @@ Rules, where the exposition allows a choice:
   engine reports its own cache).
 - NaN and ±Inf samples are ignored; a required metric whose samples are all non-finite counts as missing.
   Counts are rounded and floored at 0, the KV fraction is clamped to [0, 1].
+- A finite sample beyond ±2**53 is a ``ParseError`` (no server has that many requests; the sum of such
+  values overflows), and the combined counts are capped at 2**53, so they always fit the pool's int64
+  columns. A cache-info label beyond 2**53 reads as 0 ("unknown").
 - The text format requires all samples of one metric to be a single contiguous group (prometheus_client
   always writes them so); only the first group of a name is read.
 - A non-numeric cache-info label (vLLM reports ``num_gpu_blocks="None"`` before profiling) reads as 0,
@@ -74,6 +77,7 @@ SGLANG = Dialect(
 )
 DIALECTS: tuple[Dialect, ...] = (VLLM, SGLANG)
 
+MAX_VALUE = 2**53  # the largest sample and count taken (exact in a float64, far within an int64)
 _NAME_END = frozenset("{ \t")
 _LABEL_PAIR = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"[ \t]*(?=,|$)'
@@ -118,11 +122,11 @@ def _parse(text: str, dialect: Dialect, waiting_name: str, waiting_lines: list[s
         num_blocks += _int_label(labels.get(dialect.num_blocks_label))
 
     return MetricsSnapshot(
-        waiting=max(0, round(math.fsum(waiting))),
-        running=max(0, round(math.fsum(running))),
+        waiting=min(MAX_VALUE, max(0, round(math.fsum(waiting)))),
+        running=min(MAX_VALUE, max(0, round(math.fsum(running)))),
         kv_usage=min(1.0, max(0.0, math.fsum(kv) / len(kv))),
         block_size=block_size,
-        num_gpu_blocks=num_blocks,
+        num_gpu_blocks=min(MAX_VALUE, num_blocks),
     )
 
 
@@ -174,6 +178,8 @@ def _finite(name: str, lines: list[str]) -> list[float]:
     for rest in lines:
         value = _value(name, rest)
         if math.isfinite(value):
+            if abs(value) > MAX_VALUE:
+                raise ParseError(f"{name}: sample value {value:g} is out of range (at most 2**53)")
             values.append(value)
     return values
 
@@ -245,4 +251,4 @@ def _int_label(value: str | None) -> int:
             number = int(float(value))
         except (ValueError, OverflowError):
             return 0
-    return max(0, number)
+    return number if 0 <= number <= MAX_VALUE else 0

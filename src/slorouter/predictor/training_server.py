@@ -103,7 +103,7 @@ def parse_samples(
                 f"samples[{i}]: must be an object with model, features and latency_ms", param=f"samples[{i}]"
             )
         kind = sample.get("model")
-        if kind not in rows:
+        if not isinstance(kind, str) or kind not in rows:  # (a dict or list is not hashable)
             raise RequestError(
                 f"samples[{i}].model: must be one of {', '.join(map(repr, MODEL_KINDS))}, got {kind!r}",
                 param=f"samples[{i}].model",

@@ -59,9 +59,15 @@ _hash64 = xxhash.xxh64_intdigest
 _pack_u64 = struct.Struct("<Q").pack
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` in UTF-8; a lone surrogate (JSON lets a client send ``"\\ud800"``) as ``surrogatepass``
+    writes it, as the tokenizer counts it, so that such a prompt is hashed rather than failing the plugin."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def prefix_seed(model: str, cache_salt: str = "") -> int:
     """xxhash64 of the target model name followed by the cache salt: the chain's starting value."""
-    return _hash64((model + cache_salt).encode())
+    return _hash64(_utf8(model + cache_salt))
 
 
 def prefix_block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int) -> list[int]:
@@ -321,7 +327,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is None or not self.params.index_responses:
             return
-        hashes = self._history_hashes(request, state, response.history_text.encode())
+        hashes = self._history_hashes(request, state, _utf8(response.history_text))
         if hashes and hashes != state.hashes:
             address = response.endpoint.address
             pool = self.ctx.pool if self.ctx.pool is not None else state.pool
@@ -352,7 +358,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     ) -> list[int]:
         """Block hashes of the history, reusing the prompt's hashes of the full blocks it shares with it."""
         block_chars = state.block_size_tokens * CHARS_PER_TOKEN
-        prompt = request.prompt_text.encode()
+        prompt = _utf8(request.prompt_text)
         shared = len(prompt) // block_chars
         # A chat history differs from the prompt's JSON at its closing bracket: at most one block back.
         if shared and not history.startswith(prompt[: shared * block_chars]):
@@ -377,7 +383,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is not None and state.block_size_tokens == block_tokens:
             return state
-        prompt = request.prompt_text.encode()
+        prompt = _utf8(request.prompt_text)
         hashes = prefix_block_hashes(
             prompt,
             self._seed(request.target_model, request.cache_salt),
