@@ -80,6 +80,8 @@ async def _serve(config: Config, embedded: bool) -> int:
         if embedded:
             _print_try_it(router.address, cluster.model if cluster else "MODEL")
         await stop.wait()
+        log.info("stopping: draining the requests in progress")
+        await router.drain(config.gateway.shutdown_drain_timeout_s)
     finally:
         await router.stop()
         if cluster is not None:

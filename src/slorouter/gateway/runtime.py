@@ -84,6 +84,16 @@ class Router:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info("gateway listening on http://%s", self.address)
 
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new connections and let the requests in progress finish, for up to ``timeout_s`` (SIGTERM);
+        returns how many were still running then (``stop`` cuts them)."""
+        if self._server is None:
+            return 0
+        left = await self._server.drain(timeout_s)
+        if left:
+            log.warning("shutdown: %d requests still running after %g s are cut", left, timeout_s)
+        return left
+
     async def stop(self) -> None:
         await self.core.stop()
         if self._server is not None:

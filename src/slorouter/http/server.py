@@ -835,6 +835,28 @@ class HttpServer:
             for proto in list(self.connections):
                 proto.check_timeouts(now, limits)
 
+    async def drain(self, timeout_s: float) -> int:
+        """Graceful shutdown's first half: refuse new connections, close the idle ones, and let the requests
+        in progress finish (each connection closes after its answer) for up to ``timeout_s``. Returns how many
+        were still running then; ``close`` cuts those."""
+        self._address = None  # no listen_again after this
+        if self._server is not None:
+            self._server.close()  # the listening socket: new connections are refused from here on
+        loop = self.loop
+        deadline = loop.time() + timeout_s
+        while True:
+            busy = []
+            for proto in list(self.connections):
+                task = proto._task
+                if task is not None and not task.done():
+                    busy.append(task)
+                else:
+                    proto._close()  # idle (keep-alive, or a request still arriving): nothing to finish
+            remaining = deadline - loop.time()
+            if not busy or remaining <= 0:
+                return len(busy)
+            await asyncio.wait(busy, timeout=min(remaining, 0.1))
+
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
