@@ -46,6 +46,9 @@ class GatewayConfig(StrictModel):
         default=30.0, gt=0, description="longest pause between bytes of a request body (408)"
     )
     keepalive_timeout_s: float = Field(default=75.0, gt=0, description="idle client connections are closed")
+    max_model_label_sets: int = Field(
+        default=256, ge=1, description="distinct (model, target model) label pairs; later ones are __other__"
+    )
     shutdown_drain_timeout_s: float = Field(
         default=30.0, ge=0, description="on SIGTERM: how long the requests in progress may still run"
     )

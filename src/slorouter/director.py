@@ -158,7 +158,7 @@ class Director:
                 admitter.admit(request, candidates)
         except AdmissionDeniedError:
             if metrics is not None:
-                metrics.shed.labels(request.model, request.target_model).inc()
+                metrics.shed.labels(*metrics.model_labels(request.model, request.target_model)).inc()
             raise
         result = self.setup.scheduler.schedule(request, candidates)
         if metrics is not None and result.route is Route.EXPLORE:

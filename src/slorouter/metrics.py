@@ -150,12 +150,48 @@ class LoopCounter(Collector):
         yield family
 
 
+OVERFLOW_MODEL_LABEL = "__other__"
+DEFAULT_MAX_MODEL_LABEL_SETS = 256
+
+
+class ModelLabelSets:
+    """The (model, target model) label values the series may carry: the first ``limit`` pairs seen as they
+    are, any later one as ``__other__``, counted in ``slorouter_model_label_overflow_total``. The model name
+    is the client's: without a bound, one client could create series (and /metrics bytes) without end."""
+
+    def __init__(self, registry: CollectorRegistry, limit: int = DEFAULT_MAX_MODEL_LABEL_SETS) -> None:
+        self.limit = limit
+        self._known: set[tuple[str, str]] = set()
+        self.overflows = Counter(
+            "slorouter_model_label_overflow",
+            f"Requests whose model names were recorded as {OVERFLOW_MODEL_LABEL}: the label sets were full.",
+            registry=registry,
+        )
+
+    def __call__(self, model: str, target_model: str) -> tuple[str, str]:
+        pair = (model, target_model)
+        if pair in self._known:
+            return pair
+        if len(self._known) < self.limit:
+            self._known.add(pair)
+            return pair
+        self.overflows.inc()
+        return OVERFLOW_MODEL_LABEL, OVERFLOW_MODEL_LABEL
+
+
 class GatewayMetrics:
     """All gateway series, in a registry of their own (several gateways may share a process in tests)."""
 
-    def __init__(self, pool: PoolState | None = None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        pool: PoolState | None = None,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_model_label_sets: int = DEFAULT_MAX_MODEL_LABEL_SETS,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.model_labels = ModelLabelSets(r, max_model_label_sets)
         if pool is not None:
             r.register(PoolCollector(pool))
         # The per-request series are loop-local (no lock per update); the rare ones stay prometheus_client's.
@@ -228,10 +264,10 @@ class GatewayMetrics:
         """The (TTFT, TPOT) histogram children of one model pair."""
         children = self._latency_children.get((model, target_model))
         if children is None:
-            children = self._latency_children[(model, target_model)] = (
-                self.ttft.labels(model, target_model),
-                self.tpot.labels(model, target_model),
-            )
+            labels = self.model_labels(model, target_model)
+            children = (self.ttft.labels(*labels), self.tpot.labels(*labels))
+            if labels == (model, target_model):  # an overflowing pair is not cached (it would grow the dict)
+                self._latency_children[labels] = children
         return children
 
     def render(self) -> bytes:
@@ -327,8 +363,10 @@ PREDICTION_DURATION_BUCKETS = (
 class LatencyMetrics:
     """Series of the predicted-latency pipeline (names after the original EPP, labels filled in)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, model_labels: ModelLabelSets | None = None) -> None:
         r = registry
+        # Shared with the gateway's series when both are in one registry (one bound, one overflow counter).
+        self.model_labels = model_labels if model_labels is not None else ModelLabelSets(r)
         self.predicted_ttft = Histogram(
             "inference_objective_request_predicted_ttft_seconds",
             "Predicted TTFT of the chosen endpoint (E2E latency when streamingMode is false).",

@@ -59,7 +59,7 @@ class RouterCore:
             raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
         clock = clock or MonotonicClock()
         pool = PoolState(endpoints_from_config(config.pool))
-        metrics = GatewayMetrics(pool)
+        metrics = GatewayMetrics(pool, max_model_label_sets=config.gateway.max_model_label_sets)
         ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
         kv_subscribers: list[KVEventSubscriber] = []
         if any(endpoint.kv_events is not None for endpoint in config.pool.endpoints):
@@ -71,7 +71,7 @@ class RouterCore:
         if config.predictor is not None and config.predictor.mode != "off":
             predictor = _build_predictor(config.predictor, clock, metrics, pool, state_name)
             ctx.predictor = predictor
-            ctx.metrics = LatencyMetrics(metrics.registry)
+            ctx.metrics = LatencyMetrics(metrics.registry, metrics.model_labels)
             metrics.registry.register(PredictorCollector(predictor))
             if scheduler_config is None:
                 scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG

@@ -221,7 +221,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         )
         metrics = self.ctx.metrics
         if metrics is not None:
-            metrics.prediction_duration.labels(request.model, request.target_model).observe(duration_s)
+            labels = metrics.model_labels(request.model, request.target_model)
+            metrics.prediction_duration.labels(*labels).observe(duration_s)
 
     def _fallback(self, request: InferenceRequest, reason: str, exc: Exception | None = None) -> None:
         request.state[PREDICTION_FALLBACK_STATE] = reason
@@ -246,7 +247,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             tpot = float(state.corrected_tpot[state.target]) if self.params.streaming_mode else None
             prediction = TargetPrediction(float(state.corrected_ttft[state.target]), tpot)
         if state.corrected_ttft is not None and self.ctx.metrics is not None:
-            labels = (request.model, request.target_model)
+            labels = self.ctx.metrics.model_labels(request.model, request.target_model)
             self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
             if self.params.streaming_mode and state.corrected_tpot is not None:
                 self.ctx.metrics.predicted_tpot.labels(*labels).observe(
