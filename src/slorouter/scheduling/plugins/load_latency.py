@@ -132,10 +132,6 @@ class BatchSlotQueue:
         beyond = np.maximum(np.asarray(inflight_requests, dtype=np.float64) + 1.0 - cap, 0.0)
         return beyond * service / cap
 
-    def forget(self, pod: str) -> None:
-        self._cap.pop(pod, None)
-        self._service_ms.pop(pod, None)
-
 
 # Which of the regressors are the pod's fixed costs (the step's floor, the decode context read in every
 # step, the requests queued for admission) and which are prompt work (prefill compute): a pod of another GPU
@@ -154,6 +150,14 @@ SPEED_MAX_WAITING = 2.0
 MIN_FACTOR, MAX_FACTOR = 0.05, 20.0
 SPEED_RATIO_CLIP = 2.0
 MIN_SPEED_NOISE = 0.05  # the least scatter of a pod's ratios assumed (a few noise-free samples prove little)
+
+
+def split_expectation(theta: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pooled expectation θ·x of one row of terms (or of each row) in its three parts: fixed costs,
+    prompt work, and the slot wait (the parts the pod's two speeds scale, and the part they do not)."""
+    fixed = terms[..., FIXED_TERMS] @ theta[FIXED_TERMS]
+    work = terms[..., WORK_TERMS] @ theta[WORK_TERMS]
+    return fixed, work, theta[SLOT_TERM] * terms[..., SLOT_TERM]
 
 
 def _believed(log_speed: np.ndarray, variance: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -368,9 +372,8 @@ class LoadLatencyFit:
     def expected_with(
         theta: np.ndarray, terms: np.ndarray, fixed_speed: np.ndarray, work_speed: np.ndarray
     ) -> np.ndarray:
-        fixed = terms[:, FIXED_TERMS] @ theta[FIXED_TERMS]
-        work = terms[:, WORK_TERMS] @ theta[WORK_TERMS]
-        return fixed_speed * fixed + work_speed * work + theta[SLOT_TERM] * terms[:, SLOT_TERM]
+        fixed, work, slot = split_expectation(theta, terms)
+        return fixed_speed * fixed + work_speed * work + slot
 
     def observe(self, pod: str, terms: np.ndarray, ttft_ms: float) -> None:
         """One first token: ``terms`` as ``load_terms`` built them for this pod at dispatch."""
@@ -379,9 +382,7 @@ class LoadLatencyFit:
         theta = self.theta
         scale = ttft_ms
         if theta is not None:
-            fixed = float(terms[FIXED_TERMS] @ theta[FIXED_TERMS])
-            work = float(terms[WORK_TERMS] @ theta[WORK_TERMS])
-            slot = float(theta[SLOT_TERM] * terms[SLOT_TERM])
+            fixed, work, slot = (float(part) for part in split_expectation(theta, terms))
             pooled = fixed + work
             own = ttft_ms - slot
             if pooled > 0 and own > 0:
