@@ -36,6 +36,7 @@ ALL = [
     "code-generation",
     "reasoning",
     "new-user",
+    "realtime-mix",
 ]
 # Small lengths so that multi-turn tests build short prompts quickly.
 SMALL_GROUPS = {
@@ -66,7 +67,8 @@ def test_deterministic_and_ordered(name: str) -> None:
     for request in first:
         assert isinstance(request, BenchRequest) and request.max_tokens >= 1
         assert request.prompt.isascii() and len(request.prompt) % 4 == 0  # whole tokens
-        assert request.priority == 0 and request.slo_ttft_ms is None
+        assert request.priority == 0
+        assert request.slo_ttft_ms is None or name == "realtime-mix"  # the one with SLOs by default
 
 
 def test_poisson_rate_and_gaps() -> None:
@@ -164,6 +166,27 @@ def test_new_user_mixes_shared_prefix_chat_with_long_single_prompts() -> None:
             seed=0,
             params={"long_min_tokens": 9000, "long_max_tokens": 5000},
         )
+
+
+def test_realtime_mix_classes_prefixes_and_slos() -> None:
+    requests = generate("realtime-mix", qps=20, duration_s=100, seed=2)
+    long = [r for r in requests if count_tokens(r.prompt) >= 3000]
+    chat = [r for r in requests if count_tokens(r.prompt) <= 300]
+    assert len(long) + len(chat) == len(requests)
+    assert len(long) / len(requests) == pytest.approx(0.5, abs=0.05)
+    assert all(32 <= r.max_tokens <= 256 for r in requests)
+    # Each class carries its own SLOs; every prompt starts with one of the shared heads.
+    assert {(r.slo_ttft_ms, r.slo_tpot_ms) for r in chat} == {(200.0, 25.0)}
+    assert {(r.slo_ttft_ms, r.slo_tpot_ms) for r in long} == {(600.0, 35.0)}
+    assert len({r.prompt[: 4 * 64] for r in chat}) == 4
+    assert len({r.prompt[: 4 * 500] for r in long}) == 8
+    assert len({r.prompt for r in requests}) == len(requests)
+    # The workload-wide SLOs replace both classes'.
+    same = generate("realtime-mix", qps=20, duration_s=20, seed=2, params={"slo_ttft_ms": 900})
+    assert {r.slo_ttft_ms for r in same} == {900.0}
+    assert {r.slo_tpot_ms for r in same} == {25.0, 35.0}
+    with pytest.raises(ValueError, match=r"realtime-mix.*chat_min_tokens"):
+        generate("realtime-mix", qps=1, duration_s=10, seed=0, params={"chat_min_tokens": 400})
 
 
 @pytest.mark.parametrize(

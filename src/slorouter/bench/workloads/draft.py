@@ -25,6 +25,9 @@ class Draft:
     head_chars: int
     max_tokens: int
     session: int = -1
+    # The request's own SLOs where a workload's classes differ; None: the workload's slo_ttft_ms, slo_tpot_ms
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
 
 def stream(seed: int, purpose: str) -> np.random.Generator:
@@ -57,8 +60,8 @@ def assemble(
                 prompt=prompt,
                 max_tokens=draft.max_tokens,
                 session=draft.session,
-                slo_ttft_ms=params.slo_ttft_ms,
-                slo_tpot_ms=params.slo_tpot_ms,
+                slo_ttft_ms=params.slo_ttft_ms if draft.slo_ttft_ms is None else draft.slo_ttft_ms,
+                slo_tpot_ms=params.slo_tpot_ms if draft.slo_tpot_ms is None else draft.slo_tpot_ms,
                 priority=-1 if shed else 0,
             )
             for draft, prompt, shed in zip(kept, prompts, sheddable.tolist(), strict=True)

@@ -7,7 +7,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slorouter.bench.workloads import code_generation, maas, new_user, reasoning, shared_prefix, sharegpt
+from slorouter.bench.workloads import (
+    code_generation,
+    maas,
+    new_user,
+    realtime_mix,
+    reasoning,
+    shared_prefix,
+    sharegpt,
+)
 from slorouter.bench.workloads.draft import Draft, assemble
 from slorouter.bench.workloads.params import WorkloadParams, defaults, parse_params
 from slorouter.bench.workloads.request import WorkloadRequests
@@ -56,6 +64,11 @@ _WORKLOADS: dict[str, Workload] = {
         new_user.NewUserParams,
         new_user.build,
         "multi-turn chat under shared system prompts beside new users' 4k-16k-token single prompts",
+    ),
+    "realtime-mix": Workload(
+        realtime_mix.RealtimeMixParams,
+        realtime_mix.build,
+        "the real-time benchmark's workload: short chat beside 3k-8k-token questions on shared documents",
     ),
 }
 
