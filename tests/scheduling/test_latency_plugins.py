@@ -169,6 +169,29 @@ def test_tier_filter_keeps_the_positive_tier():
     assert _kept(f.filter(CycleState(), make_request(), cands)) == [addresses(3)[0], addresses(3)[2]]
 
 
+def test_tier_filter_dimensions():
+    cands = _with_predictions(
+        candidates_of(make_pool(3)),
+        [100.0, 300.0, 150.0],
+        [10.0, 10.0, 40.0],
+        ttft=200,
+        tpot=20,
+        streaming=True,
+    )
+    both = _plugin(SloHeadroomTierFilter, epsilonExploreNeg=0)
+    assert _kept(both.filter(CycleState(), make_request(), cands)) == [addresses(3)[0]]
+    ttft_only = _plugin(SloHeadroomTierFilter, epsilonExploreNeg=0, dimensions=["ttft"])
+    assert _kept(ttft_only.filter(CycleState(), make_request(), cands)) == [addresses(3)[0], addresses(3)[2]]
+    tpot_only = _plugin(SloHeadroomTierFilter, epsilonExploreNeg=0, dimensions=["tpot"])
+    assert _kept(tpot_only.filter(CycleState(), make_request(), cands)) == addresses(3)[:2]
+
+
+@pytest.mark.parametrize("dimensions", [[], ["ttft", "ttft"], ["e2e"], "ttft"])
+def test_tier_filter_parameter_validation(dimensions):
+    with pytest.raises(ValueError, match="dimensions"):
+        SloHeadroomTierFilter.Params.model_validate({"dimensions": dimensions})
+
+
 def test_tier_filter_passes_through_with_one_tier_or_no_predictions():
     f = _plugin(SloHeadroomTierFilter, epsilonExploreNeg=0)
     all_miss = _with_predictions(candidates_of(make_pool(3)), [300.0, 400.0, 500.0], ttft=200)

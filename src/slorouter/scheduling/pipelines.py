@@ -112,8 +112,8 @@ PREDICTION_RANKING_SCHEDULER_CONFIG: dict[str, Any] = {
 # routing: prefix affinity, then the prefill work ahead of the request on each pod — turned into expected
 # milliseconds by an online fit of the pool's own first tokens, with each pod's learned speed and the decode
 # streams its prefill would stall (load-latency-producer, expected-latency-scorer). The XGBoost predictor
-# (predicted-latency-producer) decides where absolute latencies matter: which pods meet the request's SLO
-# (slo-headroom-tier-filter) and which sheddable requests to drop (latency-slo-admitter). Requests without
+# (predicted-latency-producer) decides where absolute latencies matter: which pods meet the request's TTFT
+# SLO (slo-headroom-tier-filter) and which sheddable requests to drop (latency-slo-admitter). Requests without
 # predictions (warm-up, predictor down, x-prediction-based-scheduling: false) run the token-aware default
 # profile.
 INTERFERENCE_WEIGHT = 0.1
@@ -148,7 +148,10 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
             "type": "prefix-cache-affinity-filter",
             "parameters": STICKY_AFFINITY,
         },
-        {"type": "slo-headroom-tier-filter"},
+        # TTFT tiers only: pruning on the predicted TPOT (the pod's decode batch now, where the request's TPOT
+        # is set by the batches of its whole stream, i.e. by routing yet to come) cost TTFT p90 and did not
+        # buy TPOT (docs/benchmarks.md, issue 12 session 8).
+        {"type": "slo-headroom-tier-filter", "parameters": {"dimensions": ["ttft"]}},
         {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
     ],
     "schedulingProfiles": [

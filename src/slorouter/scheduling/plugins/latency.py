@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from slorouter.scheduling.datakeys import (
     EXPECTED_TTFT_MS,
@@ -214,16 +214,28 @@ class LatencyBandFilter(Plugin, Filter):
         return candidates if keep.all() else candidates.subset(keep)
 
 
+TierDimension = Literal["ttft", "tpot"]
+
+
 class TierParams(PluginParams):
     epsilon_explore_neg: float = Field(0.01, alias="epsilonExploreNeg", ge=0.0, le=1.0)
+    dimensions: list[TierDimension] = Field(default_factory=lambda: ["ttft", "tpot"], min_length=1)
+
+    @field_validator("dimensions")
+    @classmethod
+    def _distinct(cls, value: list[TierDimension]) -> list[TierDimension]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"dimensions must not repeat a dimension, got {value}")
+        return value
 
 
 @register_plugin
 class SloHeadroomTierFilter(Plugin, Filter):
-    """Keeps the candidates predicted to meet the SLO (headroom ≥ 0 on both dimensions) when some do and some
-    do not; with probability ``epsilonExploreNeg`` it keeps the others instead, so their predictions keep
-    being tested. Without predictions, or when every candidate is in one tier, it keeps everything. With
-    predictions it marks the route ``predicted`` (``explore`` after an exploration)."""
+    """Keeps the candidates predicted to meet the SLO (headroom ≥ 0 on each of ``dimensions``, both TTFT and
+    TPOT by default as in llm-d) when some do and some do not; with probability ``epsilonExploreNeg`` it keeps
+    the others instead, so their predictions keep being tested. Without predictions, or when every candidate
+    is in one tier, it keeps everything. With predictions it marks the route ``predicted`` (``explore`` after
+    an exploration)."""
 
     type_name = "slo-headroom-tier-filter"
     Params = TierParams
@@ -238,7 +250,13 @@ class SloHeadroomTierFilter(Plugin, Filter):
         cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
         if len(candidates) <= 1:
             return candidates
-        positive = (ttft_headroom >= 0) & (candidates.attrs[TPOT_HEADROOM_MS] >= 0)
+        dimensions = self.params.dimensions
+        if "ttft" in dimensions:
+            positive = ttft_headroom >= 0
+            if "tpot" in dimensions:
+                positive &= candidates.attrs[TPOT_HEADROOM_MS] >= 0
+        else:
+            positive = candidates.attrs[TPOT_HEADROOM_MS] >= 0
         if positive.all() or not positive.any():
             return candidates
         eps = self.params.epsilon_explore_neg
