@@ -23,6 +23,7 @@ from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.config import GatewayConfig
 from slorouter.director import Director, RequestLifecycle
 from slorouter.extproc import messages
+from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import SchedulingError
@@ -67,7 +68,7 @@ class Picker:
     def __post_init__(self) -> None:
         self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
         self.ids = RequestIds()
-        self.api_keys = frozenset(f"Bearer {key}" for key in self.config.api_keys)
+        self.api_keys = BearerTokens(self.config.api_keys)
 
 
 class PickerStream:
@@ -144,12 +145,8 @@ class PickerStream:
         if method != "POST":
             return self._reject(405, f"{path} takes POST, not {method}")
         picker = self._picker
-        if picker.api_keys and self._headers.get("authorization", "") not in picker.api_keys:
-            return self._reject(
-                401,
-                "a valid API key is required (Authorization: Bearer KEY)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        if not picker.api_keys.accepts(self._headers.get("authorization")):
+            return self._reject(401, UNAUTHORIZED_MESSAGE, headers=dict(WWW_AUTHENTICATE))
         if self._request_mode not in (messages.BUFFERED, messages.FULL_DUPLEX_STREAMED):
             mode = _MODE_NAMES.get(self._request_mode, str(self._request_mode))
             return self._reject(
