@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
+from slorouter.http.auth import check_token_text, read_token_env, read_token_file
 from slorouter.pool.config import PoolConfig
 from slorouter.validation import StrictModel, format_validation_error
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
@@ -20,7 +22,17 @@ class GatewayConfig(StrictModel):
     host: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="larger bodies get 413")
-    api_keys: list[str] = Field(default_factory=list, description="if set, Authorization: Bearer is checked")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="if any key is set, Authorization: Bearer KEY is checked"
+    )
+    api_keys_file: str | None = Field(
+        default=None, min_length=1, description="more keys: a file of one key a line (# comments)"
+    )
+    api_keys_env: str | None = Field(
+        default=None,
+        min_length=1,
+        description="more keys: the environment variable of this name, comma-separated",
+    )
     connect_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="whole upstream response")
     upstream_first_byte_timeout_s: float = Field(
@@ -76,6 +88,34 @@ class GatewayConfig(StrictModel):
     max_concurrent_requests: int = Field(
         default=4096, ge=1, description="inference and model-list requests handled at once; beyond it 503"
     )
+    _accepted_keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _read_api_keys(self) -> GatewayConfig:
+        # Read once, at load: a file or variable that cannot give keys stops the start-up, naming it (never
+        # a key). The keys are SecretStr or private, so no dump, repr or error message shows them.
+        keys = [key.get_secret_value() for key in self.api_keys]
+        for i, key in enumerate(keys):
+            problem = check_token_text(key)
+            if problem is not None:
+                raise ValueError(f"api_keys[{i}]: the key {problem}")
+        if self.api_keys_file is not None:
+            try:
+                keys += read_token_file(str(Path(self.api_keys_file).expanduser()))
+            except ValueError as exc:
+                raise ValueError(f"api_keys_file: {exc}") from None
+        if self.api_keys_env is not None:
+            try:
+                keys += read_token_env(self.api_keys_env, os.environ)
+            except ValueError as exc:
+                raise ValueError(f"api_keys_env: {exc}") from None
+        self._accepted_keys = tuple(dict.fromkeys(keys))
+        return self
+
+    @property
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        """Every key of ``api_keys``, ``api_keys_file`` and ``api_keys_env``; empty: no key is checked."""
+        return self._accepted_keys
 
 
 class EmbeddedPredictorConfig(StrictModel):

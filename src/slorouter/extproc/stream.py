@@ -68,7 +68,7 @@ class Picker:
     def __post_init__(self) -> None:
         self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
         self.ids = RequestIds()
-        self.api_keys = BearerTokens(self.config.api_keys)
+        self.api_keys = BearerTokens(self.config.accepted_api_keys)
 
 
 class PickerStream:

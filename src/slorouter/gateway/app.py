@@ -58,7 +58,7 @@ class Gateway:
         self.clock = clock
         self.objectives = dict(objectives or {})
         self.prediction_by_default = prediction_by_default
-        self._api_keys = BearerTokens(config.api_keys)
+        self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
         self._ids = RequestIds()

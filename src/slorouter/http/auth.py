@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 UNAUTHORIZED_MESSAGE = "a valid API key is required (Authorization: Bearer KEY)"
 WWW_AUTHENTICATE = {"WWW-Authenticate": "Bearer"}
@@ -23,8 +23,10 @@ def check_token_text(token: str) -> str | None:
     if not token:
         return "is empty"
     if not all(0x21 <= ord(c) <= 0x7E for c in token):
-        return "holds a character that is not visible ASCII (spaces, control characters and non-ASCII are "
-        "not allowed in a bearer token)"
+        return (
+            "holds a character that is not visible ASCII (spaces, control characters and non-ASCII are not "
+            "allowed in a bearer token)"
+        )
     return None
 
 
@@ -60,3 +62,49 @@ class BearerTokens:
         for expected in self._digests:
             matched |= hmac.compare_digest(presented, expected)
         return matched and scheme.lower() == b"bearer"
+
+
+MAX_TOKEN_FILE_BYTES = 1 << 20
+
+
+def parse_tokens(text: str, where: str) -> list[str]:
+    """The tokens of a token file's text: one a line, blank lines and ``#`` comments ignored.
+
+    ``ValueError`` names ``where`` and the line of a bad token (never the token), or says there is none.
+    """
+    tokens = []
+    for number, line in enumerate(text.splitlines(), 1):
+        token = line.strip()
+        if not token or token.startswith("#"):
+            continue
+        problem = check_token_text(token)
+        if problem is not None:
+            raise ValueError(f"{where}: line {number}: the token {problem}")
+        tokens.append(token)
+    if not tokens:
+        raise ValueError(f"{where}: holds no token (one a line; blank lines and # comments are ignored)")
+    return tokens
+
+
+def read_token_file(path: str) -> list[str]:
+    """The tokens in file ``path`` (``parse_tokens``); ``ValueError`` if it cannot be read or holds none."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_TOKEN_FILE_BYTES} bytes; is it a token file?")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: byte {exc.start} is not ASCII (tokens are visible ASCII)") from None
+    return parse_tokens(text, path)
+
+
+def read_token_env(name: str, environ: Mapping[str, str]) -> list[str]:
+    """The comma-separated tokens in environment variable ``name``; ``ValueError`` if unset or empty."""
+    value = environ.get(name)
+    if value is None:
+        raise ValueError(f"the environment variable {name} is not set")
+    return parse_tokens(value.replace(",", "\n"), f"the environment variable {name}")
