@@ -155,6 +155,33 @@ class RemotePredictorConfig(StrictModel):
     coalesce_window_ms: float = Field(default=1.0, ge=0)
     flush_interval_s: float = Field(default=1.0, gt=0)
     max_buffered_samples: int = Field(default=50_000, ge=1)
+    token_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the predictor servers' token (their --token-file): sent as Authorization: Bearer",
+    )
+    token_env: str | None = Field(
+        default=None, min_length=1, description="or the environment variable of this name holds it"
+    )
+    _tokens: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _read_token(self) -> RemotePredictorConfig:
+        if self.token_file is not None and self.token_env is not None:
+            raise ValueError("give token_file or token_env, not both")
+        try:
+            if self.token_file is not None:
+                self._tokens = tuple(read_token_file(str(Path(self.token_file).expanduser())))
+            elif self.token_env is not None:
+                self._tokens = tuple(read_token_env(self.token_env, os.environ))
+        except ValueError as exc:
+            raise ValueError(f"{'token_file' if self.token_file else 'token_env'}: {exc}") from None
+        return self
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The predictor servers' tokens (the first is sent); empty: none is sent."""
+        return self._tokens
 
 
 class PredictorConfig(StrictModel):

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from slorouter.http.errors import error_response
+from slorouter.http.server import Handler, HttpRequest, Response, json_error
 
 UNAUTHORIZED_MESSAGE = "a valid API key is required (Authorization: Bearer KEY)"
+UNAUTHORIZED_TOKEN_MESSAGE = "a valid token is required (Authorization: Bearer TOKEN)"
 WWW_AUTHENTICATE = {"WWW-Authenticate": "Bearer"}
+# The predictor servers' token, when no --token-file is given.
+TOKEN_ENV = "SLOROUTER_PREDICTOR_TOKEN"
 
 
 def check_token_text(token: str) -> str | None:
@@ -108,3 +118,58 @@ def read_token_env(name: str, environ: Mapping[str, str]) -> list[str]:
     if value is None:
         raise ValueError(f"the environment variable {name} is not set")
     return parse_tokens(value.replace(",", "\n"), f"the environment variable {name}")
+
+
+class InsecureBindError(ValueError):
+    """A server that needs a token for non-loopback addresses was asked to listen on one without it."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` reaches this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to any address: not known to be loopback
+
+
+def check_bind(host: str, tokens: BearerTokens, what: str) -> None:
+    """Refuse (``InsecureBindError``) to listen on a non-loopback ``host`` without a token."""
+    if not tokens and not is_loopback(host):
+        raise InsecureBindError(
+            f"{what} refuses to listen on {host or 'every address'} without a token: anyone who can reach it "
+            "could read predictions, post samples or fetch models; give --token-file FILE (or set "
+            f"{TOKEN_ENV}), or listen on 127.0.0.1"
+        )
+
+
+def bearer_header(tokens: Sequence[str]) -> dict[str, str]:
+    """The ``Authorization`` header a client sends with the first of ``tokens`` (none without one)."""
+    return {"Authorization": f"Bearer {tokens[0]}"} if tokens else {}
+
+
+def aiohttp_auth_middleware(tokens: BearerTokens, open_paths: frozenset[str]) -> Any:
+    """An aiohttp middleware: every path but ``open_paths`` needs an accepted bearer token (401 otherwise)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in open_paths or tokens.accepts(request.headers.get("Authorization")):
+            response: web.StreamResponse = await handler(request)
+            return response
+        return error_response(401, UNAUTHORIZED_TOKEN_MESSAGE, headers=dict(WWW_AUTHENTICATE))
+
+    return check
+
+
+def lean_auth(tokens: BearerTokens, handler: Handler) -> Handler:
+    """``handler`` of the lean HTTP server behind the bearer-token check (401 without an accepted token)."""
+    if not tokens:
+        return handler
+
+    async def check(request: HttpRequest) -> Response | None:
+        if tokens.accepts(request.header(b"authorization")):
+            return await handler(request)
+        return json_error(401, UNAUTHORIZED_TOKEN_MESSAGE, headers=dict(WWW_AUTHENTICATE))
+
+    return check

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
+from slorouter.http.auth import bearer_header
 from slorouter.predictor.features import MODEL_KINDS, ModelKind, SchemaMismatchError
 from slorouter.predictor.model_store import ModelFileError, ModelStore, decode_model_file
 from slorouter.predictor.predictor import Predictor
@@ -59,9 +61,15 @@ class TrainingServerSource:
     """Models downloaded from the training server, each only when its ETag (the version) changes."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 10.0, session: aiohttp.ClientSession | None = None
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        session: aiohttp.ClientSession | None = None,
+        tokens: Sequence[str] = (),
     ) -> None:
         self.url = url.rstrip("/")
+        self._auth = bearer_header(tokens)
         self.timeout_s = timeout_s
         self._session = session
         self._own_session = session is None
@@ -89,6 +97,7 @@ class TrainingServerSource:
             # Versions this server refused (another schema, say) are not downloaded again either.
             known = [v for v in (current, self._refused.get(kind)) if v]
             headers = {"If-None-Match": ", ".join(f'"{v}"' for v in known)} if known else {}
+            headers.update(self._auth)
             async with session.get(f"{self.url}/v1/models/{kind}", headers=headers) as response:
                 if response.status in (304, 404):
                     continue
@@ -119,11 +128,11 @@ class TrainingServerSource:
 
 
 def make_source(
-    *, model_dir: str | None = None, training_server: str | None = None
+    *, model_dir: str | None = None, training_server: str | None = None, tokens: Sequence[str] = ()
 ) -> DirectorySource | TrainingServerSource:
     if (model_dir is None) == (training_server is None):
         raise ValueError("give exactly one of model_dir and training_server")
     if model_dir is not None:
         return DirectorySource(model_dir)
     assert training_server is not None
-    return TrainingServerSource(training_server)
+    return TrainingServerSource(training_server, tokens=tokens)
