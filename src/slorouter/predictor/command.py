@@ -14,6 +14,7 @@ import uvloop
 
 from slorouter.http.auth import TOKEN_ENV, InsecureBindError, is_loopback, read_token_env, read_token_file
 from slorouter.http.running import RunningServer, wait_for_signal
+from slorouter.predictor.model_store import MAX_MODEL_BYTES
 from slorouter.predictor.state_dir import MODELS, StateDirBusyError, default_state_dir
 
 PROG = "slorouter predictor"
@@ -179,6 +180,12 @@ def _add_prediction(servers: argparse._SubParsersAction[argparse.ArgumentParser]
         default=10_000,
         help="rows allowed per bulk request (default %(default)s)",
     )
+    parser.add_argument(
+        "--max-model-bytes",
+        type=_positive_int,
+        default=MAX_MODEL_BYTES,
+        help="a model file (or download) larger is refused before it is read (default %(default)s)",
+    )
     parser.set_defaults(func=run_prediction_server)
 
 
@@ -232,7 +239,12 @@ def run_prediction_server(args: argparse.Namespace) -> int:
         return 2
     try:
         server = PredictionServer(
-            make_source(model_dir=args.model_dir, training_server=args.training_server, tokens=tokens),
+            make_source(
+                model_dir=args.model_dir,
+                training_server=args.training_server,
+                tokens=tokens,
+                max_model_bytes=int(args.max_model_bytes),
+            ),
             poll_interval_s=args.poll_interval_s,
             max_rows=args.max_rows,
             tokens=tokens,
