@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
+from slorouter.http.auth import check_token_text, read_token_env, read_token_file
 from slorouter.pool.config import PoolConfig
 from slorouter.validation import StrictModel, format_validation_error
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
@@ -20,7 +22,17 @@ class GatewayConfig(StrictModel):
     host: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="larger bodies get 413")
-    api_keys: list[str] = Field(default_factory=list, description="if set, Authorization: Bearer is checked")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="if any key is set, Authorization: Bearer KEY is checked"
+    )
+    api_keys_file: str | None = Field(
+        default=None, min_length=1, description="more keys: a file of one key a line (# comments)"
+    )
+    api_keys_env: str | None = Field(
+        default=None,
+        min_length=1,
+        description="more keys: the environment variable of this name, comma-separated",
+    )
     connect_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="whole upstream response")
     upstream_first_byte_timeout_s: float = Field(
@@ -76,6 +88,34 @@ class GatewayConfig(StrictModel):
     max_concurrent_requests: int = Field(
         default=4096, ge=1, description="inference and model-list requests handled at once; beyond it 503"
     )
+    _accepted_keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _read_api_keys(self) -> GatewayConfig:
+        # Read once, at load: a file or variable that cannot give keys stops the start-up, naming it (never
+        # a key). The keys are SecretStr or private, so no dump, repr or error message shows them.
+        keys = [key.get_secret_value() for key in self.api_keys]
+        for i, key in enumerate(keys):
+            problem = check_token_text(key)
+            if problem is not None:
+                raise ValueError(f"api_keys[{i}]: the key {problem}")
+        if self.api_keys_file is not None:
+            try:
+                keys += read_token_file(str(Path(self.api_keys_file).expanduser()))
+            except ValueError as exc:
+                raise ValueError(f"api_keys_file: {exc}") from None
+        if self.api_keys_env is not None:
+            try:
+                keys += read_token_env(self.api_keys_env, os.environ)
+            except ValueError as exc:
+                raise ValueError(f"api_keys_env: {exc}") from None
+        self._accepted_keys = tuple(dict.fromkeys(keys))
+        return self
+
+    @property
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        """Every key of ``api_keys``, ``api_keys_file`` and ``api_keys_env``; empty: no key is checked."""
+        return self._accepted_keys
 
 
 class EmbeddedPredictorConfig(StrictModel):
@@ -115,6 +155,33 @@ class RemotePredictorConfig(StrictModel):
     coalesce_window_ms: float = Field(default=1.0, ge=0)
     flush_interval_s: float = Field(default=1.0, gt=0)
     max_buffered_samples: int = Field(default=50_000, ge=1)
+    token_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the predictor servers' token (their --token-file): sent as Authorization: Bearer",
+    )
+    token_env: str | None = Field(
+        default=None, min_length=1, description="or the environment variable of this name holds it"
+    )
+    _tokens: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _read_token(self) -> RemotePredictorConfig:
+        if self.token_file is not None and self.token_env is not None:
+            raise ValueError("give token_file or token_env, not both")
+        try:
+            if self.token_file is not None:
+                self._tokens = tuple(read_token_file(str(Path(self.token_file).expanduser())))
+            elif self.token_env is not None:
+                self._tokens = tuple(read_token_env(self.token_env, os.environ))
+        except ValueError as exc:
+            raise ValueError(f"{'token_file' if self.token_file else 'token_env'}: {exc}") from None
+        return self
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The predictor servers' tokens (the first is sent); empty: none is sent."""
+        return self._tokens
 
 
 class PredictorConfig(StrictModel):

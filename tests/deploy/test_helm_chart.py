@@ -3,6 +3,7 @@ InferencePool against its CRD), the seed's install line, and the router config i
 
 from __future__ import annotations
 
+import base64
 import copy
 from typing import Any
 
@@ -69,6 +70,12 @@ def inference_pool_schema() -> dict[str, Any]:
     return _strict(version["schema"]["openAPIV3Schema"])
 
 
+@pytest.fixture(autouse=True)
+def pod_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the epp container's environment holds (from the token Secret) when it reads its config."""
+    monkeypatch.setenv("SLOROUTER_PREDICTOR_TOKEN", "token-from-the-secret")
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_lint_strict(helm, case):
     result = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *set_flags(CASES[case]))
@@ -82,6 +89,8 @@ def test_every_manifest_is_valid(render: Render, inference_pool_schema, case):
     expected = ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
     if "inferencePool.modelServers.matchLabels.app" in CASES[case]:
         expected.append("InferencePool")
+    if "inferenceExtension.latencyPredictor.enabled" in CASES[case]:
+        expected.append("Secret")  # the sidecars' token
     assert kinds == sorted(expected)
     for manifest in manifests:
         if manifest["kind"] == "InferencePool":
@@ -194,7 +203,28 @@ def test_three_prediction_servers_on_consecutive_ports_are_the_routers_remote_pr
     assert config["predictor"]["remote"] == {
         "training_server": "http://127.0.0.1:8000",
         "prediction_servers": [f"http://127.0.0.1:{p}" for p in (8001, 8002, 8003)],
+        "token_env": "SLOROUTER_PREDICTOR_TOKEN",
     }
+
+
+def test_the_sidecars_and_the_router_share_a_token_from_a_secret(render: Render):
+    manifests = render(CASES["predictor-3"])
+    secret = one(manifests, "Secret")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 48 and token.isalnum()
+    assert (
+        render(CASES["predictor-3"]) != manifests
+    )  # a fresh token each install (lookup keeps it on upgrade)
+    for container in _containers(manifests):
+        (env,) = [e for e in container["env"] if e["name"] == "SLOROUTER_PREDICTOR_TOKEN"]
+        assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "token"}
+        if container["name"] != "epp":  # on the pod's address for the kubelet: the token is required
+            assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
+    own = render({**CASES["predictor-3"], "inferenceExtension.latencyPredictor.tokenSecret": "mine"})
+    assert [m for m in own if m["kind"] == "Secret"] == []
+    for container in _containers(own):
+        (env,) = [e for e in container["env"] if e["name"] == "SLOROUTER_PREDICTOR_TOKEN"]
+        assert env["valueFrom"]["secretKeyRef"]["name"] == "mine"
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -433,3 +433,24 @@ async def test_api_keys_are_checked_and_not_forwarded(pods: SimCluster):
             call.call.cancel()
     finally:
         await picker.stop()
+
+
+async def test_the_models_list_needs_an_api_key_too(pods: SimCluster):
+    # GET /v1/models was routed without checking the key (the gateway checks it).
+    picker = await start_picker(list(pods.addresses), gateway={"api_keys": ["sk-1"]})
+    assert picker.bound is not None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.bound.grpc_port}") as channel:
+            call = open_call(channel)
+            await call.send(headers_message(request_headers("/v1/models", "GET")))
+            status, headers, _ = immediate_of((await call.receive())[0])
+            assert (status, headers["www-authenticate"]) == (401, "Bearer")
+            call = open_call(channel)
+            keyed = request_headers("/v1/models", "GET", authorization="Bearer sk-1")
+            await call.send(headers_message(keyed))
+            (routed,) = await call.receive()
+            assert destination_list(routed)[0] in pods.addresses
+            assert list(routed.request_headers.response.header_mutation.remove_headers) == ["authorization"]
+            call.call.cancel()
+    finally:
+        await picker.stop()

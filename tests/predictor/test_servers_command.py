@@ -93,7 +93,10 @@ def test_predictor_without_a_server_prints_usage(capsys: pytest.CaptureFixture[s
     assert "training-server" in capsys.readouterr().err
 
 
-def test_listen_failure_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_listen_failure_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLOROUTER_PREDICTOR_TOKEN", "t")  # a non-loopback address needs one
     args = parser().parse_args(
         [
             "predictor",

@@ -286,7 +286,11 @@ async def test_models_polled_from_the_training_server(tmp_path: Path, http: aioh
         assert 'slorouter_training_model_requests_total{model="ttft",status="304"}' in text
         async with http.get(prediction.url + "/v1/status") as r:
             status_body = await r.json()
-        assert status_body["source"] == {"type": "training-server", "url": training.url}
+        assert status_body["source"] == {
+            "type": "training-server",
+            "url": training.url,
+            "max_model_bytes": 256 << 20,
+        }
     finally:
         await prediction.stop()
         await training.stop()

@@ -23,6 +23,7 @@ from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.config import GatewayConfig
 from slorouter.director import Director, RequestLifecycle
 from slorouter.extproc import messages
+from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import SchedulingError
@@ -67,7 +68,7 @@ class Picker:
     def __post_init__(self) -> None:
         self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
         self.ids = RequestIds()
-        self.api_keys = frozenset(f"Bearer {key}" for key in self.config.api_keys)
+        self.api_keys = BearerTokens(self.config.accepted_api_keys)
 
 
 class PickerStream:
@@ -136,20 +137,15 @@ class PickerStream:
             return self._reject(400, f"bad subset hint from the data plane: {exc}")
         self._headers = {name: value for name, value in headers.items() if not name.startswith(":")}
         if path == MODELS_PATH and method == "GET":
-            return self._route_models()
+            return self._route_models() if self._authorized() else self._unauthorized()
         parse = INFERENCE_PARSERS.get(path)
         if parse is None:
             known = ", ".join(f"POST {p}" for p in INFERENCE_PARSERS)
             return self._reject(404, f"no route for {method} {path} (known: {known}, GET {MODELS_PATH})")
         if method != "POST":
             return self._reject(405, f"{path} takes POST, not {method}")
-        picker = self._picker
-        if picker.api_keys and self._headers.get("authorization", "") not in picker.api_keys:
-            return self._reject(
-                401,
-                "a valid API key is required (Authorization: Bearer KEY)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        if not self._authorized():
+            return self._unauthorized()
         if self._request_mode not in (messages.BUFFERED, messages.FULL_DUPLEX_STREAMED):
             mode = _MODE_NAMES.get(self._request_mode, str(self._request_mode))
             return self._reject(
@@ -164,6 +160,12 @@ class PickerStream:
         if self._request_mode == messages.BUFFERED:
             return [messages.continue_request_headers(self._mode_override())]
         return []  # FULL_DUPLEX_STREAMED: the headers are answered once the body is whole
+
+    def _authorized(self) -> bool:
+        return self._picker.api_keys.accepts(self._headers.get("authorization"))
+
+    def _unauthorized(self) -> list[Response]:
+        return self._reject(401, UNAUTHORIZED_MESSAGE, headers=dict(WWW_AUTHENTICATE))
 
     def _no_body(self) -> list[Response]:
         """A body-less inference request is a client error, answered without scheduling."""
@@ -265,7 +267,8 @@ class PickerStream:
         if not healthy:
             return self._reject(503, "no healthy model-server endpoint", headers={"Retry-After": "1"})
         self._phase = _Phase.ROUTED
-        return [messages.routed_headers([healthy[0].address], [], [], self._mode_override())]
+        remove = ["authorization"] if self._picker.api_keys else []
+        return [messages.routed_headers([healthy[0].address], [], remove, self._mode_override())]
 
     def _mode_override(self) -> Any:
         """Ask for the response body when Envoy's filter was not configured to send it (or did not say)."""

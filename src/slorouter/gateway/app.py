@@ -26,6 +26,7 @@ from slorouter.gateway.relay import (
     UpstreamFailedError,
     upstream_headers,
 )
+from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.http.headers import connection_listed, drop_listed
 from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
@@ -57,7 +58,7 @@ class Gateway:
         self.clock = clock
         self.objectives = dict(objectives or {})
         self.prediction_by_default = prediction_by_default
-        self._api_keys = frozenset(f"Bearer {key}" for key in config.api_keys)
+        self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
         self._ids = RequestIds()
@@ -161,7 +162,7 @@ class Gateway:
             forward.append(b"%s: %s\r\n" % (name, value))
         if connection:  # rare: the names it lists are hop-by-hop too, wherever they came
             forward = drop_listed(forward, connection_listed(connection))
-        if check_auth and headers.get("authorization", "") not in self._api_keys:
+        if check_auth and not self._api_keys.accepts(headers.get("authorization")):
             self.metrics.count_request("none", 401)
             return _unauthorized()
         if http.too_large:
@@ -228,13 +229,8 @@ class Gateway:
 
     # --- helpers -------------------------------------------------------------------------------------
     def _authorized(self, http: HttpRequest) -> bool:
-        if not self._api_keys:
-            return True
-        value = http.header(b"authorization")
-        return value is not None and value.decode("latin-1") in self._api_keys
+        return self._api_keys.accepts(http.header(b"authorization"))
 
 
 def _unauthorized() -> Response:
-    return json_error(
-        401, "a valid API key is required (Authorization: Bearer KEY)", headers={"WWW-Authenticate": "Bearer"}
-    )
+    return json_error(401, UNAUTHORIZED_MESSAGE, headers=dict(WWW_AUTHENTICATE))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Protocol
 
 import uvloop
 
+from slorouter.http.auth import TOKEN_ENV, InsecureBindError, is_loopback, read_token_env, read_token_file
 from slorouter.http.running import RunningServer, wait_for_signal
+from slorouter.predictor.model_store import MAX_MODEL_BYTES
 from slorouter.predictor.state_dir import MODELS, StateDirBusyError, default_state_dir
 
 PROG = "slorouter predictor"
@@ -78,6 +81,13 @@ def _common(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default %(default)s)")
     parser.add_argument(
         "--port", type=_port, default=default_port, help="listen port; 0 picks one (default %(default)s)"
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="require Authorization: Bearer TOKEN on every endpoint but /healthz and /readyz; FILE holds the "
+        "accepted tokens, one a line (# comments; the first is also sent to the training server). Default: "
+        f"${TOKEN_ENV} (comma-separated) if set. Needed to listen on an address other than loopback",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -170,6 +180,12 @@ def _add_prediction(servers: argparse._SubParsersAction[argparse.ArgumentParser]
         default=10_000,
         help="rows allowed per bulk request (default %(default)s)",
     )
+    parser.add_argument(
+        "--max-model-bytes",
+        type=_positive_int,
+        default=MAX_MODEL_BYTES,
+        help="a model file (or download) larger is refused before it is read (default %(default)s)",
+    )
     parser.set_defaults(func=run_prediction_server)
 
 
@@ -183,6 +199,9 @@ def run_training_server(args: argparse.Namespace) -> int:
     from slorouter.predictor.training_server import TrainingServer
 
     _configure_logging(args.log_level)
+    tokens = _tokens(args, "training-server")
+    if tokens is None:
+        return 2
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir("training-server")
     try:
         server = TrainingServer(
@@ -202,6 +221,7 @@ def run_training_server(args: argparse.Namespace) -> int:
                 min_samples=args.min_samples,
                 nthread=args.train_threads,
             ),
+            tokens=tokens,
         )
     except (OSError, ValueError) as exc:
         print(f"{PROG} training-server: error: {exc}", file=sys.stderr)
@@ -214,16 +234,49 @@ def run_prediction_server(args: argparse.Namespace) -> int:
     from slorouter.predictor.prediction_server import PredictionServer
 
     _configure_logging(args.log_level)
+    tokens = _tokens(args, "prediction-server")
+    if tokens is None:
+        return 2
     try:
         server = PredictionServer(
-            make_source(model_dir=args.model_dir, training_server=args.training_server),
+            make_source(
+                model_dir=args.model_dir,
+                training_server=args.training_server,
+                tokens=tokens,
+                max_model_bytes=int(args.max_model_bytes),
+            ),
             poll_interval_s=args.poll_interval_s,
             max_rows=args.max_rows,
+            tokens=tokens,
         )
     except (OSError, ValueError) as exc:
         print(f"{PROG} prediction-server: error: {exc}", file=sys.stderr)
         return 2
     return _serve(server, args, "prediction-server")
+
+
+def _tokens(args: argparse.Namespace, name: str) -> list[str] | None:
+    """The server's tokens (none: no token required), or None after printing why they cannot be read or why
+    the server must not listen without one."""
+    try:
+        if args.token_file is not None:
+            tokens = read_token_file(str(Path(args.token_file).expanduser()))
+        elif os.environ.get(TOKEN_ENV) is not None:
+            tokens = read_token_env(TOKEN_ENV, os.environ)
+        else:
+            tokens = []
+    except ValueError as exc:
+        where = "--token-file: " if args.token_file is not None else ""
+        print(f"{PROG} {name}: error: {where}{exc}", file=sys.stderr)
+        return None
+    if not tokens and not is_loopback(args.host):
+        print(
+            f"{PROG} {name}: error: --host {args.host} is not a loopback address: give --token-file FILE (or "
+            f"set {TOKEN_ENV}) so that only the router can use this server, or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+        return None
+    return tokens
 
 
 def _serve(server: _Server, args: argparse.Namespace, name: str) -> int:
@@ -240,6 +293,9 @@ def _serve(server: _Server, args: argparse.Namespace, name: str) -> int:
         return uvloop.run(main())
     except StateDirBusyError as exc:
         print(f"{PROG} {name}: error: --state-dir: {exc}", file=sys.stderr)
+        return 2
+    except InsecureBindError as exc:
+        print(f"{PROG} {name}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"{PROG} {name}: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
+from slorouter.http.auth import bearer_header
 from slorouter.predictor.features import MODEL_KINDS, ModelKind, SchemaMismatchError
-from slorouter.predictor.model_store import ModelFileError, ModelStore, decode_model_file
+from slorouter.predictor.model_store import MAX_MODEL_BYTES, ModelFileError, ModelStore, decode_model_file
 from slorouter.predictor.predictor import Predictor
 
 log = logging.getLogger("slorouter.predictor.model_sources")
@@ -38,14 +40,15 @@ class ModelSource(Protocol):
 class DirectorySource:
     """Models from a shared model directory (written atomically by a trainer)."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, max_model_bytes: int = MAX_MODEL_BYTES) -> None:
         self.directory = Path(directory)
+        self.max_model_bytes = max_model_bytes
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "directory", "path": str(self.directory)}
+        return {"type": "directory", "path": str(self.directory), "max_model_bytes": self.max_model_bytes}
 
     def make_predictor(self) -> Predictor:
-        return Predictor(ModelStore(self.directory))
+        return Predictor(ModelStore(self.directory, max_model_bytes=self.max_model_bytes))
 
     async def sync(self, predictor: Predictor) -> bool:
         # Reading and parsing a model file is blocking work: keep it off the event loop.
@@ -59,16 +62,24 @@ class TrainingServerSource:
     """Models downloaded from the training server, each only when its ETag (the version) changes."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 10.0, session: aiohttp.ClientSession | None = None
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        session: aiohttp.ClientSession | None = None,
+        tokens: Sequence[str] = (),
+        max_model_bytes: int = MAX_MODEL_BYTES,
     ) -> None:
         self.url = url.rstrip("/")
+        self._auth = bearer_header(tokens)
+        self.max_model_bytes = max_model_bytes
         self.timeout_s = timeout_s
         self._session = session
         self._own_session = session is None
         self._refused: dict[str, str] = {}
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "training-server", "url": self.url}
+        return {"type": "training-server", "url": self.url, "max_model_bytes": self.max_model_bytes}
 
     def make_predictor(self) -> Predictor:
         return Predictor()
@@ -89,23 +100,44 @@ class TrainingServerSource:
             # Versions this server refused (another schema, say) are not downloaded again either.
             known = [v for v in (current, self._refused.get(kind)) if v]
             headers = {"If-None-Match": ", ".join(f'"{v}"' for v in known)} if known else {}
+            headers.update(self._auth)
             async with session.get(f"{self.url}/v1/models/{kind}", headers=headers) as response:
                 if response.status in (304, 404):
                     continue
                 if response.status != 200:
                     text = (await response.text())[:200]
                     raise RuntimeError(f"GET /v1/models/{kind}: HTTP {response.status}: {text}")
-                data = await response.read()
+                version = response.headers.get("ETag", "").strip('"')
+                try:
+                    data = await self._read_bounded(response)
+                except ModelFileError as exc:
+                    self._refuse(predictor, kind, version, exc)
+                    continue
             try:
                 await asyncio.to_thread(self._load, predictor, kind, data)
             except (ModelFileError, SchemaMismatchError, ValueError) as exc:
-                version = response.headers.get("ETag", "").strip('"')
-                self._refused[kind] = version
-                predictor.errors[kind] = str(exc)
-                log.error("refused %s model %s from %s: %s", kind, version, self.url, exc)
+                self._refuse(predictor, kind, version, exc)
                 continue
             changed = True
         return changed
+
+    def _refuse(self, predictor: Predictor, kind: ModelKind, version: str, exc: Exception) -> None:
+        """Keep the model loaded now; do not download ``version`` again."""
+        self._refused[kind] = version
+        predictor.errors[kind] = str(exc)
+        log.error("refused %s model %s from %s: %s", kind, version, self.url, exc)
+
+    async def _read_bounded(self, response: aiohttp.ClientResponse) -> bytes:
+        """The body, refused (``ModelFileError``) past ``max_model_bytes`` before more of it is read."""
+        limit = self.max_model_bytes
+        if response.content_length is not None and response.content_length > limit:
+            raise ModelFileError(f"the model is {response.content_length} bytes, over the limit of {limit}")
+        data = bytearray()
+        async for chunk in response.content.iter_chunked(1 << 16):
+            data += chunk
+            if len(data) > limit:
+                raise ModelFileError(f"the model is over the limit of {limit} bytes")
+        return bytes(data)
 
     @staticmethod
     def _load(predictor: Predictor, kind: ModelKind, data: bytes) -> None:
@@ -119,11 +151,15 @@ class TrainingServerSource:
 
 
 def make_source(
-    *, model_dir: str | None = None, training_server: str | None = None
+    *,
+    model_dir: str | None = None,
+    training_server: str | None = None,
+    tokens: Sequence[str] = (),
+    max_model_bytes: int = MAX_MODEL_BYTES,
 ) -> DirectorySource | TrainingServerSource:
     if (model_dir is None) == (training_server is None):
         raise ValueError("give exactly one of model_dir and training_server")
     if model_dir is not None:
-        return DirectorySource(model_dir)
+        return DirectorySource(model_dir, max_model_bytes=max_model_bytes)
     assert training_server is not None
-    return TrainingServerSource(training_server)
+    return TrainingServerSource(training_server, tokens=tokens, max_model_bytes=max_model_bytes)

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ from slorouter.predictor.features import ModelKind, check_kind
 MAGIC = b"SLOROUTER-MODEL/1\n"
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEADER_LIMIT = 1 << 20
+# A 200-tree, depth-6 model is about 1 MiB; a file this large is not one of ours.
+MAX_MODEL_BYTES = 256 << 20
+_POINTER_LIMIT = 256
 
 
 class ModelFileError(ValueError):
@@ -127,12 +131,42 @@ def decode_model_file(data: bytes) -> tuple[bytes, ModelMetadata]:
 class ModelStore:
     """A directory of versioned model files with a current-version pointer per kind."""
 
-    def __init__(self, directory: str | Path, *, keep: int = 3) -> None:
+    def __init__(
+        self, directory: str | Path, *, keep: int = 3, max_model_bytes: int = MAX_MODEL_BYTES
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if max_model_bytes < 1:
+            raise ValueError(f"max_model_bytes must be >= 1, got {max_model_bytes}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._root = self.directory.resolve()
         self.keep = keep
+        self.max_model_bytes = max_model_bytes
+
+    def _read_inside(self, path: Path, limit: int) -> bytes:
+        """The bytes of ``path``, which must resolve inside the directory (a symlink out of it is refused) and
+        be a regular file of at most ``limit`` bytes: checked before reading it. ``FileNotFoundError`` if
+        it does not exist; ``ModelFileError`` otherwise."""
+        resolved = path.resolve(strict=True)
+        if not resolved.is_relative_to(self._root):
+            raise ModelFileError(
+                f"{path.name} resolves outside the model directory {self._root}, to {resolved}"
+            )
+        # O_NONBLOCK: opening a FIFO planted there must not hang the loader.
+        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ModelFileError(f"{path.name} is not a regular file")
+            if info.st_size > limit:
+                raise ModelFileError(
+                    f"{path.name} is {info.st_size} bytes, over the limit of {limit} (max_model_bytes)"
+                )
+            data = file.read(limit + 1)
+        if len(data) > limit:  # grew while being read
+            raise ModelFileError(f"{path.name} is over the limit of {limit} bytes (max_model_bytes)")
+        return data
 
     def _model_path(self, kind: str, version: str) -> Path:
         return self.directory / f"{kind}-{version}.model"
@@ -156,19 +190,23 @@ class ModelStore:
     def latest_version(self, kind: ModelKind) -> str | None:
         """The current version of ``kind`` (None before the first save). One small file read."""
         try:
-            version = self._pointer_path(check_kind(kind)).read_bytes().decode("ascii", "replace").strip()
-        except FileNotFoundError:
-            return None
+            pointer = self._read_inside(self._pointer_path(check_kind(kind)), _POINTER_LIMIT)
+        except (FileNotFoundError, ModelFileError):
+            return None  # an unusable pointer is no current version
+        version = pointer.decode("ascii", "replace").strip()
         return version if _VERSION_RE.match(version) else None
 
     def read_file(self, kind: ModelKind) -> tuple[str, bytes] | None:
-        """The current version of ``kind`` and its model-file bytes (as ``encode_model_file`` made them)."""
+        """The current version of ``kind`` and its model-file bytes (as ``encode_model_file`` made them).
+
+        ``ModelFileError`` for a file that resolves outside the directory, is not a regular file or is larger
+        than ``max_model_bytes``."""
         for _ in range(5):
             version = self.latest_version(kind)
             if version is None:
                 return None
             try:
-                return version, self._model_path(kind, version).read_bytes()
+                return version, self._read_inside(self._model_path(kind, version), self.max_model_bytes)
             except FileNotFoundError:
                 continue  # pruned between reading the pointer and opening the file: read the pointer again
         return None

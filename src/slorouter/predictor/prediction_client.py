@@ -20,6 +20,7 @@ import aiohttp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
+from slorouter.http.auth import bearer_header
 from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema
 from slorouter.predictor.transport import AiohttpTransport, LeanTransport, Transport, TransportError
@@ -93,6 +94,7 @@ class PredictionClient:
         registry: CollectorRegistry | None = None,
         schema: FeatureSchema = DEFAULT_SCHEMA,
         binary: bool = True,
+        tokens: Sequence[str] = (),
     ) -> None:
         if not urls:
             raise ValueError("at least one prediction-server URL is required")
@@ -108,7 +110,8 @@ class PredictionClient:
         self.wire = RowEncoder(schema)
         # The binary bulk format costs a fraction of JSON on both sides; JSON for servers without it.
         self.binary = binary
-        self._bulk_headers = self.wire.headers(binary)
+        self._auth = bearer_header(tokens)
+        self._bulk_headers = {**self.wire.headers(binary), **self._auth}
         self._encode = self.wire.encode_binary if binary else self.wire.encode
         self._decode = decode_binary_predictions if binary else decode_predictions
         self.coalesce_window_s = coalesce_window_s
@@ -345,7 +348,7 @@ class PredictionClient:
         assert self._transport is not None
         try:
             status, _ = await self._transport.request(
-                "GET", server.url + "/readyz", b"", min(1.0, self.health_check_interval_s)
+                "GET", server.url + "/readyz", b"", min(1.0, self.health_check_interval_s), self._auth or None
             )
         except (TransportError, TimeoutError) as exc:
             server.ready = False

@@ -13,12 +13,14 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from slorouter.http.auth import BearerTokens, check_bind, lean_auth
 from slorouter.http.errors import RequestError
 from slorouter.http.json_bodies import lean_body, lean_error, lean_json, parse_json
 from slorouter.http.running import RunningServer, listen_lean
@@ -92,6 +94,7 @@ class PredictionServer:
         max_rows: int = MAX_ROWS,
         max_body_bytes: int = MAX_BODY_BYTES,
         registry: CollectorRegistry | None = None,
+        tokens: Sequence[str] = (),
     ) -> None:
         if poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
@@ -101,6 +104,7 @@ class PredictionServer:
         self.poll_interval_s = poll_interval_s
         self.max_rows = max_rows
         self.max_body_bytes = max_body_bytes
+        self.tokens = BearerTokens(tokens)
         self.predictor = source.make_predictor()
         self._json_rows = JsonRows(self.predictor.schema)
         self._binary_rows = BinaryRows(self.predictor.schema)
@@ -121,15 +125,17 @@ class PredictionServer:
 
     def build_http(self) -> HttpServer:
         http = HttpServer(max_body_bytes=self.max_body_bytes)
-        http.add_route("POST", BULK_PATH, self._handle_bulk)
-        http.add_route("POST", "/v1/predict", self._handle_single)
-        http.add_route("GET", "/v1/status", self._handle_status)
+        # With a token, everything but the probes needs it (the kubelet probes without one).
+        http.add_route("POST", BULK_PATH, lean_auth(self.tokens, self._handle_bulk))
+        http.add_route("POST", "/v1/predict", lean_auth(self.tokens, self._handle_single))
+        http.add_route("GET", "/v1/status", lean_auth(self.tokens, self._handle_status))
         http.add_route("GET", "/healthz", self._handle_healthz)
         http.add_route("GET", "/readyz", self._handle_readyz)
-        http.add_route("GET", "/metrics", self._handle_metrics)
+        http.add_route("GET", "/metrics", lean_auth(self.tokens, self._handle_metrics))
         return http
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+        check_bind(host, self.tokens, "the prediction server")
         # The gateway's lean HTTP/1.1 server: about a third of aiohttp's CPU per request.
         self._server = await listen_lean(self.build_http(), host, port)
         self._poller = asyncio.create_task(self._poll_loop(), name="prediction-server-model-poll")

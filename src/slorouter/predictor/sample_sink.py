@@ -13,13 +13,14 @@ import json
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
+from slorouter.http.auth import bearer_header
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS, FeatureSchema, ModelKind, rows_to_matrix
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.wire import JSON_TYPE, error_message
@@ -88,6 +89,7 @@ class TrainingSampleSink:
     registry: CollectorRegistry | None = None
     schema: FeatureSchema = DEFAULT_SCHEMA
     pool_shape: Callable[[], PoolShape] | None = None  # the router's pool, declared with every post
+    tokens: Sequence[str] = field(default=(), repr=False)  # the training server's: the first is sent
     stats: SinkStats = field(default_factory=SinkStats, init=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +98,7 @@ class TrainingSampleSink:
         if self.max_buffer < 1 or self.max_batch < 1:
             raise ValueError("max_buffer and max_batch must be at least 1")
         self.url = self.url.rstrip("/")
+        self._headers = {"Content-Type": JSON_TYPE, **bearer_header(self.tokens)}
         self._buffer: deque[str] = deque(maxlen=self.max_buffer)
         self._own_session = self.session is None
         self._metrics = _SinkMetrics(self.registry) if self.registry is not None else None
@@ -180,7 +183,7 @@ class TrainingSampleSink:
             async with self.session.post(
                 self.url + "/v1/samples",
                 data=body,
-                headers={"Content-Type": JSON_TYPE},
+                headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             ) as response:
                 status = response.status

@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slorouter.clock import Clock, MonotonicClock
+from slorouter.http.auth import BearerTokens, aiohttp_auth_middleware, check_bind
 from slorouter.http.errors import RequestError, error_response
 from slorouter.http.headers import parse_etags
 from slorouter.http.json_bodies import json_response, read_json, request_error_response
@@ -49,6 +51,7 @@ MAX_SAMPLES_PER_REQUEST = 100_000
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MODEL_METADATA_HEADER = "X-Model-Metadata"
 MODEL_CONTENT_TYPE = "application/vnd.slorouter.model"
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 Parsed = dict[ModelKind, tuple[np.ndarray, np.ndarray]]
 
@@ -240,8 +243,10 @@ class TrainingServer:
         max_samples_per_request: int = MAX_SAMPLES_PER_REQUEST,
         max_body_bytes: int = MAX_BODY_BYTES,
         train_poll_interval_s: float = 0.1,
+        tokens: Sequence[str] = (),
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.tokens = BearerTokens(tokens)
         self.store = SampleStore(store_config or StoreConfig(), **({"schema": schema} if schema else {}))
         self.schema = self.store.schema
         self.model_store = ModelStore(self.model_dir)
@@ -284,7 +289,9 @@ class TrainingServer:
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        # With a token, everything but the probes needs it (the kubelet probes without one).
+        middlewares = [aiohttp_auth_middleware(self.tokens, OPEN_PATHS)] if self.tokens else []
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=middlewares)
         app.router.add_post("/v1/samples", self._handle_samples)
         app.router.add_get("/v1/models/{kind}", self._handle_model)
         app.router.add_get("/v1/models/{kind}/metadata", self._handle_model_metadata)
@@ -295,6 +302,7 @@ class TrainingServer:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+        check_bind(host, self.tokens, "the training server")
         if self.persistence is not None and self._lock is None:
             assert self.state_dir is not None
             self._lock = StateDirLock(self.state_dir)

@@ -82,7 +82,7 @@ class AiohttpTransport:
                 method,
                 url,
                 data=body if method == "POST" else None,
-                headers=(headers or _JSON_HEADERS) if method == "POST" else None,
+                headers=headers or (_JSON_HEADERS if method == "POST" else None),
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as response:
                 return response.status, await response.read()

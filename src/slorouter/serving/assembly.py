@@ -129,6 +129,7 @@ def _build_predictor(
             registry=metrics.registry,
             timeout_s=remote.timeout_ms / 1000,
             coalesce_window_s=remote.coalesce_window_ms / 1000,
+            tokens=remote.tokens,
         )
         sink = TrainingSampleSink(
             remote.training_server,
@@ -136,6 +137,7 @@ def _build_predictor(
             max_buffer=remote.max_buffered_samples,
             registry=metrics.registry,
             pool_shape=lambda: PoolShape.of(pool),
+            tokens=remote.tokens,
         )
         return RemotePredictor(client, sink)
     embedded = config.embedded

@@ -63,7 +63,7 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- range $port := splitList "," (include "slorouter.predictionServerPorts" .) -}}
 {{- $urls = append $urls (printf "http://127.0.0.1:%s" $port) -}}
 {{- end -}}
-{{- $remote := merge (deepCopy ($lp.remote | default dict)) (dict "training_server" (printf "http://127.0.0.1:%v" $lp.trainingServer.port) "prediction_servers" $urls) -}}
+{{- $remote := merge (deepCopy ($lp.remote | default dict)) (dict "training_server" (printf "http://127.0.0.1:%v" $lp.trainingServer.port) "prediction_servers" $urls "token_env" "SLOROUTER_PREDICTOR_TOKEN") -}}
 {{- $_ := set $config "predictor" (dict "mode" "remote" "remote" $remote) -}}
 {{- end -}}
 {{- $plugins := get ($ie.pluginsCustomConfig | default dict) $ie.pluginsConfigFile -}}
@@ -109,4 +109,18 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if and $plugins (not (hasKey $plugins .Values.inferenceExtension.pluginsConfigFile)) -}}
 {{- fail (printf "inferenceExtension.pluginsCustomConfig has no entry %q (inferenceExtension.pluginsConfigFile)" .Values.inferenceExtension.pluginsConfigFile) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the predictor sidecars' token (key `token`). */}}
+{{- define "slorouter.predictorTokenSecret" -}}
+{{- .Values.inferenceExtension.latencyPredictor.tokenSecret | default (printf "%s-predictor-token" (include "slorouter.name" .)) -}}
+{{- end -}}
+
+{{/* The env entry giving a container the predictor token. */}}
+{{- define "slorouter.predictorTokenEnv" -}}
+- name: SLOROUTER_PREDICTOR_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "slorouter.predictorTokenSecret" . }}
+      key: token
 {{- end -}}
