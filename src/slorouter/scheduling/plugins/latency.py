@@ -215,11 +215,12 @@ class LatencyBandFilter(Plugin, Filter):
 
 
 TierDimension = Literal["ttft", "tpot"]
+BOTH_DIMENSIONS: tuple[TierDimension, ...] = ("ttft", "tpot")
 
 
 class TierParams(PluginParams):
     epsilon_explore_neg: float = Field(0.01, alias="epsilonExploreNeg", ge=0.0, le=1.0)
-    dimensions: list[TierDimension] = Field(default_factory=lambda: ["ttft", "tpot"], min_length=1)
+    dimensions: list[TierDimension] = Field(default_factory=lambda: list(BOTH_DIMENSIONS), min_length=1)
 
     @field_validator("dimensions")
     @classmethod
