@@ -18,6 +18,7 @@ from slorouter.scheduling.datakeys import (
     PREFIX_TOTAL_BLOCKS,
 )
 from slorouter.scheduling.plugin import ResponseInfo
+from slorouter.scheduling.plugins import load_latency
 from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.load_latency import (
     BatchSlotQueue,
@@ -300,6 +301,31 @@ def test_the_producer_learns_the_slot_wait_of_a_pod_at_its_cap():
     expected = cands.attrs[EXPECTED_TTFT_MS]
     assert expected[0] == pytest.approx(20.0 + 4 * 500.0, rel=0.1)
     assert expected[1] == pytest.approx(20.0, rel=0.25)  # the two pods' speeds share what the fit misses
+
+
+def test_the_state_of_pods_that_left_the_pool_is_dropped(monkeypatch):
+    monkeypatch.setattr(load_latency, "PRUNE_EVERY", 4)
+    pool = make_pool(3, waiting=[1, 1, 1], running=[2, 2, 2])
+    producer = LoadLatencyProducer(
+        "", LoadLatencyParams.model_validate({"minSamples": 3}), make_ctx(pool=pool)
+    )
+    a = addresses(3)
+    for i in range(6):
+        request = make_request(prompt_tokens=100, request_id=f"r{i}")
+        cands = candidates_of(pool)
+        producer.produce(request, cands)
+        endpoint = cands.endpoint(i % 3)
+        producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
+        response = ResponseInfo(endpoint=endpoint, status=200, dispatched_at=1.0, first_token_at=1.05)
+        producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
+        response.completed_at = 2.0
+        producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+    assert producer.fit.speeds.pods() == producer.slots.pods() == set(a)
+    pool.remove(a[1])
+    for i in range(4):  # the next prune
+        producer.produce(make_request(prompt_tokens=100, request_id=f"s{i}"), candidates_of(pool))
+    assert producer.fit.speeds.pods() == producer.slots.pods() == {a[0], a[2]}
+    assert producer.fit.samples == 6  # the pooled fit keeps what the departed pod taught it
 
 
 def test_the_scorer_ranks_by_expected_latency():

@@ -75,6 +75,7 @@ SLOT_WAIT_SCALE = 1e-3  # s in seconds
 N_TERMS = 8  # 1, q, o, d, (q + o)·d, o², r, s
 MAX_LOG_RATIO = math.log(20.0)  # observations 20× off the fit (aborts, clock glitches) teach nothing
 RESOLVE_EVERY = 32  # samples between solves of the pooled fit, once it has 2 × minSamples
+PRUNE_EVERY = 1024  # schedulings between drops of the per-pod state of pods no longer in the pool
 
 
 def load_terms(
@@ -124,6 +125,13 @@ class BatchSlotQueue:
             return
         mean = self._service_ms.get(pod)
         self._service_ms[pod] = service_ms if mean is None else mean + self._alpha * (service_ms - mean)
+
+    def pods(self) -> set[str]:
+        return self._cap.keys() | self._service_ms.keys()
+
+    def forget(self, pod: str) -> None:
+        self._cap.pop(pod, None)
+        self._service_ms.pop(pod, None)
 
     def wait_ms(self, pods: list[str], inflight_requests: np.ndarray) -> np.ndarray:
         """Expected wait for a slot of a request sent now to each pod (0 where the cap or time is unknown)."""
@@ -292,6 +300,9 @@ class PodSpeeds:
         pairs = [relative.get(p, (1.0, 1.0)) for p in pods]
         return np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
 
+    def pods(self) -> set[str]:
+        return set(self._stats)
+
     def forget(self, pod: str) -> None:
         self._stats.pop(pod, None)
         self._solved.pop(pod, None)
@@ -442,8 +453,23 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
             min_samples=p.min_samples,
         )
         self.slots = BatchSlotQueue()
+        self._until_prune = PRUNE_EVERY
+
+    def forget_departed(self) -> None:
+        """Drops the speeds and slot state of pods that left the pool (a pool whose pods come and go, as
+        Kubernetes pods do with new addresses, would otherwise grow them without bound)."""
+        pool = self.ctx.pool
+        if pool is None:
+            return
+        for pod in (self.fit.speeds.pods() | self.slots.pods()) - {e.address for e in pool.endpoints}:
+            self.fit.forget(pod)
+            self.slots.forget(pod)
 
     def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
+        self._until_prune -= 1
+        if self._until_prune <= 0:
+            self._until_prune = PRUNE_EVERY
+            self.forget_departed()
         own = uncached_prompt_tokens(request, candidates)
         decode = candidates.column("inflight_decode_tokens")
         inflight = candidates.column("inflight_requests")
