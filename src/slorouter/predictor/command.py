@@ -170,6 +170,12 @@ def _add_prediction(servers: argparse._SubParsersAction[argparse.ArgumentParser]
         default=10_000,
         help="rows allowed per bulk request (default %(default)s)",
     )
+    parser.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="serve /admin/faults to make the prediction endpoints hang, slow down or answer garbage "
+        "(tests and drills only; docs/reliability.md)",
+    )
     parser.set_defaults(func=run_prediction_server)
 
 
@@ -219,6 +225,7 @@ def run_prediction_server(args: argparse.Namespace) -> int:
             make_source(model_dir=args.model_dir, training_server=args.training_server),
             poll_interval_s=args.poll_interval_s,
             max_rows=args.max_rows,
+            enable_fault_injection=args.enable_fault_injection,
         )
     except (OSError, ValueError) as exc:
         print(f"{PROG} prediction-server: error: {exc}", file=sys.stderr)
