@@ -224,10 +224,14 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             labels = metrics.model_labels(request.model, request.target_model)
             metrics.prediction_duration.labels(*labels).observe(duration_s)
 
-    def _fallback(self, request: InferenceRequest, reason: str, exc: Exception | None = None) -> None:
-        request.state[PREDICTION_FALLBACK_STATE] = reason
+    def _fallback(
+        self, request: InferenceRequest, reason: str, exc: PredictionUnavailable | None = None
+    ) -> None:
+        # The request keeps the backend's own word for the cause (breaker-open, timeout, ...: the
+        # x-slorouter-fallback-reason header); the metric keeps the three coarse reasons.
+        request.state[PREDICTION_FALLBACK_STATE] = exc.reason if exc is not None else reason
         if exc is not None:
-            log.debug("prediction unavailable (%s): %s", reason, exc)
+            log.debug("prediction unavailable (%s): %s", exc.reason, exc)
         if self.ctx.metrics is not None:
             self.ctx.metrics.fallbacks.labels(reason).inc()
 
