@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS, FeatureSchema, ModelKind, rows_to_matrix
 from slorouter.predictor.pool_shape import PoolShape
@@ -61,7 +61,7 @@ class SinkStats:
 
 
 class _SinkMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, buffered: Callable[[], int]) -> None:
         self.samples = Counter(
             "slorouter_training_sink_samples",
             "Training samples by fate: sent, dropped (buffer full), rejected (the server refused them).",
@@ -73,6 +73,12 @@ class _SinkMetrics:
             "Flushes that failed and will be retried.",
             registry=registry,
         )
+        self.buffered = Gauge(
+            "slorouter_training_sink_buffered_samples",
+            "Samples waiting to be posted to the training server (at most max_buffered_samples).",
+            registry=registry,
+        )
+        self.buffered.set_function(buffered)
 
 
 @dataclass(eq=False)
@@ -98,7 +104,9 @@ class TrainingSampleSink:
         self.url = self.url.rstrip("/")
         self._buffer: deque[str] = deque(maxlen=self.max_buffer)
         self._own_session = self.session is None
-        self._metrics = _SinkMetrics(self.registry) if self.registry is not None else None
+        self._metrics = (
+            _SinkMetrics(self.registry, lambda: len(self._buffer)) if self.registry is not None else None
+        )
         self._task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self.last_error: str | None = None
