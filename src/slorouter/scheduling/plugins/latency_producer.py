@@ -17,6 +17,7 @@ learns how much slower or faster each endpoint runs than predicted and scales it
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -176,6 +177,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         except PredictionUnavailable as exc:
             self._fallback(request, "unavailable", exc)
             return
+        except asyncio.CancelledError:
+            # The director's data-producer budget ran out first (a remote timeout_ms longer than
+            # dataProducerTimeoutMs): the request goes without a prediction, and must say so.
+            self._fallback(request, "unavailable", PredictionUnavailable("cancelled", "timeout"))
+            raise
         self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
 
     def _attach(
