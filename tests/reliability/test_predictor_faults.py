@@ -326,7 +326,7 @@ def test_training_server_down_buffers_samples_then_delivers_them(stack, clean):
     assert stack.gateway.total("slorouter_training_sink_failed_flushes_total") > failed
     assert stack.sink("sent") == sent  # nothing was sent meanwhile
     stack.training.start()
-    wait_until(lambda: stack.buffered() == 0, 20, "the queue delivered")
+    wait_until(lambda: stack.buffered() == 0, 20, "the queue delivered")  # in-flight posts included
     assert stack.sink("sent") - sent == MAX_BUFFERED
     assert stack.training.samples_added() - delivered == MAX_BUFFERED
     assert stack.sink("dropped") - dropped == overflow
