@@ -146,6 +146,31 @@ class EmbeddedPredictorConfig(StrictModel):
         return self
 
 
+class PredictionBreakerConfig(StrictModel):
+    """The prediction client's circuit breaker (docs/reliability.md, "Predictor faults")."""
+
+    failures: int = Field(default=5, ge=1, description="consecutive failed exchanges that open it")
+    latency_budget_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="p99 latency of the recent exchanges above this opens it; default: timeout_ms (then it "
+        "opens when over 1% of the exchanges time out)",
+    )
+    window: int = Field(default=100, ge=1, le=100_000, description="recent exchanges the p99 is taken over")
+    cooldown_s: float = Field(default=1.0, gt=0, description="open this long before one probe call")
+    max_cooldown_s: float = Field(
+        default=10.0, gt=0, description="the cool-down doubles after each failed probe, up to this"
+    )
+
+    @model_validator(mode="after")
+    def _cooldowns_ordered(self) -> PredictionBreakerConfig:
+        if self.max_cooldown_s < self.cooldown_s:
+            raise ValueError(
+                f"max_cooldown_s ({self.max_cooldown_s:g}) must be at least cooldown_s ({self.cooldown_s:g})"
+            )
+        return self
+
+
 class RemotePredictorConfig(StrictModel):
     """Sidecar mode: a training server and one or more prediction servers."""
 
@@ -163,6 +188,7 @@ class RemotePredictorConfig(StrictModel):
     token_env: str | None = Field(
         default=None, min_length=1, description="or the environment variable of this name holds it"
     )
+    breaker: PredictionBreakerConfig = Field(default_factory=PredictionBreakerConfig)
     _tokens: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")

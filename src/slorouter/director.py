@@ -22,6 +22,7 @@ from slorouter.clock import Clock
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
 from slorouter.pool.state import Endpoint, PoolState
+from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.loader import SchedulerSetup
 from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction
 from slorouter.scheduling.types import (
@@ -213,6 +214,14 @@ class RequestLifecycle:
     @property
     def route(self) -> Route:
         return self.result.route
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the request went by the fallback (``PREDICTION_FALLBACK_STATE``); None on other routes."""
+        if self.result.route is not Route.FALLBACK:
+            return None
+        reason = self.request.state.get(PREDICTION_FALLBACK_STATE)
+        return reason if isinstance(reason, str) else None
 
     @property
     def finished(self) -> bool:

@@ -429,6 +429,40 @@ async def test_sink_delivers_in_bulk_and_retries_after_an_outage(tmp_path: Path)
         await training.stop()
 
 
+async def test_sink_counts_a_batch_in_flight_and_drops_nothing_silently_at_shutdown() -> None:
+    """The buffered gauge holds the batch being posted (before, it read 0 while a post hung, as if the
+    samples had been delivered); what a hung training server never took is counted as dropped at stop
+    (before, the batch of a cancelled post vanished uncounted)."""
+    posts = 0
+
+    async def hang(request: web.Request) -> web.Response:
+        nonlocal posts
+        posts += 1
+        await asyncio.sleep(30)
+        return web.json_response({}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/v1/samples", hang)
+    server = await listen(app, "127.0.0.1", 0)
+    registry = CollectorRegistry()
+    sink = TrainingSampleSink(server.url, flush_interval_s=0.02, max_buffer=100, registry=registry)
+    sink.start()
+    try:
+        for i in range(10):
+            sink.add("ttft", sample_row(i), 10.0 + i)
+        await eventually(lambda: posts == 1)
+        assert sink.buffered == 0  # out of the queue, in the hung post
+        assert registry.get_sample_value("slorouter_training_sink_buffered_samples") == 10
+        await sink.stop(final_flush_timeout_s=0.2)
+        assert sink.stats.sent == 0 and sink.dropped == 10
+        dropped = registry.get_sample_value("slorouter_training_sink_samples_total", {"outcome": "dropped"})
+        assert dropped == 10
+        assert registry.get_sample_value("slorouter_training_sink_buffered_samples") == 0
+    finally:
+        await sink.stop()
+        await server.close()
+
+
 def test_samples_are_validated_when_added() -> None:
     row = sample_row()
     assert json.loads(encode_sample("ttft", row, 12.5))["features"]["kv_cache_percentage"] == pytest.approx(

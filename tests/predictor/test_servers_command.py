@@ -58,6 +58,9 @@ def test_defaults() -> None:
         None,
         1.0,
     )
+    assert args.enable_fault_injection is False  # a production server exposes no /admin/faults
+    argv = ["predictor", "prediction-server", "--model-dir", "/m", "--enable-fault-injection"]
+    assert parser().parse_args(argv).enable_fault_injection is True
     assert args.func is command.run_prediction_server
 
 

@@ -14,10 +14,11 @@ from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import ALL_FEATURES, TPOT_FEATURES, TTFT_FEATURES
-from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
+from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, PREDICTION_FALLBACK_STATE, TTFT_HEADROOM_MS
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
+from slorouter.serving.headers import routing_response_headers
 from tests.scheduling.conftest import addresses, candidates_of, make_pool
 
 
@@ -168,6 +169,50 @@ def test_prediction_unavailable_falls_back_and_still_trains():
     director.clock.advance(0.2)
     lifecycle.on_complete()
     assert [k for k, _, _ in backend.samples] == ["ttft"]
+
+
+@pytest.mark.parametrize("reason", ["breaker-open", "timeout", "unavailable"])
+def test_the_fallback_reason_is_the_backends_and_reaches_the_response_headers(reason):
+    backend = FakeBackend()
+    director, registry = _director(backend)
+    backend.predict_now = lambda _: (_ for _ in ()).throw(PredictionUnavailable("no", reason))
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    assert lifecycle.route == "fallback" and lifecycle.fallback_reason == reason
+    headers = dict(routing_response_headers(lifecycle))
+    assert headers["x-slorouter-route"] == "fallback"
+    assert headers["x-slorouter-fallback-reason"] == reason
+    # The metric keeps the coarse reason: one series per backend failure kind would say the same thing.
+    assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 1
+    lifecycle.on_complete()
+
+
+async def test_a_remote_prediction_cut_by_the_producers_budget_is_a_timeout_fallback():
+    """A remote predictor slower than dataProducerTimeoutMs: the director cancels the producer; the request
+    must still be marked as a fallback (before, it went by the prediction profile with no prediction and
+    the response said route heuristic, no reason)."""
+    backend = FakeBackend(sync=False)
+    director, registry = _director(backend)
+
+    async def hang(_):
+        await asyncio.get_running_loop().create_future()
+
+    backend.predict = hang
+    director.setup.data_producer_timeout_s = 0.02
+    request = _request()
+    result = await director.schedule_async(request)
+    assert result.primary.route == "fallback"
+    assert request.state[PREDICTION_FALLBACK_STATE] == "timeout"
+    assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 1
+
+
+def test_predicted_requests_carry_no_fallback_reason():
+    director, _ = _director(FakeBackend())
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    assert lifecycle.route != "fallback" and lifecycle.fallback_reason is None
+    assert "x-slorouter-fallback-reason" not in dict(routing_response_headers(lifecycle))
+    lifecycle.on_complete()
 
 
 def test_opted_out_requests_are_not_predicted_but_train():

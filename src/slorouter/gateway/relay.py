@@ -25,6 +25,7 @@ from slorouter.http.upstream import (
 from slorouter.metrics import GatewayMetrics
 from slorouter.serving.headers import (
     ENDPOINT_HEADER,
+    FALLBACK_REASON_HEADER,
     PREDICTED_TPOT_HEADER,
     PREDICTED_TTFT_HEADER,
     ROUTE_HEADER,
@@ -111,7 +112,7 @@ class Relay:
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
         self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft)
-        self._own_headers: dict[tuple[str, str], bytes] = {}
+        self._own_headers: dict[tuple[str, str, str | None], bytes] = {}
 
     async def relay(
         self,
@@ -211,10 +212,13 @@ class Relay:
         """The upstream's end-to-end headers, then the gateway's own, as preformatted lines."""
         address = lifecycle.target.address
         route = lifecycle.route
-        own = self._own_headers.get((address, route))
+        reason = lifecycle.fallback_reason
+        own = self._own_headers.get((address, route, reason))
         if own is None:
-            own = f"{ENDPOINT_HEADER}: {address}\r\n{ROUTE_HEADER}: {route}\r\n".encode("latin-1")
-            self._own_headers[(address, route)] = own
+            text = f"{ENDPOINT_HEADER}: {address}\r\n{ROUTE_HEADER}: {route}\r\n"
+            if reason is not None:
+                text += f"{FALLBACK_REASON_HEADER}: {reason}\r\n"
+            own = self._own_headers[(address, route, reason)] = text.encode("latin-1")
         parts = [upstream_headers(upstream), own]
         predicted = lifecycle.prediction
         if predicted is not None:

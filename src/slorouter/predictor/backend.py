@@ -17,7 +17,16 @@ from slorouter.predictor.features import ModelKind
 
 
 class PredictionUnavailable(Exception):
-    """No prediction in time (no model yet, timeout, no ready server, server errors): route by heuristics."""
+    """No prediction in time (no model yet, timeout, no ready server, server errors): route by heuristics.
+
+    ``reason`` names the cause in a word (the ``x-slorouter-fallback-reason`` header): ``PredictionClient``'s
+    are ``breaker-open``, ``no-ready-server``, ``timeout``, ``unreachable``, ``server-error``, ``malformed``,
+    ``rejected`` and ``stopping``; other backends say ``unavailable``.
+    """
+
+    def __init__(self, message: str, reason: str = "unavailable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @runtime_checkable

@@ -186,6 +186,12 @@ def _add_prediction(servers: argparse._SubParsersAction[argparse.ArgumentParser]
         default=MAX_MODEL_BYTES,
         help="a model file (or download) larger is refused before it is read (default %(default)s)",
     )
+    parser.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="serve /admin/faults to make the prediction endpoints hang, slow down or answer garbage "
+        "(tests and drills only; docs/reliability.md)",
+    )
     parser.set_defaults(func=run_prediction_server)
 
 
@@ -248,6 +254,7 @@ def run_prediction_server(args: argparse.Namespace) -> int:
             poll_interval_s=args.poll_interval_s,
             max_rows=args.max_rows,
             tokens=tokens,
+            enable_fault_injection=args.enable_fault_injection,
         )
     except (OSError, ValueError) as exc:
         print(f"{PROG} prediction-server: error: {exc}", file=sys.stderr)

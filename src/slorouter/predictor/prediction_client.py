@@ -4,7 +4,10 @@
 ``POST /v1/predict/bulk``, sends it to the ready prediction server with the fewest outstanding requests, fails
 over to another server on errors, and raises ``PredictionUnavailable`` when no answer can arrive within the
 call's timeout (50 ms by default): the router then routes by its heuristics. A health loop probes every
-server's ``/readyz`` each second, and at once after an error.
+server's ``/readyz`` each second, and at once after an error. A circuit breaker
+(``slorouter.predictor.breaker``) stops the calls while the servers keep failing or are slow, so requests go
+by the fallback at once instead of each waiting for the timeout, and lets one call through as a probe after
+a cool-down.
 """
 
 from __future__ import annotations
@@ -12,22 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import aiohttp
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slorouter.http.auth import bearer_header
 from slorouter.predictor.backend import PredictionUnavailable
+from slorouter.predictor.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema
 from slorouter.predictor.transport import AiohttpTransport, LeanTransport, Transport, TransportError
 from slorouter.predictor.wire import (
     BULK_PATH,
     MAX_ROWS,
     RowEncoder,
+    check_predictions,
     decode_binary_predictions,
     decode_predictions,
     error_message,
@@ -55,6 +61,7 @@ class _Call:
     rows: int
     future: asyncio.Future[tuple[np.ndarray, np.ndarray]]
     deadline: float
+    epoch: int  # the breaker's, when the call was admitted
 
 
 @dataclass
@@ -64,6 +71,7 @@ class ClientStats:
     bulk_requests: int = 0
     failovers: int = 0
     rows: int = 0
+    breaker_rejections: int = 0  # calls refused at once because the breaker was open
 
 
 class _ClientMetrics:
@@ -77,6 +85,23 @@ class _ClientMetrics:
             ["server", "outcome"],
             registry=registry,
         )
+        self.breaker_state = Gauge(
+            "slorouter_prediction_breaker_state",
+            "The prediction client's circuit breaker: 1 for its current state, 0 for the others.",
+            ["state"],
+            registry=registry,
+        )
+        self.breaker_transitions = Counter(
+            "slorouter_prediction_breaker_transitions",
+            "Circuit-breaker transitions, by the state entered.",
+            ["state"],
+            registry=registry,
+        )
+        self.set_breaker_state(BreakerState.CLOSED)
+
+    def set_breaker_state(self, state: BreakerState) -> None:
+        for each in BreakerState:
+            self.breaker_state.labels(each.value).set(1 if each is state else 0)
 
 
 class PredictionClient:
@@ -95,6 +120,7 @@ class PredictionClient:
         schema: FeatureSchema = DEFAULT_SCHEMA,
         binary: bool = True,
         tokens: Sequence[str] = (),
+        breaker: BreakerConfig | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one prediction-server URL is required")
@@ -130,6 +156,12 @@ class PredictionClient:
         self._health_task: asyncio.Task[None] | None = None
         self._probe_now = asyncio.Event()
         self._rotation = 0
+        # By default the latency budget is the timeout: the breaker opens when over 1% of calls time out.
+        self.breaker = CircuitBreaker(
+            breaker or BreakerConfig(latency_budget_s=timeout_s, probe_timeout_s=max(1.0, 2 * timeout_s)),
+            self._now,
+            self._breaker_moved,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -166,6 +198,16 @@ class PredictionClient:
     def ready(self) -> bool:
         return any(server.ready for server in self.servers)
 
+    def _now(self) -> float:
+        return self._loop.time() if self._loop is not None else 0.0
+
+    def _breaker_moved(self, old: BreakerState, new: BreakerState, reason: str) -> None:
+        log_level = logging.INFO if new is BreakerState.HALF_OPEN else logging.WARNING
+        log.log(log_level, "prediction circuit breaker %s -> %s: %s", old, new, reason)
+        if self._metrics:
+            self._metrics.set_breaker_state(new)
+            self._metrics.breaker_transitions.labels(new.value).inc()
+
     # -- prediction ------------------------------------------------------------------------------------------
 
     async def predict(self, x_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,11 +224,21 @@ class PredictionClient:
         self.stats.calls += 1
         if n == 0:
             return np.empty(0), np.empty(0)
+        epoch = self.breaker.admit()
+        if epoch is None:
+            self.stats.breaker_rejections += 1
+            self._unavailable(
+                f"the circuit breaker is open ({self.breaker.last_reason})", "breaker-open", "breaker_open"
+            )
         if not any(server.ready is not False for server in self.servers):
             self._probe_now.set()
-            self._unavailable("no ready prediction server")
+            if self.breaker.state is BreakerState.HALF_OPEN:
+                self.breaker.release(epoch)  # the probe is for a server: wait for one to be ready
+            else:
+                self.breaker.record(epoch, False)
+            self._unavailable("no ready prediction server", "no-ready-server")
         future: asyncio.Future[tuple[np.ndarray, np.ndarray]] = loop.create_future()
-        self._pending.append(_Call(x_all, n, future, loop.time() + self.timeout_s))
+        self._pending.append(_Call(x_all, n, future, loop.time() + self.timeout_s, epoch))
         self._pending_rows += n
         if self._pending_rows >= self.max_rows_per_bulk or self.coalesce_window_s == 0:
             self._flush()
@@ -196,18 +248,18 @@ class PredictionClient:
             async with asyncio.timeout(self.timeout_s):
                 result = await future
         except TimeoutError:
-            self._unavailable(f"no prediction within {self.timeout_s * 1000:g} ms")
+            self._unavailable(f"no prediction within {self.timeout_s * 1000:g} ms", "timeout")
         except PredictionUnavailable as exc:
-            self._unavailable(str(exc))
+            self._unavailable(str(exc), exc.reason)
         if self._metrics:
             self._metrics.calls.labels("ok").inc()
         return result
 
-    def _unavailable(self, reason: str) -> NoReturn:
+    def _unavailable(self, message: str, reason: str, outcome: str = "unavailable") -> NoReturn:
         self.stats.unavailable += 1
         if self._metrics:
-            self._metrics.calls.labels("unavailable").inc()
-        raise PredictionUnavailable(reason)
+            self._metrics.calls.labels(outcome).inc()
+        raise PredictionUnavailable(message, reason)
 
     def _flush(self) -> None:
         if self._flush_handle is not None:
@@ -222,6 +274,9 @@ class PredictionClient:
         task.add_done_callback(self._tasks.discard)
 
     async def _dispatch(self, calls: list[_Call]) -> None:
+        assert self._loop is not None
+        started = self._loop.time()
+        epoch = max(c.epoch for c in calls)
         try:
             x_all = np.concatenate([c.x_all for c in calls]) if len(calls) > 1 else calls[0].x_all
             deadline = max(c.deadline for c in calls)
@@ -235,15 +290,22 @@ class PredictionClient:
             else:
                 results = await asyncio.gather(*(self._send(body, n, deadline) for body, n in bodies))
         except (Exception, asyncio.CancelledError) as exc:
-            reason = (
-                "the prediction client is stopping" if isinstance(exc, asyncio.CancelledError) else str(exc)
-            )
+            if isinstance(exc, asyncio.CancelledError):
+                error = PredictionUnavailable("the prediction client is stopping", "stopping")
+            elif isinstance(exc, PredictionUnavailable):
+                error = exc
+                # A timed-out exchange is slower than any budget; an error answer says nothing of speed.
+                self.breaker.record(epoch, False, math.inf if exc.reason == "timeout" else None)
+            else:
+                error = PredictionUnavailable(str(exc))
+                self.breaker.record(epoch, False)
             for call in calls:
                 if not call.future.done():
-                    call.future.set_exception(PredictionUnavailable(reason))
+                    call.future.set_exception(PredictionUnavailable(str(error), error.reason))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
+        self.breaker.record(epoch, True, self._loop.time() - started)
         ttft = np.concatenate([r[0] for r in results]) if len(results) > 1 else results[0][0]
         tpot = np.concatenate([r[1] for r in results]) if len(results) > 1 else results[0][1]
         offset = 0
@@ -268,15 +330,15 @@ class PredictionClient:
     async def _send(self, body: bytes, n: int, deadline: float) -> tuple[np.ndarray, np.ndarray]:
         assert self._loop is not None and self._transport is not None
         tried: set[ServerState] = set()
-        last_error = "no ready prediction server"
+        last_error, last_reason = "no ready prediction server", "no-ready-server"
         while True:
             server = self._pick(tried)
             if server is None:
                 self._probe_now.set()
-                raise PredictionUnavailable(last_error)
+                raise PredictionUnavailable(last_error, last_reason)
             remaining = deadline - self._loop.time()
             if remaining <= 0:
-                raise PredictionUnavailable(f"no prediction within {self.timeout_s * 1000:g} ms")
+                raise PredictionUnavailable(f"no prediction within {self.timeout_s * 1000:g} ms", "timeout")
             if tried:
                 self.stats.failovers += 1
             tried.add(server)
@@ -290,9 +352,11 @@ class PredictionClient:
             except TimeoutError:
                 # A slow server is not marked down: its outstanding count already steers traffic away from it.
                 self._count(server, "timeout")
-                raise PredictionUnavailable(f"no prediction within {self.timeout_s * 1000:g} ms") from None
+                raise PredictionUnavailable(
+                    f"no prediction within {self.timeout_s * 1000:g} ms", "timeout"
+                ) from None
             except TransportError as exc:
-                last_error = f"{server.url}: {exc}"
+                last_error, last_reason = f"{server.url}: {exc}", "unreachable"
                 self._mark_down(server, last_error, "error")
                 continue
             finally:
@@ -300,9 +364,10 @@ class PredictionClient:
             if status == 200:
                 try:
                     result = self._decode(payload, n)
+                    check_predictions(*result)
                 except (ValueError, KeyError, TypeError) as exc:
-                    last_error = f"{server.url}: malformed response: {exc}"
-                    self._mark_down(server, last_error, "error")
+                    last_error, last_reason = f"{server.url}: malformed response: {exc}", "malformed"
+                    self._mark_down(server, last_error, "malformed")
                     continue
                 server.ready = True
                 self.stats.rows += n
@@ -312,8 +377,10 @@ class PredictionClient:
             if status in (400, 413):
                 # The rows themselves are refused; another server would refuse them too.
                 self._count(server, "rejected")
-                raise PredictionUnavailable(f"{server.url} rejected the rows (HTTP {status}): {message}")
-            last_error = f"{server.url}: HTTP {status}: {message}"
+                raise PredictionUnavailable(
+                    f"{server.url} rejected the rows (HTTP {status}): {message}", "rejected"
+                )
+            last_error, last_reason = f"{server.url}: HTTP {status}: {message}", "server-error"
             self._mark_down(server, last_error, "not_ready" if status == 503 else "error")
 
     def _count(self, server: ServerState, outcome: str) -> None:

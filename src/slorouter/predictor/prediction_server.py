@@ -3,7 +3,8 @@
 Its ``ModelSource`` (``slorouter.predictor.model_sources``) is polled on an interval and loads a model only
 when its version changes. Until a first real training's models are loaded, prediction endpoints answer 503
 and ``/readyz`` fails. Bulk rows are decoded by ``slorouter.predictor.bulk_rows``; the bulk wire format is
-``slorouter.predictor.wire``'s.
+``slorouter.predictor.wire``'s. With ``enable_fault_injection`` it also serves ``/admin/faults``
+(``slorouter.predictor.faults``) and plays the faults it is given on its prediction endpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from slorouter.http.json_bodies import lean_body, lean_error, lean_json, parse_j
 from slorouter.http.running import RunningServer, listen_lean
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.predictor.bulk_rows import BinaryRows, JsonRows
+from slorouter.predictor.faults import BAD_VALUES, NOT_PREDICTIONS, PREDICT, FaultAdmin
 from slorouter.predictor.features import FeatureError
 from slorouter.predictor.model_sources import ModelSource
 from slorouter.predictor.predictor import PredictorNotReady
@@ -40,6 +42,7 @@ from slorouter.predictor.wire import (
     encode_binary_predictions,
     encode_predictions,
 )
+from slorouter.sim.faults import Fault, FaultPlan
 
 log = logging.getLogger("slorouter.predictor.prediction_server")
 
@@ -95,6 +98,7 @@ class PredictionServer:
         max_body_bytes: int = MAX_BODY_BYTES,
         registry: CollectorRegistry | None = None,
         tokens: Sequence[str] = (),
+        enable_fault_injection: bool = False,
     ) -> None:
         if poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
@@ -120,6 +124,8 @@ class PredictionServer:
         self._server: RunningServer | None = None
         self._synced = asyncio.Event()
         self._sync_lock = asyncio.Lock()
+        # None unless enabled: then /admin/faults exists and the prediction endpoints draw from it.
+        self.faults: FaultPlan | None = FaultPlan() if enable_fault_injection else None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -132,6 +138,8 @@ class PredictionServer:
         http.add_route("GET", "/healthz", self._handle_healthz)
         http.add_route("GET", "/readyz", self._handle_readyz)
         http.add_route("GET", "/metrics", lean_auth(self.tokens, self._handle_metrics))
+        if self.faults is not None:
+            FaultAdmin(self.faults).add_routes(http)
         return http
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
@@ -219,7 +227,28 @@ class PredictionServer:
         self.metrics.requests.labels(route, str(status)).inc()
         return response
 
+    async def _fault(self, request: HttpRequest) -> tuple[Fault | None, Response | None]:
+        """The injected fault this request gets, and the answer that replaces the real one, if any."""
+        fault = self.faults.draw(PREDICT) if self.faults else None
+        if fault is None:
+            return None, None
+        if fault.name == "hang":
+            await asyncio.get_running_loop().create_future()  # until the client goes away (cancelled)
+        if fault.name == "delay":
+            await asyncio.sleep(fault.param("delay_ms") / 1000)
+        elif fault.name == "status":
+            status = int(fault.param("status"))
+            return fault, json_error(status, f"injected fault: status {status}", code="injected_fault")
+        elif fault.name == "malformed":
+            binary = (request.header(b"content-type") or b"").startswith(BINARY_ROWS_TYPE.encode())
+            content_type = BINARY_PREDICTIONS_TYPE if binary else JSON_TYPE
+            return fault, Response(200, NOT_PREDICTIONS, content_type=content_type.encode())
+        return fault, None
+
     async def _handle_bulk(self, request: HttpRequest) -> Response:
+        fault, replaced = await self._fault(request) if self.faults else (None, None)
+        if replaced is not None:
+            return replaced
         if not self.predictor.ready:
             self.metrics.requests.labels("bulk", "503").inc()
             return self._not_ready()
@@ -244,6 +273,8 @@ class PredictionServer:
                     ttft, tpot = self.predictor.predict_all(matrix)
         except (RequestError, FeatureError, PredictorNotReady) as exc:
             return self._failure("bulk", exc)
+        if fault is not None and fault.name in BAD_VALUES:
+            ttft = np.full(len(ttft), BAD_VALUES[fault.name])
         self._bulk_ok.inc()
         self.metrics.rows.inc(n)
         if binary:
@@ -291,6 +322,9 @@ class PredictionServer:
         return self._versions
 
     async def _handle_single(self, request: HttpRequest) -> Response:
+        fault, replaced = await self._fault(request) if self.faults else (None, None)
+        if replaced is not None:
+            return replaced
         if not self.predictor.ready:
             self.metrics.requests.labels("single", "503").inc()
             return self._not_ready()
@@ -301,6 +335,8 @@ class PredictionServer:
             ttft, tpot = self.predictor.predict_rows([row])
         except (RequestError, FeatureError, PredictorNotReady) as exc:
             return self._failure("single", exc)
+        if fault is not None and fault.name in BAD_VALUES:
+            ttft = np.full(1, BAD_VALUES[fault.name])
         self.metrics.requests.labels("single", "200").inc()
         self.metrics.rows.inc()
         tpot_ms = float(tpot[0])
@@ -336,4 +372,5 @@ class PredictionServer:
             "last_reload_unix": self.last_reload_unix,
             "last_sync_error": self.last_sync_error,
             "max_rows": self.max_rows,
+            "faults": None if self.faults is None else self.faults.describe(),
         }

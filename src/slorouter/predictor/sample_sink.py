@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slorouter.http.auth import bearer_header
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS, FeatureSchema, ModelKind, rows_to_matrix
@@ -62,7 +62,7 @@ class SinkStats:
 
 
 class _SinkMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, buffered: Callable[[], int]) -> None:
         self.samples = Counter(
             "slorouter_training_sink_samples",
             "Training samples by fate: sent, dropped (buffer full), rejected (the server refused them).",
@@ -74,6 +74,12 @@ class _SinkMetrics:
             "Flushes that failed and will be retried.",
             registry=registry,
         )
+        self.buffered = Gauge(
+            "slorouter_training_sink_buffered_samples",
+            "Samples held for the training server: queued (at most max_buffered_samples) or being posted.",
+            registry=registry,
+        )
+        self.buffered.set_function(buffered)
 
 
 @dataclass(eq=False)
@@ -101,9 +107,14 @@ class TrainingSampleSink:
         self._headers = {"Content-Type": JSON_TYPE, **bearer_header(self.tokens)}
         self._buffer: deque[str] = deque(maxlen=self.max_buffer)
         self._own_session = self.session is None
-        self._metrics = _SinkMetrics(self.registry) if self.registry is not None else None
+        self._metrics = (
+            _SinkMetrics(self.registry, lambda: len(self._buffer) + self._posting)
+            if self.registry is not None
+            else None
+        )
         self._task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
+        self._posting = 0  # samples of the batch being posted (out of the queue, not yet delivered)
         self.last_error: str | None = None
 
     @property
@@ -130,6 +141,12 @@ class TrainingSampleSink:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(final_flush_timeout_s):
                     await self.flush()
+        if self._buffer:
+            log.warning(
+                "%d training samples not delivered at shutdown (%s)", len(self._buffer), self.last_error
+            )
+            self._drop(len(self._buffer))
+            self._buffer.clear()
         if self._own_session and self.session is not None:
             await self.session.close()
             self.session = None
@@ -158,7 +175,15 @@ class TrainingSampleSink:
         async with self._flush_lock:
             while self._buffer:
                 batch = [self._buffer.popleft() for _ in range(min(self.max_batch, len(self._buffer)))]
-                if not await self._post(batch):
+                self._posting = len(batch)
+                try:
+                    posted = await self._post(batch)
+                except asyncio.CancelledError:
+                    self._requeue(batch)  # stop() tries them once more, then counts what is left
+                    raise
+                finally:
+                    self._posting = 0
+                if not posted:
                     self._requeue(batch)
                     return False
             return True

@@ -111,6 +111,19 @@ def decode_binary_predictions(body: bytes, n: int) -> tuple[np.ndarray, np.ndarr
     return values[:n], values[n:]
 
 
+def check_predictions(ttft: np.ndarray, tpot: np.ndarray) -> None:
+    """``ValueError`` unless every TTFT is a finite number >= 0 and every TPOT one too or NaN (no TPOT
+    model yet): a NaN, infinite or negative latency is a malformed answer, never a routing input."""
+    valid_ttft = np.isfinite(ttft) & (ttft >= 0)
+    if not valid_ttft.all():
+        bad = ttft[~valid_ttft][0]
+        raise ValueError(f"a TTFT prediction is {float(bad)!r}: predictions must be finite and >= 0")
+    valid_tpot = np.isnan(tpot) | (np.isfinite(tpot) & (tpot >= 0))
+    if not valid_tpot.all():
+        bad = tpot[~valid_tpot][0]
+        raise ValueError(f"a TPOT prediction is {float(bad)!r}: predictions must be finite and >= 0 (or NaN)")
+
+
 def error_message(payload: bytes) -> str:
     """The message of the servers' JSON error body ``{"error": {"message": ...}}`` (else the body's start)."""
     try:

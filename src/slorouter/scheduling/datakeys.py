@@ -38,6 +38,7 @@ EXPECTED_TTFT_MS = "expected_ttft_ms"
 OWN_PREFILL_MS = "own_prefill_ms"
 
 # Request state set by predicted-latency-producer when it could not predict for this request (the reason:
-# "warming-up", "unavailable", "invalid-prediction"); the prediction-profile-handler then routes the request
-# with the heuristic profile.
+# "warming-up", "invalid-prediction", or the backend's PredictionUnavailable.reason, e.g. "breaker-open",
+# "timeout", "unavailable"); the prediction-profile-handler then routes the request with the heuristic
+# profile, and the response says why in x-slorouter-fallback-reason.
 PREDICTION_FALLBACK_STATE = "prediction_fallback"

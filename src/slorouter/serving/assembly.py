@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from slorouter.clock import Clock, MonotonicClock
-from slorouter.config import Config, ConfigError, PredictorConfig
+from slorouter.config import Config, ConfigError, PredictorConfig, RemotePredictorConfig
 from slorouter.director import Director
 from slorouter.discovery.start import DiscoveryHandle, KubernetesConfigError, start_discovery
 from slorouter.metrics import GatewayMetrics, KVEventsCollector, LatencyMetrics, PredictorCollector
@@ -22,6 +22,7 @@ from slorouter.pool.kv_subscriber import KVEventSubscriber, subscribers_from_con
 from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
+from slorouter.predictor.breaker import BreakerConfig
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.prediction_client import PredictionClient
@@ -118,6 +119,20 @@ class RouterCore:
             await self.predictor.stop()
 
 
+def _breaker_config(remote: RemotePredictorConfig) -> BreakerConfig:
+    breaker = remote.breaker
+    budget_ms = breaker.latency_budget_ms if breaker.latency_budget_ms is not None else remote.timeout_ms
+    return BreakerConfig(
+        failures=breaker.failures,
+        latency_budget_s=budget_ms / 1000,
+        window=breaker.window,
+        min_exchanges=min(20, breaker.window),
+        cooldown_s=breaker.cooldown_s,
+        max_cooldown_s=breaker.max_cooldown_s,
+        probe_timeout_s=max(1.0, 2 * remote.timeout_ms / 1000),
+    )
+
+
 def _build_predictor(
     config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, state_name: str
 ) -> LatencyPredictorBackend:
@@ -130,6 +145,7 @@ def _build_predictor(
             timeout_s=remote.timeout_ms / 1000,
             coalesce_window_s=remote.coalesce_window_ms / 1000,
             tokens=remote.tokens,
+            breaker=_breaker_config(remote),
         )
         sink = TrainingSampleSink(
             remote.training_server,

@@ -7,12 +7,17 @@ from slorouter.director import RequestLifecycle
 
 ENDPOINT_HEADER = "x-slorouter-endpoint"
 ROUTE_HEADER = "x-slorouter-route"
+# With route fallback: why (warming-up, breaker-open, timeout, ...: docs/configuration.md).
+FALLBACK_REASON_HEADER = "x-slorouter-fallback-reason"
 PREDICTED_TTFT_HEADER = "x-slorouter-predicted-ttft-ms"
 PREDICTED_TPOT_HEADER = "x-slorouter-predicted-tpot-ms"
 
 
 def routing_response_headers(lifecycle: RequestLifecycle) -> list[tuple[str, str]]:
     headers = [(ENDPOINT_HEADER, lifecycle.target.address), (ROUTE_HEADER, str(lifecycle.route))]
+    reason = lifecycle.fallback_reason
+    if reason is not None:
+        headers.append((FALLBACK_REASON_HEADER, reason))
     predicted = lifecycle.prediction
     if predicted is not None:
         headers.append((PREDICTED_TTFT_HEADER, f"{predicted.ttft_ms:.1f}"))

@@ -8,7 +8,8 @@ A fault is a JSON object (the body of ``POST /admin/faults``, or ``slorouter sim
 gets it, ``count`` (default: no limit) how many requests get it before it retires itself; the other keys are
 the fault's own parameters. ``parse_fault`` checks all of it and raises ``FaultError`` with a message that
 names the bad key. ``FaultPlan`` holds a pod's active faults, at most one per name, and draws which request
-gets one with its own seeded generator.
+gets one with its own seeded generator. ``parse_fault`` takes another catalogue of ``FaultKind`` too: the
+prediction server's faults (``slorouter.predictor.faults``) are played the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ INFERENCE, METRICS, LISTENER = "inference", "metrics", "listener"
 
 
 @dataclass(frozen=True, slots=True)
-class _Param:
+class FaultParam:
     kind: type  # int or float (bool is refused for both)
     default: float | int | None
     low: float
@@ -32,60 +33,60 @@ class _Param:
 
 
 @dataclass(frozen=True, slots=True)
-class _Kind:
+class FaultKind:
     target: str
     help: str
-    params: dict[str, _Param] = field(default_factory=dict)
+    params: dict[str, FaultParam] = field(default_factory=dict)
 
 
-_AFTER_TOKENS = _Param(int, 0, 0, 1_000_000, "stream this many tokens first (streams only)")
+_AFTER_TOKENS = FaultParam(int, 0, 0, 1_000_000, "stream this many tokens first (streams only)")
 _MAX_BYTES = 1 << 30
 
-FAULTS: dict[str, _Kind] = {
-    "kill-mid-stream": _Kind(
+FAULTS: dict[str, FaultKind] = {
+    "kill-mid-stream": FaultKind(
         INFERENCE,
         "abort the TCP connection (RST) after after_tokens streamed tokens; a JSON request instead of its "
         "answer",
-        {"after_tokens": _Param(int, 1, 0, 1_000_000, "tokens streamed before the abort")},
+        {"after_tokens": FaultParam(int, 1, 0, 1_000_000, "tokens streamed before the abort")},
     ),
-    "refuse": _Kind(
+    "refuse": FaultKind(
         LISTENER,
         "stop listening and drop every connection for duration_s seconds (connections are refused), "
         "then listen again on the same port",
-        {"duration_s": _Param(float, None, 0.001, 3600, "how long the pod refuses connections")},
+        {"duration_s": FaultParam(float, None, 0.001, 3600, "how long the pod refuses connections")},
     ),
-    "hang": _Kind(
+    "hang": FaultKind(
         INFERENCE,
         "accept the request, then send nothing more until the client goes away: before the response head, "
         "or (streams) after after_tokens tokens when after_tokens > 0",
         {"after_tokens": _AFTER_TOKENS},
     ),
-    "status": _Kind(
+    "status": FaultKind(
         INFERENCE,
         "answer with HTTP status (default 500) and an OpenAI-style JSON error body",
-        {"status": _Param(int, 500, 400, 599, "the HTTP status")},
+        {"status": FaultParam(int, 500, 400, 599, "the HTTP status")},
     ),
-    "non-json": _Kind(INFERENCE, "answer 200 with a complete body that is not JSON (an HTML page)"),
-    "truncated-json": _Kind(
+    "non-json": FaultKind(INFERENCE, "answer 200 with a complete body that is not JSON (an HTML page)"),
+    "truncated-json": FaultKind(
         INFERENCE,
         "announce the whole JSON answer's Content-Length, send half of it, close the connection "
         "(a stream: cut inside an event, then closed)",
     ),
-    "invalid-sse": _Kind(
+    "invalid-sse": FaultKind(
         INFERENCE, "answer a stream with 200 text/event-stream whose body is not SSE, then end it"
     ),
-    "large-body": _Kind(
+    "large-body": FaultKind(
         INFERENCE,
         "answer 200 application/json with a valid JSON body of about bytes bytes (a stream: one event "
         "that large)",
-        {"bytes": _Param(int, 64 << 20, 1, _MAX_BYTES, "size of the body")},
+        {"bytes": FaultParam(int, 64 << 20, 1, _MAX_BYTES, "size of the body")},
     ),
-    "metrics-hang": _Kind(METRICS, "GET /metrics never answers (until the client goes away)"),
-    "metrics-garbage": _Kind(METRICS, "GET /metrics answers 200 with a page that is not Prometheus text"),
-    "metrics-flap": _Kind(
+    "metrics-hang": FaultKind(METRICS, "GET /metrics never answers (until the client goes away)"),
+    "metrics-garbage": FaultKind(METRICS, "GET /metrics answers 200 with a page that is not Prometheus text"),
+    "metrics-flap": FaultKind(
         METRICS,
         "GET /metrics answers 500 for period_s seconds, then normally for period_s seconds, and so on",
-        {"period_s": _Param(float, 1.0, 0.001, 3600, "length of each failing and each working phase")},
+        {"period_s": FaultParam(float, 1.0, 0.001, 3600, "length of each failing and each working phase")},
     ),
 }
 
@@ -101,15 +102,12 @@ class Fault:
     """One active fault: its name, when it fires and its parameters."""
 
     name: str
+    target: str = INFERENCE
     probability: float = 1.0
     count: int | None = None  # requests still to be hit; None: no limit
     params: dict[str, float | int] = field(default_factory=dict)
     hits: int = 0
     since: float = 0.0  # when it was activated (the pod's clock): metrics-flap's phases count from here
-
-    @property
-    def target(self) -> str:
-        return FAULTS[self.name].target
 
     def param(self, name: str) -> float:
         return self.params[name]
@@ -138,21 +136,21 @@ def _number(key: str, value: Any, kind: type, low: float, high: float) -> float 
     return value
 
 
-def parse_fault(data: Any) -> Fault:
-    """A validated ``Fault`` from its JSON description; ``FaultError`` names what is wrong."""
+def parse_fault(data: Any, catalogue: dict[str, FaultKind] = FAULTS) -> Fault:
+    """A validated ``Fault`` of ``catalogue`` from its JSON description; ``FaultError`` names the problem."""
     if not isinstance(data, dict):
         raise FaultError(f"a fault must be a JSON object, got {type(data).__name__}")
     name = data.get("fault")
     if not isinstance(name, str):
-        raise FaultError(f"'fault' must name a fault: one of {', '.join(sorted(FAULTS))}")
-    kind = FAULTS.get(name)
+        raise FaultError(f"'fault' must name a fault: one of {', '.join(sorted(catalogue))}")
+    kind = catalogue.get(name)
     if kind is None:
-        raise FaultError(f"unknown fault {name!r}: expected one of {', '.join(sorted(FAULTS))}")
+        raise FaultError(f"unknown fault {name!r}: expected one of {', '.join(sorted(catalogue))}")
     unknown = sorted(set(data) - _COMMON - set(kind.params))
     if unknown:
         allowed = sorted(_COMMON | set(kind.params))
         raise FaultError(f"fault {name!r} has no parameter {unknown[0]!r} (it takes {', '.join(allowed)})")
-    fault = Fault(name)
+    fault = Fault(name, kind.target)
     if "probability" in data:
         fault.probability = float(_number("probability", data["probability"], float, 0.0, 1.0))
     if data.get("count") is not None:
@@ -169,12 +167,12 @@ def parse_fault(data: Any) -> Fault:
     return fault
 
 
-def parse_fault_flag(text: str) -> Fault:
+def parse_fault_flag(text: str, catalogue: dict[str, FaultKind] = FAULTS) -> Fault:
     """``--fault NAME[,key=value...]`` (values are numbers) or the same JSON object as the admin API."""
     text = text.strip()
     if text.startswith("{"):
         try:
-            return parse_fault(json.loads(text))
+            return parse_fault(json.loads(text), catalogue)
         except json.JSONDecodeError as exc:
             raise FaultError(f"not valid JSON: {exc}") from None
     name, *pairs = text.split(",")
@@ -187,7 +185,7 @@ def parse_fault_flag(text: str) -> Fault:
             data[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             raise FaultError(f"{key.strip()!r} must be a number, got {value!r}") from None
-    return parse_fault(data)
+    return parse_fault(data, catalogue)
 
 
 class FaultPlan:

@@ -17,6 +17,7 @@ learns how much slower or faster each endpoint runs than predicted and scales it
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -176,6 +177,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         except PredictionUnavailable as exc:
             self._fallback(request, "unavailable", exc)
             return
+        except asyncio.CancelledError:
+            # The director's data-producer budget ran out first (a remote timeout_ms longer than
+            # dataProducerTimeoutMs): the request goes without a prediction, and must say so.
+            self._fallback(request, "unavailable", PredictionUnavailable("cancelled", "timeout"))
+            raise
         self._attach(request, candidates, state, ttft, tpot, time.perf_counter() - started)
 
     def _attach(
@@ -224,10 +230,14 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             labels = metrics.model_labels(request.model, request.target_model)
             metrics.prediction_duration.labels(*labels).observe(duration_s)
 
-    def _fallback(self, request: InferenceRequest, reason: str, exc: Exception | None = None) -> None:
-        request.state[PREDICTION_FALLBACK_STATE] = reason
+    def _fallback(
+        self, request: InferenceRequest, reason: str, exc: PredictionUnavailable | None = None
+    ) -> None:
+        # The request keeps the backend's own word for the cause (breaker-open, timeout, ...: the
+        # x-slorouter-fallback-reason header); the metric keeps the three coarse reasons.
+        request.state[PREDICTION_FALLBACK_STATE] = exc.reason if exc is not None else reason
         if exc is not None:
-            log.debug("prediction unavailable (%s): %s", reason, exc)
+            log.debug("prediction unavailable (%s): %s", exc.reason, exc)
         if self.ctx.metrics is not None:
             self.ctx.metrics.fallbacks.labels(reason).inc()
 
