@@ -4,6 +4,7 @@ model source send it. Real servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -164,7 +165,9 @@ async def test_the_router_clients_and_the_model_source_send_the_token(tmp_path: 
         await training.stop()
 
 
-async def test_a_client_without_the_token_gets_no_prediction(trained_dir: Path):
+async def test_a_client_without_the_token_gets_no_prediction(
+    trained_dir: Path, caplog: pytest.LogCaptureFixture
+):
     prediction = PredictionServer(
         make_source(model_dir=str(trained_dir)), poll_interval_s=0.05, tokens=[TOKEN]
     )
@@ -174,8 +177,16 @@ async def test_a_client_without_the_token_gets_no_prediction(trained_dir: Path):
     try:
         await eventually(lambda: client.ready)  # /readyz is open
         x_ttft, _, x_tpot, _ = synthetic(2, seed=3)
-        with pytest.raises(PredictionUnavailable, match="HTTP 401"):
-            await client.predict(np.hstack([x_ttft, x_tpot[:, 6:]]))
+        rows = np.hstack([x_ttft, x_tpot[:, 6:]])
+        with caplog.at_level(logging.WARNING, "slorouter.predictor.prediction_client"):
+            with pytest.raises(PredictionUnavailable, match="HTTP 401") as refused:
+                await client.predict(rows)
+            assert refused.value.reason == "unauthorized"
+            await eventually(lambda: client.ready)
+            with pytest.raises(PredictionUnavailable, match="HTTP 401"):
+                await client.predict(rows)
+        warnings = [r.getMessage() for r in caplog.records if "refused this router's token" in r.getMessage()]
+        assert len(warnings) == 1 and "token_file" in warnings[0] and TOKEN not in warnings[0]
     finally:
         await client.stop()
         await prediction.stop()

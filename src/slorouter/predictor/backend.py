@@ -21,7 +21,7 @@ class PredictionUnavailable(Exception):
 
     ``reason`` names the cause in a word (the ``x-slorouter-fallback-reason`` header): ``PredictionClient``'s
     are ``breaker-open``, ``no-ready-server``, ``timeout``, ``unreachable``, ``server-error``, ``malformed``,
-    ``rejected`` and ``stopping``; other backends say ``unavailable``.
+    ``rejected``, ``unauthorized`` and ``stopping``; other backends say ``unavailable``.
     """
 
     def __init__(self, message: str, reason: str = "unavailable") -> None:

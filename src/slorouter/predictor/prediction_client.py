@@ -53,6 +53,7 @@ class ServerState:
     requests: int = 0
     errors: int = 0
     last_error: str | None = None
+    refused_token: bool = False  # it answered 401/403 (warned once)
 
 
 @dataclass(eq=False, slots=True)
@@ -380,6 +381,20 @@ class PredictionClient:
                 raise PredictionUnavailable(
                     f"{server.url} rejected the rows (HTTP {status}): {message}", "rejected"
                 )
+            if status in (401, 403):
+                # A configuration error, not a fault: its /readyz (open to probes) says ready, so without a
+                # word the server would only flap between down and ready.
+                last_error, last_reason = f"{server.url}: HTTP {status}: {message}", "unauthorized"
+                if not server.refused_token:
+                    server.refused_token = True
+                    log.warning(
+                        "prediction server %s refused this router's token (HTTP %d): set "
+                        "predictor.remote.token_file or token_env to the servers' token",
+                        server.url,
+                        status,
+                    )
+                self._mark_down(server, last_error, "unauthorized")
+                continue
             last_error, last_reason = f"{server.url}: HTTP {status}: {message}", "server-error"
             self._mark_down(server, last_error, "not_ready" if status == 503 else "error")
 
