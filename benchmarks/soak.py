@@ -46,6 +46,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,7 +246,8 @@ class Sampler(threading.Thread):
         self.stopping = threading.Event()
 
     def sample(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"t": time.monotonic(), "rss": rss_bytes(self.pid), "fds": open_fds(self.pid)}
+        row: dict[str, Any] = {"t": time.monotonic(), "rss": rss_bytes(self.pid), "fds": open_fds(self.pid),
+                               "loadavg": os.getloadavg()[0]}  # fmt: skip
         try:
             row["inflight"] = inflight_sums(scrape(self.url))
         except OSError as exc:
@@ -554,6 +556,12 @@ def growth(
             "max_after_warmup": max(after, default=math.nan)}  # fmt: skip
 
 
+def loadavg(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """The machine's 1-minute load average over the run (2 cores: above 2, processes wait for a CPU)."""
+    values = [s["loadavg"] for s in samples if "loadavg" in s]
+    return {"mean": float(np.mean(values)) if values else math.nan, "max": max(values, default=math.nan)}
+
+
 def wait_inflight_zero(url: str, timeout: float = 15.0) -> dict[str, float]:
     """The in-flight sums once they are all 0 (or the last ones seen within ``timeout``)."""
     deadline = time.monotonic() + timeout
@@ -635,6 +643,7 @@ def run_soak(args: argparse.Namespace, rate: float, capacity: float, tmp: Path) 
         "idle_before": {"rss": idle_before["rss"], "fds": idle_before["fds"]},
         "idle_after": {"rss": idle_after["rss"], "fds": idle_after["fds"], "settle_s": args.settle},
         "inflight_at_end": final_inflight,
+        "loadavg": loadavg(samples),
         "probes": probes_all,
         "windows": windows(outcomes, measured_start, end, args.window),
         "gateway_exit": gateway_exit, "log_problems": log_problems(tmp),
@@ -876,6 +885,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix=f"slorouter-{mode}-") as tmp:
         run = run_overload if args.overload else run_soak
         result = run(args, rate, capacity, Path(tmp))
+        if args.out:  # the processes' logs, to read what went wrong
+            (args.out / "logs").mkdir(parents=True, exist_ok=True)
+            for log in Path(tmp).glob("*.log"):
+                shutil.copy(log, args.out / "logs" / log.name)
     result["summary"]["command"] = f".venv/bin/python benchmarks/soak.py {shlex.join(sys.argv[1:])}"
     result["summary"]["wall_s"] = round(time.monotonic() - started, 1)
     print(report(result["summary"]), flush=True)
