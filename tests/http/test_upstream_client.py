@@ -221,6 +221,32 @@ async def test_idle_connection_closed_by_the_server_is_replaced(client):
         await short.cleanup()
 
 
+async def test_idle_connections_past_the_keepalive_timeout_are_closed_by_the_client(server):
+    """The server keeps connections alive for 75 s; the client's own keep-alive (0.3 s) closes them all,
+    the oldest too (a request takes the newest idle one, so nothing else would ever reach the oldest)."""
+    client = UpstreamClient(connect_timeout=5, total_timeout=1, keepalive_timeout=0.3)
+    try:
+        server.release.clear()
+        streams = [await client.request(server.address, "GET", "/stream") for _ in range(4)]
+        for resp in streams:
+            assert await resp.next_chunk() == b"data: first\n\n"
+        server.release.set()
+        for resp in streams:
+            while await resp.next_chunk():
+                pass
+            resp.release()
+        pool = client._pools[server.address]
+        transports = [conn.transport for conn in pool.idle]
+        assert len(transports) == 4  # four connections, all kept alive
+        resp = await client.request(server.address, "POST", "/echo", body=b"x")  # takes the newest
+        assert await resp.read() == b"x"
+        resp.release()
+        await eventually(lambda: not pool.idle, timeout=10)
+        assert all(t is not None and t.is_closing() for t in transports)
+    finally:
+        await client.close()
+
+
 async def _echo(request: web.Request) -> web.Response:
     return web.Response(body=await request.read())
 

@@ -390,7 +390,20 @@ class _EndpointPool:
         return None
 
     def put_idle(self, conn: _Connection) -> None:
-        self.idle.append(conn)
+        self.idle.append(conn)  # in the order they went idle: the oldest first
+
+    def expire_idle(self, before: float) -> None:
+        """Close the idle connections idle since before ``before`` (``take_idle`` takes the newest, so
+        without this the oldest would stay open until the server closed them)."""
+        idle = self.idle
+        count = 0
+        while count < len(idle) and idle[count].idle_since < before:
+            count += 1
+        if count:
+            expired = idle[:count]
+            del idle[:count]
+            for conn in expired:
+                conn.abort()
 
     def forget(self, conn: _Connection) -> None:
         if conn in self.idle:
@@ -451,6 +464,10 @@ class UpstreamClient:
             expired = [conn for conn in self.active if conn.expired(now)]
             for conn in expired:
                 conn.on_timeout(now)
+            idle_before = now - self.keepalive_timeout
+            for pool in self._pools.values():
+                if pool.idle and pool.idle[0].idle_since < idle_before:
+                    pool.expire_idle(idle_before)
 
     def _pool(self, address: str) -> _EndpointPool:
         pool = self._pools.get(address)
