@@ -86,25 +86,13 @@ def terminate(process: subprocess.Popen[str] | None, timeout: float = 20.0) -> N
         process.wait()
 
 
-class SimProcess:
-    """``slorouter sim`` with one pod on a fixed port, which can be killed and started again."""
+class RestartableProcess:
+    """A child process on a fixed port that a test kills or stops and starts again."""
 
-    def __init__(self, profile: str = "llama3-8b-h100", port: int | None = None) -> None:
-        self.profile = profile
-        self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[str] | None = None
-
-    def start(self, *faults: str) -> SimProcess:
-        args = [*CLI, "sim", "--port", str(self.port), "--profile", self.profile, "--model", MODEL]
-        for fault in faults:
-            args += ["--fault", fault]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_line(self.process, f"http://{self.address}")
-        return self
+    process: subprocess.Popen[str] | None = None
 
     def kill(self) -> None:
-        """SIGKILL: the pod dies at once, its connections reset by the kernel."""
+        """SIGKILL: the process dies at once, its connections reset by the kernel."""
         if self.process is not None:
             self.process.kill()
             self.process.wait(timeout=10)
@@ -117,6 +105,23 @@ class SimProcess:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+class SimProcess(RestartableProcess):
+    """``slorouter sim`` with one pod on a fixed port, which can be killed and started again."""
+
+    def __init__(self, profile: str = "llama3-8b-h100", port: int | None = None) -> None:
+        self.profile = profile
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+
+    def start(self, *faults: str) -> SimProcess:
+        args = [*CLI, "sim", "--port", str(self.port), "--profile", self.profile, "--model", MODEL]
+        for fault in faults:
+            args += ["--fault", fault]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_line(self.process, f"http://{self.address}")
+        return self
 
     def inject(self, **fault: Any) -> dict[str, Any]:
         status, _, body = http("POST", f"http://{self.address}/admin/faults", fault)

@@ -26,7 +26,15 @@ from typing import Any
 import pytest
 
 from tests.processes import wait_for_line
-from tests.reliability.conftest import CLI, GatewayProcess, SimProcess, free_port, http, terminate, wait_until
+from tests.reliability.conftest import (
+    CLI,
+    GatewayProcess,
+    RestartableProcess,
+    SimProcess,
+    free_port,
+    http,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,7 +48,7 @@ MAX_BUFFERED = 40
 PREDICTED = ("predicted", "explore")
 
 
-class PredictorProcess:
+class PredictorProcess(RestartableProcess):
     """``slorouter predictor training-server|prediction-server`` on a fixed port; killed or stopped and
     started again on the same port (the training server with the same state directory)."""
 
@@ -48,7 +56,6 @@ class PredictorProcess:
         self.kind, self.args, self.log = kind, args, log
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[str] | None = None
 
     def start(self) -> PredictorProcess:
         args = [*CLI, "predictor", self.kind, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
@@ -56,16 +63,6 @@ class PredictorProcess:
             self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
         wait_for_line(self.process, f"listening on {self.url}")
         return self
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-            self.process = None
-
-    def stop(self) -> None:
-        terminate(self.process)
-        self.process = None
 
     def fds(self) -> int:
         assert self.process is not None
