@@ -11,11 +11,7 @@ They strike the prediction endpoints (``POST /v1/predict/bulk`` and ``/v1/predic
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-
-from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
-from slorouter.sim.faults import FaultError, FaultKind, FaultParam, FaultPlan, parse_fault
+from slorouter.sim.faults import FaultKind, FaultParam
 
 PREDICT = "predict"
 
@@ -43,42 +39,3 @@ PREDICTION_FAULTS: dict[str, FaultKind] = {
 BAD_VALUES = {"nan": float("nan"), "inf": float("inf"), "negative": -1.0}
 
 NOT_PREDICTIONS = b"<html><body>502 Bad Gateway (injected fault: malformed)</body></html>"
-
-
-def _json(data: object, status: int = 200) -> Response:
-    return Response(status, json.dumps(data).encode(), content_type=b"application/json")
-
-
-class FaultAdmin:
-    """The ``/admin/faults`` routes over a ``FaultPlan`` of ``PREDICTION_FAULTS``."""
-
-    def __init__(self, plan: FaultPlan) -> None:
-        self.plan = plan
-
-    def add_routes(self, http: HttpServer) -> None:
-        http.add_route("GET", "/admin/faults", self._list)
-        http.add_route("POST", "/admin/faults", self._add)
-        http.add_route("DELETE", "/admin/faults", self._clear)
-
-    async def _list(self, _: HttpRequest) -> Response:
-        return _json({"faults": self.plan.describe()})
-
-    async def _add(self, request: HttpRequest) -> Response:
-        try:
-            data = json.loads(request.body)
-        except ValueError as exc:
-            return json_error(400, f"the fault is not valid JSON: {exc}")
-        try:
-            fault = parse_fault(data, PREDICTION_FAULTS)
-        except FaultError as exc:
-            return json_error(400, str(exc), param="fault")
-        self.plan.add(fault)
-        return _json({"fault": fault.describe(), "faults": self.plan.describe()})
-
-    async def _clear(self, request: HttpRequest) -> Response:
-        query = urllib.parse.parse_qs(request.query.decode("latin-1"), keep_blank_values=True)
-        if set(query) - {"fault"} or len(query.get("fault", ())) > 1:
-            return json_error(400, "DELETE /admin/faults takes at most one query parameter: ?fault=NAME")
-        names = query.get("fault")
-        cleared = self.plan.clear(names[0] if names else None)
-        return _json({"cleared": cleared, "faults": self.plan.describe()})

@@ -27,7 +27,7 @@ from slorouter.http.json_bodies import lean_body, lean_error, lean_json, parse_j
 from slorouter.http.running import RunningServer, listen_lean
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.predictor.bulk_rows import BinaryRows, JsonRows
-from slorouter.predictor.faults import BAD_VALUES, NOT_PREDICTIONS, PREDICT, FaultAdmin
+from slorouter.predictor.faults import BAD_VALUES, NOT_PREDICTIONS, PREDICT, PREDICTION_FAULTS
 from slorouter.predictor.features import FeatureError
 from slorouter.predictor.model_sources import ModelSource
 from slorouter.predictor.predictor import PredictorNotReady
@@ -42,6 +42,7 @@ from slorouter.predictor.wire import (
     encode_binary_predictions,
     encode_predictions,
 )
+from slorouter.sim.fault_admin import FaultAdmin
 from slorouter.sim.faults import Fault, FaultPlan
 
 log = logging.getLogger("slorouter.predictor.prediction_server")
@@ -139,7 +140,7 @@ class PredictionServer:
         http.add_route("GET", "/readyz", self._handle_readyz)
         http.add_route("GET", "/metrics", lean_auth(self.tokens, self._handle_metrics))
         if self.faults is not None:
-            FaultAdmin(self.faults).add_routes(http)
+            FaultAdmin(self.faults, PREDICTION_FAULTS).add_routes(http)
         return http
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> RunningServer:

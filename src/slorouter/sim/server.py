@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import math
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,8 @@ from slorouter.clock import Clock, MonotonicClock
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
-from slorouter.sim.faults import INFERENCE, LISTENER, METRICS, Fault, FaultError, FaultPlan, parse_fault
+from slorouter.sim.fault_admin import FaultAdmin
+from slorouter.sim.faults import INFERENCE, LISTENER, METRICS, Fault, FaultPlan
 from slorouter.sim.kv_events import PodKVEvents
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
@@ -124,9 +124,7 @@ class SimPod:
         self.http.add_route("GET", "/v1/models", self._models)
         self.http.add_route("GET", "/health", self._health)
         self.http.add_route("GET", "/metrics", self._metrics)
-        self.http.add_route("GET", "/admin/faults", self._list_faults)
-        self.http.add_route("POST", "/admin/faults", self._add_fault)
-        self.http.add_route("DELETE", "/admin/faults", self._clear_faults)
+        FaultAdmin(self.faults, activate=self._activate_fault).add_routes(self.http)
         self.name = name
 
     @property
@@ -432,30 +430,10 @@ class SimPod:
         _background.add(task)
         task.add_done_callback(_listened)
 
-    async def _list_faults(self, request: HttpRequest) -> Response:
-        return _json_response({"faults": self.faults.describe()})
-
-    async def _add_fault(self, request: HttpRequest) -> Response:
-        try:
-            data = json.loads(request.body)
-        except ValueError as exc:
-            return json_error(400, f"the fault is not valid JSON: {exc}")
-        try:
-            fault = parse_fault(data)
-        except FaultError as exc:
-            return json_error(400, str(exc), param="fault")
+    def _activate_fault(self, fault: Fault, request: HttpRequest) -> None:
         if fault.target == LISTENER:
             request.keep_alive = False  # its connection is the only one spared, and only for this answer
         self.inject(fault, request)
-        return _json_response({"fault": fault.describe(), "faults": self.faults.describe()})
-
-    async def _clear_faults(self, request: HttpRequest) -> Response:
-        query = urllib.parse.parse_qs(request.query.decode("latin-1"), keep_blank_values=True)
-        if set(query) - {"fault"} or len(query.get("fault", ())) > 1:
-            return json_error(400, "DELETE /admin/faults takes at most one query parameter: ?fault=NAME")
-        names = query.get("fault")
-        cleared = self.faults.clear(names[0] if names else None)
-        return _json_response({"cleared": cleared, "faults": self.faults.describe()})
 
 
 _background: set[asyncio.Task[None]] = set()
