@@ -36,6 +36,8 @@ EXPECTED_TTFT_MS = "expected_ttft_ms"
 # The compute time of this request's own uncached prefill on each candidate (ms): how long the decode streams
 # running there would stall behind it.
 OWN_PREFILL_MS = "own_prefill_ms"
+# Each candidate's recent decode pace (ms per output token of its finished streams; NaN before its first).
+DECODE_PACE_MS = "decode_pace_ms"
 
 # Request state set by predicted-latency-producer when it could not predict for this request (the reason:
 # "warming-up", "invalid-prediction", or the backend's PredictionUnavailable.reason, e.g. "breaker-open",

@@ -29,7 +29,9 @@ context tokens of the requests past their first token), and estimates
 
 The producer also attaches what the request's own prompt adds there (the terms in ``o``): the time the
 decode streams running on that pod would stall behind its prefill, which ``expected-latency-scorer``
-charges for (``interferenceWeight``).
+charges for (``interferenceWeight``); and each pod's recent decode pace (``DecodePace``: milliseconds per
+output token of its recent streams), which the scorer charges for the request's own tokens
+(``decodeWeight``): the first token is not the whole wait of a request that streams a long reply.
 
 Until the fit has ``minSamples`` first tokens (or while it has no cost per own-prompt token)
 it attaches nothing, and the scorer counts tokens as ``token-load-scorer`` does.
@@ -45,6 +47,7 @@ from pydantic import Field
 from scipy.optimize import nnls
 
 from slorouter.scheduling.datakeys import (
+    DECODE_PACE_MS,
     EXPECTED_TTFT_MS,
     INFLIGHT_PREFILL_TOKENS,
     OWN_PREFILL_MS,
@@ -418,11 +421,47 @@ class LoadLatencyFit:
         self.speeds.forget(pod)
 
 
+class DecodePace:
+    """Per pod: a moving mean of the time per output token of its recent streams (end of stream − first
+    token, over the tokens after the first), the pace at which a request sent there now would decode.
+
+    It is what the pod's decode batches and its GPU class make of every token, measured rather than
+    modelled: a pod twice as slow per step, or running twice the batch, shows twice the pace. It lags the
+    pod's load by the streams in flight (a mean over ``half_life_streams`` finished streams), which is why
+    the scorer charges only the difference from the fastest candidate, not the pace itself."""
+
+    def __init__(self, *, half_life_streams: float = 8.0) -> None:
+        self._alpha = 1.0 - 0.5 ** (1.0 / half_life_streams)
+        self._pace_ms: dict[str, float] = {}
+
+    def observe(self, pod: str, first_token_at: float, completed_at: float, tokens: int) -> None:
+        """One finished stream of ``tokens`` output tokens (clock times in seconds); streams of one token,
+        or whose clock went backwards, carry no pace."""
+        if tokens < 2:
+            return
+        pace = (completed_at - first_token_at) * 1000.0 / (tokens - 1)
+        if not (pace > 0 and math.isfinite(pace)):
+            return
+        mean = self._pace_ms.get(pod)
+        self._pace_ms[pod] = pace if mean is None else mean + self._alpha * (pace - mean)
+
+    def of(self, pods: list[str]) -> np.ndarray:
+        """Each pod's pace (ms per token); NaN for a pod with no finished stream yet."""
+        return np.array([self._pace_ms.get(p, math.nan) for p in pods])
+
+    def pods(self) -> set[str]:
+        return set(self._pace_ms)
+
+    def forget(self, pod: str) -> None:
+        self._pace_ms.pop(pod, None)
+
+
 class LoadLatencyParams(PluginParams):
     half_life_samples: float = Field(2000.0, alias="halfLifeSamples", gt=0.0)
     speed_half_life_samples: float = Field(64.0, alias="speedHalfLifeSamples", gt=0.0)
     speed_prior_samples: float = Field(16.0, alias="speedPriorSamples", ge=0.0)
     min_samples: int = Field(50, alias="minSamples", ge=1)
+    pace_half_life_streams: float = Field(8.0, alias="paceHalfLifeStreams", gt=0.0, allow_inf_nan=False)
 
 
 @dataclass(slots=True)
@@ -440,7 +479,7 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
     type_name = "load-latency-producer"
     Params = LoadLatencyParams
     params: LoadLatencyParams
-    produces = (EXPECTED_TTFT_MS, OWN_PREFILL_MS)
+    produces = (EXPECTED_TTFT_MS, OWN_PREFILL_MS, DECODE_PACE_MS)
     consumes = (INFLIGHT_PREFILL_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS, PREFIX_BLOCK_SIZE_TOKENS)
 
     def __init__(self, name: str, params: PluginParams, ctx: PluginContext) -> None:
@@ -453,6 +492,7 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
             min_samples=p.min_samples,
         )
         self.slots = BatchSlotQueue()
+        self.pace = DecodePace(half_life_streams=p.pace_half_life_streams)
         self._until_prune = PRUNE_EVERY
 
     def forget_departed(self) -> None:
@@ -461,9 +501,11 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
         pool = self.ctx.pool
         if pool is None:
             return
-        for pod in (self.fit.speeds.pods() | self.slots.pods()) - {e.address for e in pool.endpoints}:
+        known = self.fit.speeds.pods() | self.slots.pods() | self.pace.pods()
+        for pod in known - {e.address for e in pool.endpoints}:
             self.fit.forget(pod)
             self.slots.forget(pod)
+            self.pace.forget(pod)
 
     def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
         self._until_prune -= 1
@@ -488,6 +530,7 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
         o = own * WORK_SCALE
         per_own_token = theta[2] + theta[4] * (decode * DECODE_SCALE) + theta[5] * o
         candidates.attrs[OWN_PREFILL_MS] = per_own_token * o * work_speed
+        candidates.attrs[DECODE_PACE_MS] = self.pace.of(pods)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> PreRequestResult | None:
         dispatch: _Dispatch | None = request.state.get(self.name)
@@ -507,8 +550,11 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
         if response.error is not None or response.status not in (0, 200):
             return
         if end_of_stream and response.completed_at is not None:
+            pod = dispatch.pods[dispatch.target]
             service_ms = (response.completed_at - response.dispatched_at) * 1000.0
-            self.slots.observe_service(dispatch.pods[dispatch.target], service_ms)
+            self.slots.observe_service(pod, service_ms)
+            if response.streaming:
+                self.pace.observe(pod, response.first_token_at, response.completed_at, response.tokens)
         if dispatch.observed:
             return
         dispatch.observed = True
@@ -520,18 +566,27 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
 class ExpectedLatencyScorerParams(PluginParams):
     max_latency_ms: float = Field(60_000.0, alias="maxLatencyMs", gt=0.0, allow_inf_nan=False)
     interference_weight: float = Field(0.0, alias="interferenceWeight", ge=0.0, allow_inf_nan=False)
+    decode_weight: float = Field(0.0, alias="decodeWeight", ge=0.0, allow_inf_nan=False)
+    max_decode_tokens: int = Field(1024, alias="maxDecodeTokens", ge=1)
 
 
 @register_plugin
 class ExpectedLatencyScorer(Plugin, Scorer):
     """``1 − min(cost, T)/T``, cost = expected TTFT + ``interferenceWeight`` · decoding requests · own
-    prefill ms (``T`` = ``maxLatencyMs``). Without expected TTFTs it scores the token load exactly as
+    prefill ms + ``decodeWeight`` · min(max_tokens, ``maxDecodeTokens``) · (pod's decode pace − the fastest
+    candidate's) (``T`` = ``maxLatencyMs``). Without expected TTFTs it scores the token load exactly as
     ``token-load-scorer`` does (in-flight uncached prefill + the request's own uncached prompt).
 
     The interference term is what the request's prefill costs the others: every decode stream running on
     the pod waits for the prefill chunks in its steps, so a pod's cost grows with the streams it would
     stall. 1 counts a millisecond of someone else's stall as much as one of this request's first token (the
     least total latency); 0 routes by this request's TTFT alone.
+
+    The decode term is what the request's own reply would cost there beyond the fastest candidate: its
+    tokens (``max_tokens``, capped: a client's ceiling, not a length) times how much slower the pod has
+    been decoding lately. It is the only term that sees a pod's decode batch and GPU class through its
+    TPOT; without it the TTFT terms pile requests on the pods that answer first, whose batches then grow.
+    Pods with no pace yet are charged nothing (so they are tried and measured).
     """
 
     type_name = "expected-latency-scorer"
@@ -539,6 +594,7 @@ class ExpectedLatencyScorer(Plugin, Scorer):
     params: ExpectedLatencyScorerParams
     consumes = (
         EXPECTED_TTFT_MS,
+        DECODE_PACE_MS,
         INFLIGHT_PREFILL_TOKENS,
         PREFIX_MATCH_BLOCKS,
         PREFIX_TOTAL_BLOCKS,
@@ -554,6 +610,18 @@ class ExpectedLatencyScorer(Plugin, Scorer):
         weight = self.params.interference_weight
         if weight > 0:
             decoding = candidates.column("inflight_decoding")
-            cost = expected + weight * decoding * candidates.attrs[OWN_PREFILL_MS]
+            cost = cost + weight * decoding * candidates.attrs[OWN_PREFILL_MS]
+        if self.params.decode_weight > 0:
+            cost = cost + self._decode_cost(request, candidates.attrs.get(DECODE_PACE_MS))
         cap = self.params.max_latency_ms
         return 1.0 - np.clip(cost, 0.0, cap) / cap
+
+    def _decode_cost(self, request: InferenceRequest, pace: np.ndarray | None) -> np.ndarray | float:
+        if pace is None:
+            return 0.0
+        known = np.isfinite(pace)
+        if not known.any():
+            return 0.0
+        slower = np.where(known, pace - pace[known].min(), 0.0)
+        tokens = min(request.max_tokens, self.params.max_decode_tokens)
+        return (self.params.decode_weight * tokens) * slower
