@@ -10,6 +10,7 @@ import pytest
 
 from slorouter.pool.state import Endpoint
 from slorouter.scheduling.datakeys import (
+    DECODE_PACE_MS,
     EXPECTED_TTFT_MS,
     INFLIGHT_PREFILL_TOKENS,
     OWN_PREFILL_MS,
@@ -22,6 +23,7 @@ from slorouter.scheduling.plugins import load_latency
 from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.load_latency import (
     BatchSlotQueue,
+    DecodePace,
     ExpectedLatencyScorer,
     ExpectedLatencyScorerParams,
     LoadLatencyFit,
@@ -316,15 +318,17 @@ def test_the_state_of_pods_that_left_the_pool_is_dropped(monkeypatch):
         producer.produce(request, cands)
         endpoint = cands.endpoint(i % 3)
         producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
-        response = ResponseInfo(endpoint=endpoint, status=200, dispatched_at=1.0, first_token_at=1.05)
+        response = ResponseInfo(
+            endpoint=endpoint, status=200, streaming=True, dispatched_at=1.0, first_token_at=1.05, tokens=20
+        )
         producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
         response.completed_at = 2.0
         producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
-    assert producer.fit.speeds.pods() == producer.slots.pods() == set(a)
+    assert producer.fit.speeds.pods() == producer.slots.pods() == producer.pace.pods() == set(a)
     pool.remove(a[1])
     for i in range(4):  # the next prune
         producer.produce(make_request(prompt_tokens=100, request_id=f"s{i}"), candidates_of(pool))
-    assert producer.fit.speeds.pods() == producer.slots.pods() == {a[0], a[2]}
+    assert producer.fit.speeds.pods() == producer.slots.pods() == producer.pace.pods() == {a[0], a[2]}
     assert producer.fit.samples == 6  # the pooled fit keeps what the departed pod taught it
 
 
@@ -370,6 +374,71 @@ def test_the_interference_term_charges_the_decode_streams_a_prefill_would_stall(
     assert scores(0.0).argmax() == 0  # by TTFT alone: 100 < 150 ms
     # 100 + 0.1 · 10 · 80 = 180 > 150: the idle pod wins
     np.testing.assert_allclose(scores(0.1), [1 - 180 / 60_000, 1 - 150 / 60_000])
+
+
+def test_the_decode_pace_is_a_moving_mean_of_each_pods_time_per_token_after_the_first():
+    pace = DecodePace(half_life_streams=1.0)  # each new stream moves the mean half way
+    pace.observe("a", first_token_at=1.0, completed_at=1.99, tokens=100)  # 990 ms over 99 tokens
+    np.testing.assert_allclose(pace.of(["a", "b"]), [10.0, math.nan])
+    pace.observe("a", first_token_at=0.0, completed_at=0.297, tokens=100)  # 3 ms per token
+    assert pace.of(["a"])[0] == pytest.approx(6.5)
+
+
+@pytest.mark.parametrize(
+    ("first", "completed", "tokens"),
+    [(1.0, 2.0, 1), (1.0, 2.0, 0), (2.0, 1.0, 10), (1.0, 1.0, 10), (1.0, math.inf, 5)],
+)
+def test_streams_that_carry_no_pace_are_ignored(first, completed, tokens):
+    pace = DecodePace()
+    pace.observe("a", first_token_at=first, completed_at=completed, tokens=tokens)
+    assert pace.pods() == set()
+
+
+def test_the_producer_learns_the_pace_of_streamed_replies_only():
+    producer = _producer(min_samples=1)
+    pool = make_pool(2)
+    for i, streaming in enumerate([True, False]):
+        request = make_request(prompt_tokens=100, request_id=f"r{i}")
+        cands = candidates_of(pool)
+        producer.produce(request, cands)
+        endpoint = cands.endpoint(i)
+        producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
+        response = ResponseInfo(
+            endpoint=endpoint,
+            status=200,
+            streaming=streaming,
+            dispatched_at=1.0,
+            first_token_at=1.02,
+            tokens=51,
+        )
+        producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
+        response.completed_at = 1.52  # 500 ms over 50 tokens after the first
+        producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+    cands = candidates_of(pool)
+    producer.produce(make_request(prompt_tokens=100), cands)
+    # a non-streamed reply's first token is its last: no pace for pod 1
+    np.testing.assert_allclose(cands.attrs[DECODE_PACE_MS], [10.0, math.nan])
+
+
+def test_the_decode_term_charges_the_requests_own_tokens_at_the_pace_beyond_the_fastest_pod():
+    cands = candidates_of(make_pool(3))
+    cands.attrs[EXPECTED_TTFT_MS] = np.array([100.0, 150.0, 120.0])
+    cands.attrs[OWN_PREFILL_MS] = np.zeros(3)
+    cands.attrs[DECODE_PACE_MS] = np.array([20.0, 10.0, math.nan])  # pod 2 has no pace yet
+
+    def cost(weight: float, max_tokens: int, cap: int = 1024) -> np.ndarray:
+        params = ExpectedLatencyScorerParams.model_validate({"decodeWeight": weight, "maxDecodeTokens": cap})
+        scores = ExpectedLatencyScorer("", params, make_ctx()).score(
+            CycleState(), make_request(prompt_tokens=10, max_tokens=max_tokens), cands
+        )
+        return (1.0 - scores) * 60_000.0
+
+    np.testing.assert_allclose(cost(0.0, 500), [100.0, 150.0, 120.0])  # off: the TTFT alone
+    # 0.02 · 500 tokens · (20 − 10) ms = 100 ms on pod 0; the fastest and the unmeasured pod pay nothing
+    np.testing.assert_allclose(cost(0.02, 500), [200.0, 150.0, 120.0])
+    np.testing.assert_allclose(cost(0.02, 5_000, cap=1024), [100.0 + 0.02 * 1024 * 10, 150.0, 120.0])
+    cands.attrs[DECODE_PACE_MS] = np.full(3, math.nan)
+    np.testing.assert_allclose(cost(0.02, 500), [100.0, 150.0, 120.0])
 
 
 def test_own_prefill_is_what_the_requests_own_prompt_adds_to_the_expectation():
