@@ -276,6 +276,32 @@ async def _predictor_ready(session: Any, base: str) -> bool:
     return all(f'slorouter_predictor_model_info{{model="{kind}"' in text for kind in ("ttft", "tpot"))
 
 
+RATIO_METRIC = "slorouter_prediction_actual_over_predicted"
+
+
+async def _prediction_ratio_counts(session: Any, base: str) -> dict[str, tuple[float, float]]:
+    """Per model: (observations at or below 1, all observations) of the gateway's actual/predicted
+    histogram, i.e. its own clock from dispatch to the first token (or between tokens)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with session.get(f"{base}/metrics") as response:
+            text = await response.text()
+    except Exception:
+        return {}
+    counts: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != RATIO_METRIC:
+            continue
+        for sample in family.samples:
+            pair = counts.setdefault(sample.labels.get("model", ""), [0.0, 0.0])
+            if sample.name.endswith("_bucket") and float(sample.labels["le"]) == 1.0:
+                pair[0] = sample.value
+            elif sample.name.endswith("_count"):
+                pair[1] = sample.value
+    return {model: (covered, total) for model, (covered, total) in counts.items()}
+
+
 async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
@@ -331,6 +357,7 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         measured_start = max(loop.time(), warm_end)
         if measured_start > loop.time():
             await asyncio.sleep(measured_start - loop.time())
+        ratios_before = await _prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
         cpu_measured = time.process_time()
         pids = spec.get("pids", {})
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -341,6 +368,14 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         if tasks:
             await asyncio.wait(set(tasks), timeout=spec["request_timeout_s"] + 5)
         info["drain_s"] = round(loop.time() - sending_done, 1)
+        if spec["wait_ready"]:
+            # What the gateway measured over the measured phase (the warm-up's last responses included).
+            ratios_after = await _prediction_ratio_counts(session, base)
+            info["router_coverage"] = {
+                model: (covered - ratios_before.get(model, (0.0, 0.0))[0])
+                / max(total - ratios_before.get(model, (0.0, 0.0))[1], 1.0)
+                for model, (covered, total) in ratios_after.items()
+            }
     wall = loop.time() - measured_start
     # CPU over the measured phase (its sending and its drain), in cores.
     cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in pids.items()}
@@ -714,7 +749,9 @@ def report(
             f"{name}: routes {s['routes']}; requests per pod {s['requests_per_pod']}; "
             + (
                 f"prediction coverage TTFT {s['ttft_coverage']:.0%} (chat {s['chat_ttft_coverage']:.0%}, "
-                f"long {s['long_ttft_coverage']:.0%}) TPOT {s['tpot_coverage']:.0%}; "
+                f"long {s['long_ttft_coverage']:.0%}) TPOT {s['tpot_coverage']:.0%} against the load "
+                f"generator's clock, {_coverage_text(info.get('router_coverage', {}))} against the "
+                "gateway's; "
                 if "ttft_coverage" in s
                 else ""
             )
@@ -723,6 +760,11 @@ def report(
             f"CPU over the measured phase, cores: {info['cpu']}"
         )
     return "\n".join(lines)
+
+
+def _coverage_text(coverage: dict[str, float]) -> str:
+    shares = sorted(coverage.items(), reverse=True)  # ttft, then tpot
+    return ", ".join(f"{model.upper()} {share:.0%}" for model, share in shares) or "-"
 
 
 if __name__ == "__main__":

@@ -355,6 +355,9 @@ class KVEventsCollector(Collector):
         )
 
 
+# Actual latency over the served prediction of the chosen pod: the share at or below 1.0 is the prediction's
+# coverage (0.9 for a well-calibrated p90 model); the spread around it is its error.
+PREDICTION_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 PREDICTION_DURATION_BUCKETS = (
     0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5,
 )  # fmt: skip
@@ -386,6 +389,14 @@ class LatencyMetrics:
             "Wall time of one batched TTFT+TPOT prediction over the candidates.",
             MODEL_LABELS,
             buckets=PREDICTION_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.prediction_ratio = Histogram(
+            "slorouter_prediction_actual_over_predicted",
+            "Actual TTFT (E2E when streamingMode is false) or TPOT of a request over the prediction served "
+            "for its pod; the share at or below 1 is the prediction's coverage.",
+            ("model",),
+            buckets=PREDICTION_RATIO_BUCKETS,
             registry=r,
         )
         self.ttft_slo_violations = Counter(

@@ -120,6 +120,28 @@ def test_streaming_mode_trains_ttft_at_the_first_token_and_tpot_from_token_count
     assert tpot_row["num_tokens_generated"] == 8
 
 
+def test_actual_over_served_prediction_is_recorded_per_model():
+    """Predicted 100 ms TTFT and 10 ms TPOT on the chosen pod; actual 75 ms and (170 − 75) / 7 ms."""
+    backend = FakeBackend()
+    director, registry = _director(backend, streaming=True, extra={"endpointCorrection": False})
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    director.clock.advance(0.075)
+    lifecycle.on_headers(200, streaming=True)
+    lifecycle.on_tokens(1)
+    director.clock.advance(0.095)
+    lifecycle.on_complete(usage={"completion_tokens": 8})
+
+    def share_at_most(model: str, bound: str) -> float | None:
+        name = "slorouter_prediction_actual_over_predicted_bucket"
+        return registry.get_sample_value(name, {"model": model, "le": bound})
+
+    assert share_at_most("ttft", "0.8") == 1 and share_at_most("ttft", "0.67") == 0
+    assert share_at_most("tpot", "1.0") == 0 and share_at_most("tpot", "1.5") == 1  # 13.6 / 10
+    total = registry.get_sample_value("slorouter_prediction_actual_over_predicted_sum", {"model": "tpot"})
+    assert total == pytest.approx(95 / 7 / 10)
+
+
 def test_the_backend_gets_one_union_row_per_candidate_and_samples_are_its_model_columns():
     backend = FakeBackend()
     director, _ = _director(backend, streaming=True)

@@ -317,6 +317,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if metrics is None:
             return
         metrics.training_samples.labels(kind).inc()
+        served = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
+        if served is not None and served[i] > 0 and (kind == "ttft" or self.params.streaming_mode):
+            metrics.prediction_ratio.labels(kind).observe(latency_ms / float(served[i]))
         labels = (request.model, request.target_model)
         if kind == "ttft" and request.slo_ttft_ms is not None and latency_ms > request.slo_ttft_ms:
             metrics.ttft_slo_violations.labels(*labels).inc()
