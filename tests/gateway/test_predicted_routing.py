@@ -135,8 +135,10 @@ async def test_streaming_mode_trains_ttft_and_tpot(cluster, http, streaming_mode
         # The gateway's own record of how the served predictions held (TTFT and TPOT of that request)
         for model in ("ttft", "tpot"):
             await eventually(
-                lambda model=model: f'slorouter_prediction_actual_over_predicted_count{{model="{model}"}}'
-                in router.metrics.render().decode()
+                lambda model=model: (
+                    f'slorouter_prediction_actual_over_predicted_count{{model="{model}"}}'
+                    in router.metrics.render().decode()
+                )
             )
     finally:
         await router.stop()

@@ -59,6 +59,44 @@ async def test_published_batches_reach_the_index_and_a_late_joiner_replays_from_
         await publisher.close()
 
 
+async def test_a_subscriber_joining_a_quiet_publisher_replays_its_buffer_at_once() -> None:
+    publisher = await started()
+    index = KVBlockIndex()
+    try:
+        publisher.publish([stored(1)], 0.0)
+        publisher.publish([stored(2)], 0.0)  # and then nothing more
+        subscriber = subscriber_of(publisher, index)
+        subscriber.start()
+        await wait_for(lambda: index.num_blocks("pod") == 2)
+        publisher.publish([stored(3)], 0.0)
+        await wait_for(lambda: index.num_blocks("pod") == 3)
+        stats = index.pod_stats("pod")
+        assert (stats.gaps, stats.restarts, stats.unrecovered) == (0, 0, 0)
+        await subscriber.stop()
+    finally:
+        await publisher.close()
+
+
+async def test_batches_both_replayed_and_published_at_joining_are_applied_once() -> None:
+    publisher = await started()
+    index = KVBlockIndex()
+    subscriber = subscriber_of(publisher, index)
+    try:
+        for k in range(3):
+            publisher.publish([stored(10 + k)], 0.0)
+        await subscriber._join()
+        await subscriber.receive(frames(1, 11))  # the PUB copies of what the replay gave
+        await subscriber.receive(frames(2, 12))
+        await subscriber.receive(frames(3, 13))
+        stats = index.pod_stats("pod")
+        assert (stats.batches, stats.restarts, stats.gaps) == (4, 0, 0)
+        assert index.match([10, 11, 12, 13], ["pod"]) == {"pod": 4}
+        await subscriber.receive(frames(0, 20))  # after the joining window: a restart again
+        assert index.pod_stats("pod").restarts == 1
+    finally:
+        await publisher.close()
+
+
 async def test_a_gap_is_recovered_through_the_replay_socket() -> None:
     publisher = await started()
     index = KVBlockIndex()

@@ -9,8 +9,12 @@ right when the stream is not:
   replay does not cover the gap (the buffer moved on, no replay endpoint, no answer within
   ``replay_timeout_s``), the pod's blocks are cleared: an index that missed removals would send requests to
   blocks the pod no longer has. Counted as ``gaps``, ``replays`` and ``unrecovered``.
-- **First batch** after connecting with a sequence number above 0: the same replay from 0, so a router that
-  starts after its pods learns what they cached before (as far as the publisher's buffer reaches).
+- **Joining**: on its first connection the subscriber asks the replay socket for everything from 0 and
+  applies it before reading the PUB socket, so a router that starts after its pods knows what they cached
+  before (as far as the publisher's buffer reaches) without waiting for their next event (a SUB socket
+  drops what was published before it connected). Batches that then also arrive on the PUB socket are
+  skipped, for ``replay_timeout_s``. Without a replay answer, the first batch with a sequence number
+  above 0 triggers the same replay from 0.
 - **Restart** (the sequence number goes back): the publisher's engine started over with an empty cache; the
   pod's blocks are cleared.
 - **Malformed** frames or payloads (``KVEventDecodeError``): counted in ``decode_errors`` and treated as an
@@ -40,6 +44,7 @@ from slorouter.pool.config import PoolConfig
 from slorouter.pool.kv_index import KVBlockIndex
 
 logger = logging.getLogger(__name__)
+EVERY_SEQ = 1 << 63  # the end of a replay that asks for all the publisher has
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,9 @@ class KVEventSubscriber:
         self.reconnect_s = reconnect_s
         self._ctx = zmq.asyncio.Context.instance()
         self._last_seq: int | None = None
+        # After joining: PUB batches up to this sequence number are the replay's again, until the deadline.
+        self._joined_through: int | None = None
+        self._joined_deadline = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -100,10 +108,22 @@ class KVEventSubscriber:
         try:
             sub.setsockopt(zmq.SUBSCRIBE, self.publisher.topic.encode())
             sub.connect(self.publisher.endpoint)
+            if self._last_seq is None:
+                await self._join()
             while True:
                 await self.receive(await sub.recv_multipart())
         finally:
             sub.close(linger=0)
+
+    async def _join(self) -> None:
+        """Apply what the publisher's replay buffer holds (nothing without a replay endpoint or answer)."""
+        batches = await self._replay(0, EVERY_SEQ)
+        if not batches:
+            return
+        for _, batch in batches:
+            self.index.apply(self.address, batch)
+        self._last_seq = self._joined_through = batches[-1][0]
+        self._joined_deadline = asyncio.get_running_loop().time() + self.replay_timeout_s
 
     async def receive(self, frames: list[bytes]) -> None:
         """Handle one published message (public for tests that feed frames directly)."""
@@ -112,6 +132,10 @@ class KVEventSubscriber:
         except KVEventDecodeError as exc:
             self._lost(f"unreadable message: {exc}", decode_error=True)
             return
+        if self._joined_through is not None:
+            if seq <= self._joined_through and asyncio.get_running_loop().time() < self._joined_deadline:
+                return  # published while the replay was read: already applied
+            self._joined_through = None
         last = self._last_seq
         if last is None:
             if seq > 0:
