@@ -110,17 +110,13 @@ PREDICTION_RANKING_SCHEDULER_CONFIG: dict[str, Any] = {
 # examples/predicted-latency.yaml). Why each piece is there, with the measurements, is in docs/plugins.md
 # ("The built-in predicted-latency pipeline"). A deterministic load core — llm-d's token-aware
 # routing: prefix affinity, then the prefill work ahead of the request on each pod — turned into expected
-# milliseconds by an online fit of the pool's own first tokens, with each pod's learned speed, the decode
-# streams its prefill would stall and the pace its own reply would decode at (load-latency-producer,
-# expected-latency-scorer). The XGBoost predictor (predicted-latency-producer) decides where absolute
-# latencies matter: which pods meet the request's TTFT SLO (slo-headroom-tier-filter) and which sheddable
-# requests to drop (latency-slo-admitter). Requests without predictions (warm-up, predictor down,
-# x-prediction-based-scheduling: false) run the token-aware default profile.
+# milliseconds by an online fit of the pool's own first tokens, with each pod's learned speed and the decode
+# streams its prefill would stall (load-latency-producer, expected-latency-scorer). The XGBoost predictor
+# (predicted-latency-producer) decides where absolute latencies matter: which pods meet the request's TTFT
+# SLO (slo-headroom-tier-filter) and which sheddable requests to drop (latency-slo-admitter). Requests without
+# predictions (warm-up, predictor down, x-prediction-based-scheduling: false) run the token-aware default
+# profile.
 INTERFERENCE_WEIGHT = 0.1
-# The price of a millisecond per token of decode pace beyond the fastest candidate's, per token of the
-# request's max_tokens (capped at 1,024): 0.02 was the best of 0.01, 0.02 and 0.04 on the 13 engine variants
-# (docs/benchmarks.md, "Issue 12, session 10").
-DECODE_WEIGHT = 0.02
 # llm-d's token-aware affinity ("Sticky Until Saturated"): 0.8, its throughput gate at 18 s, no exploration
 # (the token-aware benchmark policy).
 TOKEN_AWARE_AFFINITY: dict[str, Any] = {
@@ -156,10 +152,9 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         # is set by the batches of its whole stream, i.e. by routing yet to come) cost TTFT p90 and did not
         # buy TPOT (docs/benchmarks.md, issue 12 session 8).
         {"type": "slo-headroom-tier-filter", "parameters": {"dimensions": ["ttft"]}},
-        {
-            "type": "expected-latency-scorer",
-            "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT, "decodeWeight": DECODE_WEIGHT},
-        },
+        # No decode term (decodeWeight, opt-in): it won on every engine variant of new-user and realtime-mix
+        # and lost 2-3x TTFT p90 on maas-mix (docs/benchmarks.md, issue 12 session 10).
+        {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
     ],
     "schedulingProfiles": [
         _warm_up_profile(),
