@@ -91,7 +91,7 @@ async def test_batches_both_replayed_and_published_at_joining_are_applied_once()
         stats = index.pod_stats("pod")
         assert (stats.batches, stats.restarts, stats.gaps) == (4, 0, 0)
         assert index.match([10, 11, 12, 13], ["pod"]) == {"pod": 4}
-        await subscriber.receive(frames(0, 20))  # after the joining window: a restart again
+        await subscriber.receive(frames(0, 20))  # a newer batch ended the joining window: a restart again
         assert index.pod_stats("pod").restarts == 1
     finally:
         await publisher.close()
