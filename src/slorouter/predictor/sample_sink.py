@@ -108,7 +108,7 @@ class TrainingSampleSink:
         self._buffer: deque[str] = deque(maxlen=self.max_buffer)
         self._own_session = self.session is None
         self._metrics = (
-            _SinkMetrics(self.registry, lambda: len(self._buffer) + self._posting)
+            _SinkMetrics(self.registry, lambda: self.held)
             if self.registry is not None
             else None
         )
@@ -123,7 +123,13 @@ class TrainingSampleSink:
 
     @property
     def buffered(self) -> int:
+        """Samples queued, not counting the batch being posted."""
         return len(self._buffer)
+
+    @property
+    def held(self) -> int:
+        """Samples not yet delivered nor dropped: queued, or in the batch being posted."""
+        return len(self._buffer) + self._posting
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
