@@ -107,11 +107,7 @@ class TrainingSampleSink:
         self._headers = {"Content-Type": JSON_TYPE, **bearer_header(self.tokens)}
         self._buffer: deque[str] = deque(maxlen=self.max_buffer)
         self._own_session = self.session is None
-        self._metrics = (
-            _SinkMetrics(self.registry, lambda: self.held)
-            if self.registry is not None
-            else None
-        )
+        self._metrics = _SinkMetrics(self.registry, lambda: self.held) if self.registry is not None else None
         self._task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._posting = 0  # samples of the batch being posted (out of the queue, not yet delivered)
