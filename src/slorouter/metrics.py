@@ -10,7 +10,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
@@ -397,6 +397,13 @@ class LatencyMetrics:
             "for its pod; the share at or below 1 is the prediction's coverage.",
             ("model",),
             buckets=PREDICTION_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.coverage_factor = Gauge(
+            "slorouter_prediction_coverage_factor",
+            "The live-coverage factor in every served prediction of this kind (predicted-latency-producer's "
+            "coverageStep): above 1 when the models' calibrated quantile covered less in live traffic.",
+            ("model",),
             registry=r,
         )
         self.ttft_slo_violations = Counter(

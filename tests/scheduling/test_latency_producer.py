@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -286,3 +287,51 @@ def test_an_outage_after_warm_up_is_counted_as_unavailable():
     director.schedule(_request())
     assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 2
     assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "warming-up"}) is None
+
+
+def _stream(director, request, ttft_s: float, rest_s: float, tokens: int = 8):
+    result = director.schedule(request)
+    lifecycle = director.dispatch(request, result)
+    director.clock.advance(ttft_s)
+    lifecycle.on_headers(200, streaming=True)
+    lifecycle.on_tokens(1)
+    director.clock.advance(rest_s)
+    lifecycle.on_complete(usage={"completion_tokens": tokens})
+    return lifecycle
+
+
+def test_live_coverage_raises_predictions_that_are_missed():
+    """TPOT served at 10 ms, actual 20 ms: every outcome is a miss, so the served TPOT grows by
+    exp(0.01 × 0.9) per outcome; TTFT (100 ms served, 50 ms actual) is covered, so it shrinks."""
+    backend = FakeBackend()
+    director, registry = _director(backend, streaming=True, extra={"endpointCorrection": False})
+    producer = director.setup.plugins["predicted-latency-producer"]
+    for _ in range(5):
+        _stream(director, _request(), ttft_s=0.05, rest_s=0.14)  # TPOT (190 − 50) / 7 = 20 ms
+    assert producer.coverage.factor("tpot") == pytest.approx(math.exp(5 * 0.009))
+    assert producer.coverage.factor("ttft") == pytest.approx(math.exp(-5 * 0.001))
+    gauge = registry.get_sample_value("slorouter_prediction_coverage_factor", {"model": "tpot"})
+    assert gauge == pytest.approx(math.exp(5 * 0.009))
+    lifecycle = _stream(director, _request(), ttft_s=0.05, rest_s=0.14)
+    prediction = lifecycle.prediction
+    assert prediction is not None and prediction.tpot_ms is not None
+    assert prediction.tpot_ms == pytest.approx(10.0 * math.exp(5 * 0.009))
+    assert prediction.tpot_coverage_factor == pytest.approx(math.exp(5 * 0.009))
+    assert prediction.ttft_ms == pytest.approx(100.0 * math.exp(-5 * 0.001))  # the least-waiting pod's
+    assert prediction.ttft_ms / prediction.ttft_coverage_factor == pytest.approx(100.0)
+
+
+def test_live_coverage_can_be_turned_off():
+    backend = FakeBackend()
+    director, registry = _director(backend, streaming=True, extra={"coverageStep": 0})
+    assert director.setup.plugins["predicted-latency-producer"].coverage is None
+    for _ in range(3):
+        lifecycle = _stream(director, _request(), ttft_s=0.05, rest_s=0.14)
+    assert lifecycle.prediction is not None and lifecycle.prediction.tpot_ms == pytest.approx(10.0)
+    assert registry.get_sample_value("slorouter_prediction_coverage_factor", {"model": "tpot"}) is None
+
+
+@pytest.mark.parametrize("extra", [{"coverageStep": -0.1}, {"coverageStep": 1.0}, {"coverageQuantile": 1.0}])
+def test_invalid_coverage_settings_are_configuration_errors(extra):
+    with pytest.raises(ValueError, match="coverage"):
+        _director(FakeBackend(), streaming=True, extra=extra)

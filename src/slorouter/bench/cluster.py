@@ -406,10 +406,12 @@ class ClusterSimulator:
             ttft, tpot = prediction.ttft_ms, prediction.tpot_ms
             rec.predicted[i] = True
             rec.predicted_ttft_ms[i] = ttft
-            rec.point_ttft_ms[i] = ttft * self.predictor.predictor.point_factor("ttft")
+            # The point prediction is the model's: without the live-coverage factor of the served quantile.
+            point_factor = self.predictor.predictor.point_factor
+            rec.point_ttft_ms[i] = ttft / prediction.ttft_coverage_factor * point_factor("ttft")
             if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
                 rec.predicted_tpot_ms[i] = tpot
-                rec.point_tpot_ms[i] = tpot * self.predictor.predictor.point_factor("tpot")
+                rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
         try:
             self.engines[pod].add_request(i, prompt, request.max_tokens, now + self.settings.network_s)
         except RequestRejected as exc:

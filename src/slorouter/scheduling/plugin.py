@@ -166,6 +166,9 @@ class TargetPrediction:
 
     ttft_ms: float  # E2E latency when the predictor models it instead of TTFT (streamingMode false)
     tpot_ms: float | None = None  # None when TPOT is not modelled
+    # The live-coverage factors included in ttft_ms and tpot_ms (1: none), so a caller can take them out.
+    ttft_coverage_factor: float = 1.0
+    tpot_coverage_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

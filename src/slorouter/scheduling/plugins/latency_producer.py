@@ -10,6 +10,10 @@ endpoint, so training and prediction never disagree about what a feature meant.
 - ``streamingMode: true``: a TTFT sample at the first token and a TPOT sample at the end,
   TPOT = (E2E − TTFT) / (output tokens − 1), from token counts (``usage`` when the server sends it).
 
+Live coverage (``coverageStep``, on by default): the served predictions are quantiles (p90 by default,
+``coverageQuantile``), calibrated on samples of the training window; a ``CoverageTracker`` scales each kind
+by a factor moved after every outcome, so that they cover that share of live requests too.
+
 Mixed pools: with ``podClassLabel`` the endpoint label's value becomes the ``pod_class`` feature (the model
 must be trained with that schema). Without it, an online per-endpoint correction (``endpointCorrection``)
 learns how much slower or faster each endpoint runs than predicted and scales its predictions.
@@ -29,6 +33,7 @@ from pydantic import Field
 
 from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.correction import EndpointCorrection
+from slorouter.predictor.coverage import CoverageTracker
 from slorouter.predictor.features import (
     DEFAULT_SCHEMA,
     FeatureSchema,
@@ -73,6 +78,9 @@ class PredictedLatencyParams(PluginParams):
     predict_in_produce: bool = Field(True, alias="predictInProduce")
     pod_class_label: str = Field("", alias="podClassLabel")
     endpoint_correction: bool = Field(True, alias="endpointCorrection")
+    # 0 turns live-coverage tracking off; the quantile is the one the models serve (the predictor's).
+    coverage_step: float = Field(0.01, alias="coverageStep", ge=0.0, le=0.5, allow_inf_nan=False)
+    coverage_quantile: float = Field(0.9, alias="coverageQuantile", gt=0.0, lt=1.0)
 
 
 @dataclass(slots=True)
@@ -87,6 +95,8 @@ class _RequestState:
     predicted_tpot: np.ndarray | None = None
     corrected_ttft: np.ndarray | None = None
     corrected_tpot: np.ndarray | None = None
+    ttft_coverage_factor: float = 1.0
+    tpot_coverage_factor: float = 1.0
     target: int = -1
     target_address: str = ""
     tpot_slo_registered: bool = False
@@ -115,6 +125,10 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         self._tpot_columns = self.schema.union_columns("tpot")
         use_correction = self.params.endpoint_correction and not self.params.pod_class_label
         self.correction = EndpointCorrection() if use_correction else None
+        p = self.params
+        self.coverage = (
+            CoverageTracker(p.coverage_quantile, step=p.coverage_step) if p.coverage_step > 0 else None
+        )
         # TPOT SLOs of the requests running on each endpoint (streaming mode): the strictest is protected.
         self._running_tpot_slos: dict[str, Counter[float]] = {}
         self._served = False  # whether the predictor has been ready at least once
@@ -206,6 +220,12 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             ttft = ttft * self.correction.factors(state.addresses, "ttft")
             if self.params.streaming_mode:
                 tpot = tpot * self.correction.factors(state.addresses, "tpot")
+        if self.coverage is not None:
+            state.ttft_coverage_factor = self.coverage.factor("ttft")
+            ttft = ttft * state.ttft_coverage_factor
+            if self.params.streaming_mode:
+                state.tpot_coverage_factor = self.coverage.factor("tpot")
+                tpot = tpot * state.tpot_coverage_factor
         state.corrected_ttft, state.corrected_tpot = ttft, tpot
         strictest = None
         if self.params.streaming_mode and self._running_tpot_slos:
@@ -255,7 +275,12 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         prediction = None
         if state.corrected_ttft is not None and state.corrected_tpot is not None:
             tpot = float(state.corrected_tpot[state.target]) if self.params.streaming_mode else None
-            prediction = TargetPrediction(float(state.corrected_ttft[state.target]), tpot)
+            prediction = TargetPrediction(
+                float(state.corrected_ttft[state.target]),
+                tpot,
+                ttft_coverage_factor=state.ttft_coverage_factor,
+                tpot_coverage_factor=state.tpot_coverage_factor,
+            )
         if state.corrected_ttft is not None and self.ctx.metrics is not None:
             labels = self.ctx.metrics.model_labels(request.model, request.target_model)
             self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
@@ -313,13 +338,20 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         predicted = state.predicted_ttft if kind == "ttft" else state.predicted_tpot
         if self.correction is not None and predicted is not None and predicted[i] > 0:
             self.correction.observe(state.target_address, kind, float(predicted[i]), latency_ms)
+        served = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
+        was_served = served is not None and served[i] > 0 and (kind == "ttft" or self.params.streaming_mode)
+        if was_served and self.coverage is not None:
+            assert served is not None
+            self.coverage.observe(kind, latency_ms, float(served[i]))
         metrics = self.ctx.metrics
         if metrics is None:
             return
         metrics.training_samples.labels(kind).inc()
-        served = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
-        if served is not None and served[i] > 0 and (kind == "ttft" or self.params.streaming_mode):
+        if was_served:
+            assert served is not None
             metrics.prediction_ratio.labels(kind).observe(latency_ms / float(served[i]))
+            if self.coverage is not None:
+                metrics.coverage_factor.labels(kind).set(self.coverage.factor(kind))
         labels = (request.model, request.target_model)
         if kind == "ttft" and request.slo_ttft_ms is not None and latency_ms > request.slo_ttft_ms:
             metrics.ttft_slo_violations.labels(*labels).inc()
