@@ -3,8 +3,9 @@ in virtual time, broken down by request class and by pod (issue 12, docs/benchma
 
 For the chosen pod of every predicted request it compares the actual TTFT with the XGBoost point prediction
 and with ``load-latency-producer``'s expected TTFT (the linear load model the scorer ranks by), per class
-(chat: prompts up to ``--long-tokens``; long: the rest); it also prints the served p90's coverage per class
-and each pod's share of the requests with its TPOT p50 and p90.
+(chat: prompts up to ``--long-tokens``; long: the rest); it also prints the served p90's TTFT and TPOT
+coverage per class and each pod's share of the requests with its TPOT p50 and p90. ``--policy`` takes
+``NAME=FILE`` too (e.g. the built-in pipeline with ``coverageStep: 0``).
 
     .venv/bin/python benchmarks/prediction_error.py [--policy predicted-latency] [--workload realtime-mix]
         [--pool "4x llama3-8b-h100"] [--qps 30.3] [--duration 120] [--warmup 30] [--seed 0]
@@ -64,6 +65,12 @@ def _ape(actual: np.ndarray, predicted: np.ndarray) -> tuple[float, float, int]:
     return (float(error.mean()), float(np.median(error)), int(ok.sum())) if ok.any() else (np.nan, np.nan, 0)
 
 
+def _coverage(actual: np.ndarray, served: np.ndarray) -> float:
+    """Share of the requests with a served prediction whose actual latency was at or below it."""
+    ok = np.isfinite(served) & np.isfinite(actual) & (served > 0)
+    return float(np.mean(actual[ok] <= served[ok])) if ok.any() else np.nan
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--policy", default="predicted-latency")
@@ -108,12 +115,12 @@ def main() -> None:
     for name, of_class in (("all", measured), ("chat", measured & ~long), ("long", measured & long)):
         routed = of_class & rec.predicted
         xgb, lm = _ape(actual[routed], rec.point_ttft_ms[routed]), _ape(actual[routed], load_model[routed])
-        served = rec.predicted_ttft_ms[routed]
-        ok = np.isfinite(served)
-        coverage = float(np.mean(actual[routed][ok] <= served[ok])) if ok.any() else np.nan
+        coverage = _coverage(actual[routed], rec.predicted_ttft_ms[routed])
+        tpot_coverage = _coverage(rec.tpot_ms[routed], rec.predicted_tpot_ms[routed])
         print(
             f"  {name}: XGBoost point APE mean {xgb[0]:.3f} median {xgb[1]:.3f} | load model APE mean "
-            f"{lm[0]:.3f} median {lm[1]:.3f} (n={xgb[2]}) | served p90 coverage {coverage:.3f}"
+            f"{lm[0]:.3f} median {lm[1]:.3f} (n={xgb[2]}) | served p90 coverage TTFT {coverage:.3f} "
+            f"TPOT {tpot_coverage:.3f}"
         )
     tpot = rec.tpot_ms
     with_tpot = measured & np.isfinite(tpot)
