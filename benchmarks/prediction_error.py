@@ -133,6 +133,24 @@ def main() -> None:
             f"  pod {pod} {profile.name}: share {on_pod.sum() / with_tpot.sum():.2f}, TPOT p50 "
             f"{np.median(tpot[on_pod]):.1f} p90 {np.percentile(tpot[on_pod], 90):.1f} ms"
         )
+    # Where the long-lived streams go: a pod's concurrent streams grow with their durations (Little's law),
+    # not with its request count.
+    done = np.isfinite(rec.e2e_s) & (rec.pod >= 0)
+    window = max(args.duration, 1e-9)
+    for name in sorted({p.name for p in profiles}):
+        of_class = np.array([profiles[p].name == name if p >= 0 else False for p in rec.pod])
+        pods = sum(p.name == name for p in profiles)
+        shares = [
+            np.mean(of_class[done & bucket])
+            for bucket in (rec.output_tokens <= 100, (rec.output_tokens > 100) & (rec.output_tokens <= 1000),
+                           rec.output_tokens > 1000)
+        ]  # fmt: skip
+        streams = rec.e2e_s[done & of_class].sum() / window / pods
+        print(
+            f"  {name}: share of outputs <=100 / 101-1000 / >1000 tokens {shares[0]:.2f} / {shares[1]:.2f} / "
+            f"{shares[2]:.2f}; requests per pod {np.sum(done & of_class) / pods:.0f}; mean concurrent "
+            f"streams per pod {streams:.0f}"
+        )
     ttft_p90 = np.percentile(actual[measured], 90)
     print(f"  TPOT p50 {np.median(tpot[with_tpot]):.1f} ms, TTFT p90 {ttft_p90:.0f} ms")
 
