@@ -190,6 +190,18 @@ def _believed(log_speed: np.ndarray, variance: np.ndarray, counts: np.ndarray) -
     return np.exp(share * deviation)
 
 
+@dataclass(slots=True)
+class _SpeedSolution:
+    """Every pod's solved speeds at one tick: ``solved`` rows as ``PodSpeeds._solve`` returns them, the
+    speeds relative to the pool, and each pod's row (the relative arrays have one more slot, for pods
+    without samples)."""
+
+    index: dict[str, int]
+    solved: np.ndarray
+    relative_a: np.ndarray
+    relative_b: np.ndarray
+
+
 class PodSpeeds:
     """Each pod's two speeds: how much slower than the pool's typical pod it runs its fixed costs (``a``) and
     its prompt work (``b``), from its first tokens against the pooled fit.
@@ -210,7 +222,7 @@ class PodSpeeds:
         self._tick = 0
         # pod -> [Σf², Σfw, Σw², Σf·t, Σw·t, n, Σt², tick]: sums decayed to the tick in the last slot
         self._stats: dict[str, np.ndarray] = {}
-        self._relative: dict[str, tuple[float, float]] | None = None  # until the next observation
+        self._solution: _SpeedSolution | None = None  # every pod's, until the next observation
 
     def _decay(self) -> float:
         return 0.5 ** (1.0 / (self._half_life * max(len(self._stats), 1)))
@@ -226,15 +238,23 @@ class PodSpeeds:
             # Winsorised in log space around the pod's own estimate: one first token that waited behind a
             # burst moves the speeds by at most what a ratio of ``SPEED_RATIO_CLIP`` would (least squares on
             # raw ratios let such samples swing a pod's speeds; on 8 equal pods near saturation, maas-mix at
-            # 170 QPS, TTFT p90 went from 1,620 to 2,919 ms).
-            log_a, log_b = self._solve(stats[None, :], decay)[0, :2]
+            # 170 QPS, TTFT p90 went from 1,620 to 2,919 ms). The pool's solution, when it was made after
+            # the last observation, holds the pod's estimate for this very tick.
+            solution = self._solution
+            i = solution.index.get(pod) if solution is not None else None
+            own_row = (
+                solution.solved[i]
+                if solution is not None and i is not None
+                else self._solve(stats[None, :], decay)[0]
+            )
+            log_a, log_b = own_row[:2]
             own = math.exp(log_a) * f + math.exp(log_b) * w
             ratio = min(max(ratio, own / SPEED_RATIO_CLIP), own * SPEED_RATIO_CLIP)
         self._tick += 1
         stats[:7] *= decay ** (self._tick - stats[7])
         stats[:7] += (f * f, f * w, w * w, f * ratio, w * ratio, 1.0, ratio * ratio)
         stats[7] = self._tick
-        self._relative = None
+        self._solution = None
 
     def _solve(self, stats: np.ndarray, decay: float) -> np.ndarray:
         """One row per row of ``stats`` (pods' sums): log a, log b, decayed count, sampling variance of
@@ -283,35 +303,39 @@ class PodSpeeds:
         b = np.where(solvable, (a11 * r2 - a12 * r1) / safe_det, 1.0)
         return a, b
 
-    def _speeds(self) -> dict[str, tuple[float, float]]:
-        relative = self._relative
-        if relative is None:
+    def _speeds(self) -> _SpeedSolution:
+        solution = self._solution
+        if solution is None:
             pods = list(self._stats)
             solved = self._solve(
                 np.array([self._stats[p] for p in pods]).reshape(len(pods), 8), self._decay()
             )
             counts = solved[:, 2]
-            relative_a = _believed(solved[:, 0], solved[:, 3], counts)
-            relative_b = _believed(solved[:, 1], solved[:, 4], counts)
-            relative = {p: (float(x), float(y)) for p, x, y in zip(pods, relative_a, relative_b, strict=True)}
-            self._relative = relative
-        return relative
+            # One extra slot at the end holds the speeds of a pod without samples, for index −1.
+            relative_a = np.append(_believed(solved[:, 0], solved[:, 3], counts), 1.0)
+            relative_b = np.append(_believed(solved[:, 1], solved[:, 4], counts), 1.0)
+            index = {p: i for i, p in enumerate(pods)}
+            solution = self._solution = _SpeedSolution(index, solved, relative_a, relative_b)
+        return solution
 
     def of(self, pod: str) -> tuple[float, float]:
         """(fixed-cost speed, prompt-work speed) of the pod; (1, 1) for a pod without samples."""
-        return self._speeds().get(pod, (1.0, 1.0))
+        solution = self._speeds()
+        i = solution.index.get(pod, -1)
+        return float(solution.relative_a[i]), float(solution.relative_b[i])
 
     def arrays(self, pods: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        relative = self._speeds()
-        pairs = [relative.get(p, (1.0, 1.0)) for p in pods]
-        return np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
+        solution = self._speeds()
+        index = solution.index
+        rows = np.array([index.get(p, -1) for p in pods], dtype=np.intp)
+        return solution.relative_a[rows], solution.relative_b[rows]
 
     def pods(self) -> set[str]:
         return set(self._stats)
 
     def forget(self, pod: str) -> None:
         self._stats.pop(pod, None)
-        self._relative = None
+        self._solution = None
 
 
 class LoadLatencyFit:
