@@ -335,3 +335,23 @@ def test_live_coverage_can_be_turned_off():
 def test_invalid_coverage_settings_are_configuration_errors(extra):
     with pytest.raises(ValueError, match="coverage"):
         _director(FakeBackend(), streaming=True, extra=extra)
+
+
+def test_routing_reads_the_models_quantile_and_clients_get_the_covered_one():
+    """The live-coverage factor is in what is served (headers, metrics) and not in what the tiers, the
+    admitter and the scorers compare: with it, the TTFT tiers were stricter and lost SLO attainment."""
+    backend = FakeBackend()
+    director, _ = _director(backend, streaming=True, extra={"endpointCorrection": False})
+    for _ in range(20):
+        _stream(director, _request(), ttft_s=0.5, rest_s=0.14)  # TTFT 500 ms against 100 served: missed
+    factor = director.setup.plugins["predicted-latency-producer"].coverage.factor("ttft")
+    assert factor == pytest.approx(math.exp(20 * 0.009))
+    producer = director.setup.plugins["predicted-latency-producer"]
+    request = _request(slo_ttft_ms=110.0)
+    cands = candidates_of(director.pool)
+    producer.produce(request, cands)
+    assert cands.attrs[PREDICTED_TTFT_MS].tolist() == [300.0, 100.0, 200.0]  # the models' p90, unscaled
+    assert cands.attrs[TTFT_HEADROOM_MS][1] == pytest.approx(10.0)  # meets 110 ms by its raw p90
+    lifecycle = director.dispatch(request, director.schedule(request))
+    assert lifecycle.prediction is not None
+    assert lifecycle.prediction.ttft_ms == pytest.approx(100.0 * factor)  # what the client is told

@@ -220,13 +220,14 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             ttft = ttft * self.correction.factors(state.addresses, "ttft")
             if self.params.streaming_mode:
                 tpot = tpot * self.correction.factors(state.addresses, "tpot")
+        state.corrected_ttft, state.corrected_tpot = ttft, tpot
         if self.coverage is not None:
+            # Served to the client and checked against its outcome; the routing below (tiers, admission,
+            # scorers) keeps the models' own calibrated quantile: with the factor in it the TTFT tiers were
+            # stricter and cost SLO attainment at 75 % load (docs/benchmarks.md, issue 12 session 11).
             state.ttft_coverage_factor = self.coverage.factor("ttft")
-            ttft = ttft * state.ttft_coverage_factor
             if self.params.streaming_mode:
                 state.tpot_coverage_factor = self.coverage.factor("tpot")
-                tpot = tpot * state.tpot_coverage_factor
-        state.corrected_ttft, state.corrected_tpot = ttft, tpot
         strictest = None
         if self.params.streaming_mode and self._running_tpot_slos:
             running = self._running_tpot_slos
@@ -273,21 +274,20 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         except ValueError:
             return None
         prediction = None
-        if state.corrected_ttft is not None and state.corrected_tpot is not None:
-            tpot = float(state.corrected_tpot[state.target]) if self.params.streaming_mode else None
+        served_ttft = self._served_prediction(state, "ttft")
+        served_tpot = self._served_prediction(state, "tpot")
+        if served_ttft is not None and state.corrected_tpot is not None:
             prediction = TargetPrediction(
-                float(state.corrected_ttft[state.target]),
-                tpot,
+                served_ttft,
+                served_tpot,
                 ttft_coverage_factor=state.ttft_coverage_factor,
                 tpot_coverage_factor=state.tpot_coverage_factor,
             )
-        if state.corrected_ttft is not None and self.ctx.metrics is not None:
+        if served_ttft is not None and self.ctx.metrics is not None:
             labels = self.ctx.metrics.model_labels(request.model, request.target_model)
-            self.ctx.metrics.predicted_ttft.labels(*labels).observe(state.corrected_ttft[state.target] / 1000)
-            if self.params.streaming_mode and state.corrected_tpot is not None:
-                self.ctx.metrics.predicted_tpot.labels(*labels).observe(
-                    state.corrected_tpot[state.target] / 1000
-                )
+            self.ctx.metrics.predicted_ttft.labels(*labels).observe(served_ttft / 1000)
+            if served_tpot is not None:
+                self.ctx.metrics.predicted_tpot.labels(*labels).observe(served_tpot / 1000)
         if self.params.streaming_mode and request.slo_tpot_ms is not None:
             self._running_tpot_slos.setdefault(address, Counter())[request.slo_tpot_ms] += 1
             state.tpot_slo_registered = True
@@ -338,18 +338,15 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         predicted = state.predicted_ttft if kind == "ttft" else state.predicted_tpot
         if self.correction is not None and predicted is not None and predicted[i] > 0:
             self.correction.observe(state.target_address, kind, float(predicted[i]), latency_ms)
-        served = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
-        was_served = served is not None and served[i] > 0 and (kind == "ttft" or self.params.streaming_mode)
-        if was_served and self.coverage is not None:
-            assert served is not None
-            self.coverage.observe(kind, latency_ms, float(served[i]))
+        served = self._served_prediction(state, kind)
+        if served is not None and served > 0 and self.coverage is not None:
+            self.coverage.observe(kind, latency_ms, served)
         metrics = self.ctx.metrics
         if metrics is None:
             return
         metrics.training_samples.labels(kind).inc()
-        if was_served:
-            assert served is not None
-            metrics.prediction_ratio.labels(kind).observe(latency_ms / float(served[i]))
+        if served is not None and served > 0:
+            metrics.prediction_ratio.labels(kind).observe(latency_ms / served)
             if self.coverage is not None:
                 metrics.coverage_factor.labels(kind).set(self.coverage.factor(kind))
         labels = (request.model, request.target_model)
@@ -357,6 +354,15 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             metrics.ttft_slo_violations.labels(*labels).inc()
         if kind == "tpot" and request.slo_tpot_ms is not None and latency_ms > request.slo_tpot_ms:
             metrics.tpot_slo_violations.labels(*labels).inc()
+
+    def _served_prediction(self, state: _RequestState, kind: ModelKind) -> float | None:
+        """The prediction served for the chosen pod (the live-coverage factor included); None if there was
+        none (no prediction, or TPOT outside streaming mode)."""
+        corrected = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
+        if corrected is None or state.target < 0 or (kind == "tpot" and not self.params.streaming_mode):
+            return None
+        factor = state.ttft_coverage_factor if kind == "ttft" else state.tpot_coverage_factor
+        return float(corrected[state.target]) * factor
 
     def _release_tpot_slo(self, request: InferenceRequest, state: _RequestState) -> None:
         if not state.tpot_slo_registered or request.slo_tpot_ms is None:
