@@ -10,9 +10,10 @@ endpoint, so training and prediction never disagree about what a feature meant.
 - ``streamingMode: true``: a TTFT sample at the first token and a TPOT sample at the end,
   TPOT = (E2E − TTFT) / (output tokens − 1), from token counts (``usage`` when the server sends it).
 
-Live coverage (``coverageStep``, on by default): the served predictions are quantiles (p90 by default,
-``coverageQuantile``), calibrated on samples of the training window; a ``CoverageTracker`` scales each kind
-by a factor moved after every outcome, so that they cover that share of live requests too.
+Live coverage (``coverageStep``, on by default): the models' predictions are quantiles (p90 by default,
+``coverageQuantile``), calibrated on samples of the training window; a ``CoverageTracker`` scales the chosen
+pod's prediction as served (headers, metrics) by a factor moved after every outcome, so that it covers that
+share of live requests too. Routing (tiers, admission, scorers) keeps the models' quantile.
 
 Mixed pools: with ``podClassLabel`` the endpoint label's value becomes the ``pod_class`` feature (the model
 must be trained with that schema). Without it, an online per-endpoint correction (``endpointCorrection``)
