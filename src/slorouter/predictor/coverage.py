@@ -13,7 +13,7 @@ model kind, a log-factor δ on every served prediction, moved after each outcome
 
     δ ← δ + step · (miss − (1 − quantile)),   miss = 1 if actual > served else 0
 
-so a miss raises the served predictions by step · quantile and a covered outcome lowers them by
+so a miss raises the log-factor by step · quantile and a covered outcome lowers it by
 step · (1 − quantile). The moves add up to step × (misses − T · (1 − quantile)) over T outcomes, so whatever
 the shift between calibration and live traffic, while the models stay within the factor's bounds
 (``max_log_factor``: 4× either way) of the truth the miss rate is within (max_log_factor + step) / (step · T)
