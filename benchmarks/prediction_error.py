@@ -137,8 +137,10 @@ def main() -> None:
     # not with its request count.
     done = np.isfinite(rec.e2e_s) & (rec.pod >= 0)
     window = max(args.duration, 1e-9)
+    class_of_pod = np.array([p.name for p in profiles] + [""])  # the last slot: requests served by no pod
+    class_of_request = class_of_pod[rec.pod]
     for name in sorted({p.name for p in profiles}):
-        of_class = np.array([profiles[p].name == name if p >= 0 else False for p in rec.pod])
+        of_class = class_of_request == name
         pods = sum(p.name == name for p in profiles)
         shares = [
             np.mean(of_class[done & bucket])
