@@ -36,6 +36,23 @@ _CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=ext_proc.BodyResponse()
 _CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=ext_proc.BodyResponse())
 _CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
 _CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+# The answers that never change, serialized once: most messages of a stream get one of them.
+_SERIALIZED = {
+    id(response): response.SerializeToString()
+    for response in (
+        _CONTINUE_REQUEST_HEADERS,
+        _CONTINUE_REQUEST_BODY,
+        _CONTINUE_RESPONSE_BODY,
+        _CONTINUE_REQUEST_TRAILERS,
+        _CONTINUE_RESPONSE_TRAILERS,
+    )
+}
+
+
+def serialized(response: ext_proc.ProcessingResponse) -> bytes:
+    """The wire form of an answer (the constant ones are serialized once)."""
+    cached = _SERIALIZED.get(id(response))
+    return cached if cached is not None else response.SerializeToString()
 
 
 def header_map(headers: ext_proc.HttpHeaders) -> dict[str, str]:

@@ -11,8 +11,9 @@ import grpc
 
 from slorouter.clock import Clock
 from slorouter.config import Config
-from slorouter.extproc.server import ExternalProcessor, Health, grpc_options, start_grpc_server
+from slorouter.extproc.server import ExternalProcessor, Health, server_settings, start_health_server
 from slorouter.extproc.stream import Picker
+from slorouter.http.grpc_server import GrpcServer
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
 from slorouter.serving.assembly import RouterCore
 
@@ -34,7 +35,8 @@ class EndpointPicker:
     health: Health
     ports: PickerPorts
     bound: PickerPorts | None = None  # the ports actually bound (0 picks free ones)
-    _servers: list[grpc.aio.Server] = field(default_factory=list, repr=False)
+    _grpc: GrpcServer | None = field(default=None, repr=False)
+    _health_server: grpc.aio.Server | None = field(default=None, repr=False)
     _http: HttpServer | None = field(default=None, repr=False)
 
     @classmethod
@@ -53,14 +55,14 @@ class EndpointPicker:
         """Scrape the pool once, then listen on the three ports."""
         await self.core.start()
         ports = self.ports
-        options = grpc_options(self.core.config.gateway.max_body_bytes)
-        server, grpc_port = await start_grpc_server([self.processor], ports.host, ports.grpc_port, options)
-        self._servers.append(server)
-        await self.health.start()
-        health_server, health_port = await start_grpc_server(
-            [self.health.servicer], ports.host, ports.health_port, []
+        self._grpc = GrpcServer(
+            self.processor.methods, server_settings(self.core.config.gateway.max_body_bytes)
         )
-        self._servers.append(health_server)
+        grpc_port = await self._grpc.start(ports.host, ports.grpc_port)
+        await self.health.start()
+        self._health_server, health_port = await start_health_server(
+            self.health.servicer, ports.host, ports.health_port
+        )
         self._http = HttpServer(max_body_bytes=1024)
         self._http.add_route("GET", "/metrics", self._metrics)
         self._http.add_route("GET", "/health", self._liveness)
@@ -79,15 +81,20 @@ class EndpointPicker:
         """Health goes NOT_SERVING, new streams are refused, open ones get ``drain_timeout_s`` to end."""
         await self.health.shutdown()
         self.processor.accepting = False
+        if self._grpc is not None:
+            self._grpc.refuse_new_streams()  # GOAWAY: the data plane opens new streams elsewhere
         if drain_timeout_s > 0 and self.processor.active:
             log.info(
                 "draining %d open ext_proc stream(s), up to %.1f s", self.processor.active, drain_timeout_s
             )
             if not await self.processor.drained(drain_timeout_s):
                 log.warning("%d ext_proc stream(s) still open after the drain timeout", self.processor.active)
-        for server in self._servers:
-            await server.stop(grace=0.5)
-        self._servers.clear()
+        if self._grpc is not None:
+            await self._grpc.close(grace_s=0.5)
+            self._grpc = None
+        if self._health_server is not None:
+            await self._health_server.stop(grace=0.5)
+            self._health_server = None
         if self._http is not None:
             await self._http.close()
             self._http = None

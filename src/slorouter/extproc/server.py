@@ -1,19 +1,31 @@
-"""The ext_proc gRPC service over ``PickerStream``, its gRPC health service, and draining on shutdown."""
+"""The ext_proc service over ``PickerStream`` (on the lean gRPC server), its gRPC health service (grpcio), and
+draining on shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from slorouter.director import Director
+from slorouter.extproc import messages
 from slorouter.extproc.stream import Picker, PickerStream, ProtocolError
+from slorouter.http.grpc_server import (
+    INTERNAL,
+    INVALID_ARGUMENT,
+    UNAVAILABLE,
+    HandlerFactory,
+    Replies,
+    RpcError,
+    RpcHandler,
+    ServerSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +38,17 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 READINESS_INTERVAL_S = 0.1
 
 
-def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+PROCESS_METHOD = f"/{EXT_PROC_SERVICE}/Process"
+
+
+def server_settings(max_body_bytes: int) -> ServerSettings:
     """Room for a whole request body in one message, plus the protocol's framing."""
-    size = max_body_bytes + (1 << 20)
-    return [
-        ("grpc.max_receive_message_length", size),
-        ("grpc.max_send_message_length", size),
-        ("grpc.so_reuseport", 0),
-    ]
+    return ServerSettings(max_message_bytes=max_body_bytes + (1 << 20))
 
 
-class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    """``envoy.service.ext_proc.v3.ExternalProcessor``: one ``PickerStream`` per ``Process`` stream."""
+class ExternalProcessor:
+    """``envoy.service.ext_proc.v3.ExternalProcessor/Process``: one ``PickerStream`` per stream, served by
+    the lean gRPC server (``slorouter.http.grpc_server``)."""
 
     def __init__(self, picker: Picker) -> None:
         self._picker = picker
@@ -46,39 +57,21 @@ class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer): 
         self._idle = asyncio.Event()
         self._idle.set()
 
-    async def Process(
-        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+    @property
+    def methods(self) -> dict[str, HandlerFactory]:
+        return {PROCESS_METHOD: self.open_stream}
+
+    def open_stream(self) -> RpcHandler:
         if not self.accepting:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the endpoint picker is shutting down")
-        stream = PickerStream(self._picker)
+            raise RpcError(UNAVAILABLE, "the endpoint picker is shutting down")
         self.active += 1
         self._idle.clear()
-        # A client gone, an upstream reset and a cancelled stream all look alike here: the requests end.
-        reason = "the ext_proc stream ended before the response did"
-        try:
-            async for message in requests:
-                try:
-                    responses = await stream.handle(message)
-                except ProtocolError as exc:
-                    reason = f"ext_proc protocol error: {exc}"
-                    log.warning("%s", reason)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                for response in responses:
-                    yield response
-                if stream.closed:
-                    return
-        except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            reason = f"endpoint picker error: {exc.__class__.__name__}"
-            log.exception("ext_proc stream failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{reason}: {exc}")
-        finally:
-            stream.close(reason)
-            self.active -= 1
-            if not self.active:
-                self._idle.set()
+        return _ProcessStream(self, PickerStream(self._picker))
+
+    def stream_closed(self) -> None:
+        self.active -= 1
+        if not self.active:
+            self._idle.set()
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no stream is open (True), or ``timeout_s`` passed (False)."""
@@ -87,6 +80,57 @@ class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer): 
         except TimeoutError:
             return False
         return True
+
+
+class _ProcessStream:
+    """One ``Process`` RPC: Envoy's messages parsed, answered by the ``PickerStream``, answers serialized."""
+
+    __slots__ = ("_error", "_processor", "_stream")
+
+    def __init__(self, processor: ExternalProcessor, stream: PickerStream) -> None:
+        self._processor = processor
+        self._stream = stream
+        self._error: str | None = None  # why this side ended the stream with an error status
+
+    @property
+    def finished(self) -> bool:
+        return self._stream.closed
+
+    def on_message(self, payload: bytes) -> Replies | Awaitable[Replies]:
+        try:
+            message = messages.ProcessingRequest.FromString(payload)
+        except DecodeError as exc:
+            raise self._protocol_error(f"not a ProcessingRequest ({exc})") from None
+        try:
+            result = self._stream.step(message)
+        except ProtocolError as exc:
+            raise self._protocol_error(str(exc)) from None
+        if isinstance(result, list):
+            return [messages.serialized(response) for response in result]
+        return self._later(result)
+
+    async def _later(self, pending: Awaitable[list[Any]]) -> Replies:
+        try:
+            responses = await pending
+        except ProtocolError as exc:
+            raise self._protocol_error(str(exc)) from None
+        except Exception as exc:
+            self._error = f"endpoint picker error: {exc.__class__.__name__}"
+            log.exception("ext_proc stream failed")
+            raise RpcError(INTERNAL, f"{self._error}: {exc}") from None
+        return [messages.serialized(response) for response in responses]
+
+    def _protocol_error(self, message: str) -> RpcError:
+        self._error = f"ext_proc protocol error: {message}"
+        log.warning("%s", self._error)
+        return RpcError(INVALID_ARGUMENT, message)
+
+    def on_close(self, reason: str | None) -> None:
+        # A client gone, an upstream reset and a cancelled stream all look alike here: the requests end.
+        try:
+            self._stream.close(self._error or reason or "the ext_proc stream ended before the response did")
+        finally:
+            self._processor.stream_closed()
 
 
 class Health:
@@ -126,16 +170,10 @@ class Health:
             await self.update()
 
 
-async def start_grpc_server(
-    servicers: list[Any], host: str, port: int, options: list[tuple[str, int]]
-) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server with the given servicers, listening; returns it and its port."""
-    server = grpc.aio.server(options=options)
-    for servicer in servicers:
-        if isinstance(servicer, ExternalProcessor):
-            external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
-        else:
-            health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+async def start_health_server(servicer: Any, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """grpcio's server for ``grpc.health.v1`` (probes, not the data path), listening; it and its port."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:
         raise OSError(f"cannot listen on {host}:{port} for gRPC")

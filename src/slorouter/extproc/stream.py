@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,17 +92,23 @@ class PickerStream:
         self.closed = False
 
     async def handle(self, message: Any) -> list[Response]:
+        """The answers to one message (``step``, awaited when it has to wait)."""
+        result = self.step(message)
+        return result if isinstance(result, list) else await result
+
+    def step(self, message: Any) -> list[Response] | Awaitable[list[Response]]:
+        """The answers to one message: at once, or (only when it schedules) an awaitable of them."""
         kind = message.WhichOneof("request")
+        if kind == "response_body":
+            return self._response_body(message.response_body.body, message.response_body.end_of_stream)
         if kind == "request_headers":
             return self._request_headers(message)
         if kind == "request_body":
-            return await self._request_body(message.request_body.body, message.request_body.end_of_stream)
+            return self._request_body(message.request_body.body, message.request_body.end_of_stream)
         if kind == "request_trailers":
-            return await self._request_trailers()
+            return self._request_trailers()
         if kind == "response_headers":
             return self._response_headers(message.response_headers)
-        if kind == "response_body":
-            return self._response_body(message.response_body.body, message.response_body.end_of_stream)
         if kind == "response_trailers":
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("response trailers arrived before the request headers")
@@ -176,7 +182,7 @@ class PickerStream:
             return self._reject(exc.status, exc.message, param=exc.param)
         return self._reject(400, "the request has no body")
 
-    async def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
+    def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[Response] | Awaitable[list[Response]]:
         if self._phase is not _Phase.REQUEST_BODY:
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("a request body arrived before the request headers")
@@ -191,13 +197,18 @@ class PickerStream:
         self._body += chunk
         # In BUFFERED mode the one body message is the whole body (trailers may follow it).
         if end_of_stream or self._request_mode == messages.BUFFERED:
-            return await self._route()
+            return self._route()
         return []
 
-    async def _request_trailers(self) -> list[Response]:
+    def _request_trailers(self) -> list[Response] | Awaitable[list[Response]]:
         if self._phase is _Phase.REQUEST_HEADERS:
             raise ProtocolError("request trailers arrived before the request headers")
-        responses = await self._route() if self._phase is _Phase.REQUEST_BODY else []
+        if self._phase is _Phase.REQUEST_BODY:
+            return self._route_then_trailers()
+        return [messages.continue_trailers(request=True)]
+
+    async def _route_then_trailers(self) -> list[Response]:
+        responses = await self._route()
         if not self.closed:
             responses.append(messages.continue_trailers(request=True))
         return responses
