@@ -186,14 +186,13 @@ def _token_secret(manifests: list[dict[str, Any]], name: str, reader: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("case", "gmp_namespace"), [("seed", "gmp-system"), ("gke-autopilot-prometheus", None)]
+    ("case", "gmp_namespace"), [("seed", "gmp-system"), ("gke-autopilot-prometheus", "gke-gmp-system")]
 )
 def test_managed_prometheus_scrapes_the_pickers_metrics_port_with_a_token(
     render: Render, case, gmp_namespace
 ):
     manifests = render_case(render, case)
     release, namespace = CASES[case].release, CASES[case].namespace or "default"
-    gmp_namespace = gmp_namespace or "gke-gmp-system"  # Autopilot
     monitoring = one(manifests, "PodMonitoring")
     assert monitoring["metadata"]["name"] == release
     pod = _pod(manifests)
