@@ -1,10 +1,13 @@
-"""The Helm chart: lint, render, and check every manifest against the Kubernetes schemas (and the
-InferencePool against its CRD), the seed's install line, and the router config it writes."""
+"""The Helm chart: lint, render, and check every manifest against the Kubernetes schemas and every custom
+resource against its CRD, the seed's install line, and the router config it writes."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import shlex
+import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -14,60 +17,128 @@ import yaml
 
 from slorouter.config import parse_config
 from slorouter.gateway.runtime import Router
-from tests.deploy.conftest import CHART, CRD, NAMESPACE, RELEASE, Render, one, set_flags
+from tests.deploy.conftest import (
+    CHART,
+    CLUSTER_SCOPED,
+    CRDS,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    Render,
+    one,
+    set_flags,
+    validate,
+)
 
-KUBERNETES_VERSION = "1.32.0"
-SEED = {  # the seed's `helm upgrade --install` line (docs/deploy.md)
-    "inferencePool.modelServers.matchLabels.app": "vllm-llama3-8b-instruct",
-    "inferenceExtension.latencyPredictor.enabled": "true",
+# The GKE guide's install line, verbatim with this chart as <chart> (docs/deploy.md shows it so).
+SEED_LINE = """\
+helm upgrade --install vllm-llama3-8b-instruct deploy/helm/slorouter \\
+  --set inferencePool.modelServers.matchLabels.app=vllm-llama3-8b-instruct \\
+  --set provider.name=gke \\
+  --set inferenceExtension.monitoring.gke.enabled=true \\
+  --set inferenceExtension.latencyPredictor.enabled=true
+"""
+
+
+def _seed() -> tuple[str, dict[str, str]]:
+    words = shlex.split(SEED_LINE.replace("\\\n", " "))
+    assert words[:3] == ["helm", "upgrade", "--install"] and words[4] == "deploy/helm/slorouter"
+    flags = words[5:]
+    assert flags[::2] == ["--set"] * 4
+    return words[3], dict(flag.split("=", 1) for flag in flags[1::2])
+
+
+SEED_RELEASE, SEED = _seed()
+
+BASE = ("ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount")
+POOL = ("InferencePool",)
+PREDICTOR = ("Secret",)  # the sidecars' token
+READER = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")  # the scrape token's identity
+GMP = (*READER, "Secret", "Role", "RoleBinding", "PodMonitoring")
+SERVICE_MONITOR = (*READER, "Secret", "ServiceMonitor")
+GKE = ("HealthCheckPolicy", "GCPBackendPolicy")
+ISTIO = ("DestinationRule",)
+PREDICTION = "inferenceExtension.latencyPredictor.enabled"
+MATCH = "inferencePool.modelServers.matchLabels.app"
+LP = "inferenceExtension.latencyPredictor"
+LP_PATH = "/inferenceExtension/latencyPredictor"
+ISTIO_POOL = "provider.istio.destinationRule.trafficPolicy.connectionPool"
+
+
+@dataclass(frozen=True)
+class Case:
+    values: dict[str, str]
+    kinds: tuple[str, ...]  # what it renders beyond BASE
+    release: str = RELEASE
+    namespace: str | None = NAMESPACE  # None: no --namespace, as the seed's line
+
+
+CASES: dict[str, Case] = {
+    "default": Case({}, ()),
+    "predictor-1": Case({PREDICTION: "true"}, PREDICTOR),
+    "predictor-3": Case(
+        {PREDICTION: "true", "inferenceExtension.latencyPredictor.predictionServers.count": "3"}, PREDICTOR
+    ),
+    "prediction-server-count-3": Case(
+        {PREDICTION: "true", "inferenceExtension.latencyPredictor.predictionServerCount": "3"}, PREDICTOR
+    ),
+    "inference-pool": Case(
+        {
+            MATCH: "vllm",
+            "inferencePool.targetPorts[0].number": "8000",
+            "inferencePool.targetPorts[1].number": "8001",
+            "inferenceExtension.failureMode": "FailClose",
+        },
+        POOL,
+    ),
+    "seed": Case(SEED, (*POOL, *PREDICTOR, *GKE, *GMP), release=SEED_RELEASE, namespace=None),
+    "gke": Case({MATCH: "vllm", "provider.name": "gke"}, (*POOL, *GKE)),
+    "gke-autopilot-prometheus": Case(
+        {
+            MATCH: "vllm",
+            "provider.name": "gke",
+            "provider.gke.autopilot": "true",
+            "inferenceExtension.monitoring.prometheus.enabled": "true",
+            "inferenceExtension.grpcHealthPort": "9013",
+        },
+        (*POOL, *GKE, "HealthCheckPolicy", *GMP),
+    ),
+    "istio": Case(
+        {
+            MATCH: "vllm",
+            "provider.name": "istio",
+            f"{ISTIO_POOL}.http.maxRequestsPerConnection": "256000",
+        },
+        (*POOL, *ISTIO),
+    ),
+    "prometheus": Case(
+        {
+            "inferenceExtension.monitoring.prometheus.enabled": "true",
+            "inferenceExtension.monitoring.prometheus.extraLabels.release": "kube-prometheus-stack",
+        },
+        SERVICE_MONITOR,
+    ),
+    "prometheus-no-auth": Case(
+        {
+            "inferenceExtension.monitoring.prometheus.enabled": "true",
+            "inferenceExtension.monitoring.prometheus.auth.enabled": "false",
+        },
+        ("ServiceMonitor",),
+    ),
+    "gke-monitoring-istio": Case(
+        {
+            "provider.name": "istio",
+            "inferenceExtension.monitoring.gke.enabled": "true",
+            "inferenceExtension.monitoring.prometheus.enabled": "true",
+        },
+        (*ISTIO, *READER, "Secret", "Role", "RoleBinding", "PodMonitoring", "Secret", "ServiceMonitor"),
+    ),
 }
-CASES: dict[str, dict[str, str]] = {
-    "default": {},
-    "predictor-1": {"inferenceExtension.latencyPredictor.enabled": "true"},
-    "predictor-3": {
-        "inferenceExtension.latencyPredictor.enabled": "true",
-        "inferenceExtension.latencyPredictor.predictionServers.count": "3",
-    },
-    "inference-pool": {
-        "inferencePool.modelServers.matchLabels.app": "vllm",
-        "inferencePool.targetPorts[0].number": "8000",
-        "inferencePool.targetPorts[1].number": "8001",
-        "inferenceExtension.failureMode": "FailClose",
-    },
-    "seed": SEED,
-}
 
 
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """The CRD schema with unknown fields rejected (as `kubectl apply --validate=strict` does)."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if (
-                node.get("type") == "object"
-                and "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    schema["properties"]["metadata"] = {"type": "object"}
-    return schema
-
-
-@pytest.fixture(scope="module")
-def inference_pool_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD.read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    assert version["served"] and version["storage"]
-    return _strict(version["schema"]["openAPIV3Schema"])
+def render_case(render: Render, name: str) -> list[dict[str, Any]]:
+    case = CASES[name]
+    return render(case.values, release=case.release, namespace=case.namespace)
 
 
 @pytest.fixture(autouse=True)
@@ -76,43 +147,91 @@ def pod_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLOROUTER_PREDICTOR_TOKEN", "token-from-the-secret")
 
 
+def test_docs_show_the_seed_line_unchanged():
+    # In a numbered step's code block: indented three spaces.
+    assert textwrap.indent(SEED_LINE, "   ") in (ROOT / "docs" / "deploy.md").read_text()
+
+
+def test_the_seed_line_lints_and_renders_as_written(helm):
+    """`helm lint --strict` and `helm template` with the seed's words (`upgrade --install` → `template`)."""
+    words = shlex.split(SEED_LINE.replace("\\\n", " "))
+    args = [str(CHART) if word == "deploy/helm/slorouter" else word for word in words[3:]]
+    assert "0 chart(s) failed" in helm("lint", "--strict", *args[1:]).stdout
+    manifests = [doc for doc in yaml.safe_load_all(helm("template", *args).stdout) if doc]
+    assert sorted(m["kind"] for m in manifests) == sorted((*BASE, *CASES["seed"].kinds))
+    for manifest in manifests:
+        validate(manifest)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_lint_strict(helm, case):
-    result = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *set_flags(CASES[case]))
+    options = [] if CASES[case].namespace is None else ["--namespace", NAMESPACE]
+    result = helm("lint", "--strict", str(CHART), *options, *set_flags(CASES[case].values))
     assert "0 chart(s) failed" in result.stdout
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_every_manifest_is_valid(render: Render, inference_pool_schema, case):
-    manifests = render(CASES[case])
-    kinds = sorted(m["kind"] for m in manifests)
-    expected = ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
-    if "inferencePool.modelServers.matchLabels.app" in CASES[case]:
-        expected.append("InferencePool")
-    if "inferenceExtension.latencyPredictor.enabled" in CASES[case]:
-        expected.append("Secret")  # the sidecars' token
-    assert kinds == sorted(expected)
+def test_every_manifest_is_valid(render: Render, case):
+    manifests = render_case(render, case)
+    assert sorted(m["kind"] for m in manifests) == sorted((*BASE, *CASES[case].kinds))
+    names = [(m["kind"], m["metadata"]["name"]) for m in manifests]
+    assert len(set(names)) == len(names), names
+    namespace = CASES[case].namespace or "default"
     for manifest in manifests:
-        if manifest["kind"] == "InferencePool":
-            jsonschema.validate(manifest, inference_pool_schema)
+        validate(manifest)
+        if manifest["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in manifest["metadata"]
         else:
-            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
-        assert manifest["metadata"]["namespace"] == NAMESPACE
+            assert manifest["metadata"]["namespace"] == namespace
 
 
-def test_the_checks_catch_invalid_manifests(render: Render, inference_pool_schema):
-    manifests = render(CASES["inference-pool"])
+def test_every_custom_resource_the_chart_renders_has_its_crd(render: Render):
+    core_groups = {"", "apps", "rbac.authorization.k8s.io"}
+    rendered = {
+        (m["apiVersion"].rpartition("/")[0], m["kind"]) for case in CASES for m in render_case(render, case)
+    }
+    assert {kind for kind in rendered if kind[0] not in core_groups} == set(CRDS)
+
+
+def test_the_checks_catch_invalid_manifests(render: Render):
+    manifests = render_case(render, "inference-pool")
     deployment = copy.deepcopy(one(manifests, "Deployment"))
     deployment["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+        validate(deployment)
     pool = copy.deepcopy(one(manifests, "InferencePool"))
     pool["spec"]["targetPorts"] = [{"number": 70000}]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(pool, inference_pool_schema)
+        validate(pool)
     pool["spec"]["targetPorts"] = [{"number": 8000, "name": "http"}]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(pool, inference_pool_schema)
+        validate(pool)
+    seed = render_case(render, "seed")
+    breakages: list[tuple[str, Any]] = [
+        ("HealthCheckPolicy", lambda m: m["spec"]["default"]["config"].update(type="HTTP3")),
+        ("HealthCheckPolicy", lambda m: m["spec"]["default"]["config"]["httpHealthCheck"].update(path="/")),
+        ("GCPBackendPolicy", lambda m: m["spec"]["default"].update(timeout=300)),
+        ("GCPBackendPolicy", lambda m: m["spec"]["targetRef"].pop("kind")),
+        ("PodMonitoring", lambda m: m["spec"]["endpoints"][0].update(bearerTokenSecret={})),
+        ("PodMonitoring", lambda m: m["spec"].pop("endpoints")),
+    ]
+    istio = render_case(render, "istio")
+    breakages_istio: list[tuple[str, Any]] = [
+        ("DestinationRule", lambda m: m["spec"]["trafficPolicy"]["tls"].update(mode="PLAINTEXT")),
+        ("DestinationRule", lambda m: m["spec"]["trafficPolicy"].update(tlsMode="DISABLE")),
+    ]
+    prometheus = render_case(render, "prometheus")
+    breakages_prometheus: list[tuple[str, Any]] = [
+        ("ServiceMonitor", lambda m: m["spec"]["endpoints"][0].update(interval="10 seconds")),
+        ("ServiceMonitor", lambda m: m["spec"]["endpoints"][0].update(bearerTokenSecretName="x")),
+    ]
+    for found, broken in [(seed, breakages), (istio, breakages_istio), (prometheus, breakages_prometheus)]:
+        for kind, breaks in broken:
+            manifest = copy.deepcopy(one(found, kind))
+            validate(manifest)
+            breaks(manifest)
+            with pytest.raises(jsonschema.ValidationError):
+                validate(manifest)
 
 
 def _containers(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,17 +243,20 @@ def _router_config(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_the_seed_line_renders_the_picker_with_its_sidecars(render: Render):
-    manifests = render(SEED)
+    manifests = render_case(render, "seed")
     deployment = one(manifests, "Deployment")
     pod = deployment["spec"]["template"]
-    assert pod["metadata"]["labels"]["app"] == f"{RELEASE}-epp"  # kubectl get pods -l app=llama-epp
-    assert deployment["spec"]["selector"]["matchLabels"]["app"] == f"{RELEASE}-epp"
+    # kubectl get pods -l app=vllm-llama3-8b-instruct-epp
+    assert pod["metadata"]["labels"]["app"] == f"{SEED_RELEASE}-epp"
+    assert deployment["spec"]["selector"]["matchLabels"]["app"] == f"{SEED_RELEASE}-epp"
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     assert list(containers) == ["epp", "training-server", "prediction-server-1"]
     assert containers["epp"]["args"] == [
         "epp",
         "--config",
         "/etc/slorouter/config.yaml",
+        "--host",
+        "0.0.0.0",
         "--grpc-port",
         "9002",
         "--grpc-health-port",
@@ -155,7 +277,7 @@ def test_the_seed_line_renders_the_picker_with_its_sidecars(render: Render):
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert "emptyDir" in volumes["models"]
     pool = one(manifests, "InferencePool")
-    assert pool["metadata"]["name"] == RELEASE
+    assert pool["metadata"]["name"] == SEED_RELEASE
     assert pool["spec"]["selector"]["matchLabels"] == {"app": "vllm-llama3-8b-instruct"}
     service = one(manifests, "Service")
     assert pool["spec"]["endpointPickerRef"] == {
@@ -170,7 +292,7 @@ def test_the_seed_line_renders_the_picker_with_its_sidecars(render: Render):
 
 @pytest.mark.parametrize("case", ["default", "predictor-3", "seed"])
 def test_every_container_is_probed_non_root_read_only_and_sized(render: Render, case):
-    manifests = render(CASES[case])
+    manifests = render_case(render, case)
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -180,6 +302,8 @@ def test_every_container_is_probed_non_root_read_only_and_sized(render: Render, 
             "port"
         ]
         assert probe_port in {p["containerPort"] for p in container["ports"]}, container["name"]
+        # The kubelet probes the pod's address: every server listens on all of the pod's addresses.
+        assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0", container["name"]
         security = container["securityContext"]
         assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
         assert security["capabilities"]["drop"] == ["ALL"]
@@ -187,8 +311,9 @@ def test_every_container_is_probed_non_root_read_only_and_sized(render: Render, 
         assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
 
 
-def test_three_prediction_servers_on_consecutive_ports_are_the_routers_remote_predictor(render: Render):
-    manifests = render(CASES["predictor-3"])
+@pytest.mark.parametrize("case", ["predictor-3", "prediction-server-count-3"])
+def test_three_prediction_servers_on_consecutive_ports_are_the_routers_remote_predictor(render: Render, case):
+    manifests = render_case(render, case)
     containers = _containers(manifests)
     ports = {c["name"]: c["ports"][0]["containerPort"] for c in containers}
     assert ports == {
@@ -207,20 +332,27 @@ def test_three_prediction_servers_on_consecutive_ports_are_the_routers_remote_pr
     }
 
 
+def test_prediction_server_count_wins_over_prediction_servers_count(render: Render):
+    lp = "inferenceExtension.latencyPredictor"
+    manifests = render(
+        {PREDICTION: "true", f"{lp}.predictionServerCount": "2", f"{lp}.predictionServers.count": "5"}
+    )
+    names = [c["name"] for c in _containers(manifests)]
+    assert names == ["epp", "training-server", "prediction-server-1", "prediction-server-2"]
+    assert len(_router_config(manifests)["predictor"]["remote"]["prediction_servers"]) == 2
+
+
 def test_the_sidecars_and_the_router_share_a_token_from_a_secret(render: Render):
-    manifests = render(CASES["predictor-3"])
+    manifests = render_case(render, "predictor-3")
     secret = one(manifests, "Secret")
     token = base64.b64decode(secret["data"]["token"]).decode()
     assert len(token) == 48 and token.isalnum()
-    assert (
-        render(CASES["predictor-3"]) != manifests
-    )  # a fresh token each install (lookup keeps it on upgrade)
+    # A fresh token each install (lookup keeps it on upgrade).
+    assert render_case(render, "predictor-3") != manifests
     for container in _containers(manifests):
         (env,) = [e for e in container["env"] if e["name"] == "SLOROUTER_PREDICTOR_TOKEN"]
         assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "token"}
-        if container["name"] != "epp":  # on the pod's address for the kubelet: the token is required
-            assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
-    own = render({**CASES["predictor-3"], "inferenceExtension.latencyPredictor.tokenSecret": "mine"})
+    own = render({**CASES["predictor-3"].values, "inferenceExtension.latencyPredictor.tokenSecret": "mine"})
     assert [m for m in own if m["kind"] == "Secret"] == []
     for container in _containers(own):
         (env,) = [e for e in container["env"] if e["name"] == "SLOROUTER_PREDICTOR_TOKEN"]
@@ -229,12 +361,12 @@ def test_the_sidecars_and_the_router_share_a_token_from_a_secret(render: Render)
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_router_config_is_accepted_by_slorouter(render: Render, case):
-    manifests = render(CASES[case])
+    manifests = render_case(render, case)
     config = parse_config(_router_config(manifests), "configmap config.yaml")
     assert config.pool is not None and config.pool.kubernetes is not None
-    assert config.pool.kubernetes.namespace == NAMESPACE
-    assert config.pool.kubernetes.inference_pool == RELEASE
-    assert config.prediction_enabled is ("inferenceExtension.latencyPredictor.enabled" in CASES[case])
+    assert config.pool.kubernetes.namespace == (CASES[case].namespace or "default")
+    assert config.pool.kubernetes.inference_pool == CASES[case].release
+    assert config.prediction_enabled is (PREDICTION in CASES[case].values)
 
 
 def test_plugins_objectives_and_router_overrides_reach_the_config(render: Render, tmp_path):
@@ -272,7 +404,7 @@ def test_plugins_objectives_and_router_overrides_reach_the_config(render: Render
 @pytest.mark.parametrize("case", ["default", "seed"])
 async def test_the_router_config_builds_a_router(render: Render, case):
     """Beyond the schema: the plugins and the predictor client are built from it (nothing is started)."""
-    config = parse_config(_router_config(render(CASES[case])), "configmap config.yaml")
+    config = parse_config(_router_config(render_case(render, case)), "configmap config.yaml")
     router = Router.build(config)
     assert router.pool.endpoints == []  # filled by discovery once started
     assert (router.predictor is not None) is (case == "seed")
@@ -281,20 +413,33 @@ async def test_the_router_config_builds_a_router(render: Render, case):
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"provider.name": "gke"}, "at '/provider/name': value must be 'none'"),
+        ({"provider.name": "aws"}, "at '/provider/name': value must be one of 'none', 'gke', 'istio'"),
         (
-            {"inferenceExtension.latencyPredictor.predictionServerCount": "3"},
-            "additional properties 'predictionServerCount' not allowed",
+            {f"{LP}.predictionServerCount": "0"},
+            f"at '{LP_PATH}/predictionServerCount': minimum",
         ),
-        (
-            {"inferenceExtension.latencyPredictor.predictionServers.count": "0"},
-            "at '/inferenceExtension/latencyPredictor/predictionServers/count'",
-        ),
+        ({f"{LP}.predictionServerCount": "17"}, "predictionServerCount': maximum: got 17, want 16"),
+        ({f"{LP}.predictionServers.count": "0"}, f"at '{LP_PATH}/predictionServers/count'"),
+        ({f"{LP}.predictionServers.volumeSize": "10Gi"}, "additional properties 'volumeSize' not allowed"),
+        ({f"{LP}.trainingServer.config.LATENCY_MODEL_TYPE": "xgboost"}, "properties 'config' not allowed"),
+        ({f"{LP}.eppEnv.LATENCY_COALESCE_WINDOW_MS": "1"}, "additional properties 'eppEnv' not allowed"),
         ({"inferencePool.modelServerType": "triton-tensorrt-llm"}, "at '/inferencePool/modelServerType'"),
         ({"inferenceExtension.failureMode": "Open"}, "at '/inferenceExtension/failureMode'"),
         ({"inferencePool.modelServers.matchLabels.app": "-bad"}, "matchLabels/app"),
-        ({"inferenceExtension.monitoring.prometheus.enabled": "true"}, "'monitoring' not allowed"),
+        ({"inferenceExtension.monitoring.gke.enable": "true"}, "additional properties 'enable' not allowed"),
+        ({"inferenceExtension.monitoring.interval": "10"}, "at '/inferenceExtension/monitoring/interval'"),
+        ({"inferenceExtension.monitoring.interval": "ten"}, "'ten' does not match pattern"),
+        ({"inferenceExtension.monitoring.prometheus.auth.secretName": "Bad_Name"}, "auth/secretName'"),
+        (
+            {"provider.istio.destinationRule.trafficPolicy.tls.mode": "PLAINTEXT"},
+            "tls/mode': value must be one of 'DISABLE', 'SIMPLE', 'MUTUAL', 'ISTIO_MUTUAL'",
+        ),
+        ({"provider.gke.preferredBackends.enabled": "true"}, "additional properties 'preferredBackends' not"),
         ({"inferenceExtension.pluginsCustomConfig.x\\.yaml": "a: 1"}, 'has no entry "default-plugins.yaml"'),
+        (
+            {PREDICTION: "true", f"{LP}.trainingServer.livenessProbe.httpGet.port": "9000"},
+            "livenessProbe.httpGet.port is 9000, but the training server listens on trainingServer.port 8000",
+        ),
     ],
 )
 def test_values_the_chart_cannot_honour_are_errors(helm, values, message):
@@ -304,8 +449,12 @@ def test_values_the_chart_cannot_honour_are_errors(helm, values, message):
 
 def test_the_templates_check_values_even_without_the_schema(helm):
     for values, message in [
-        ({"provider.name": "gke"}, 'provider.name: only "none" is supported'),
+        ({"provider.name": "aws"}, 'provider.name must be none, gke or istio, not "aws"'),
         ({"inferencePool.apiVersion": "inference.networking.x-k8s.io/v1alpha2"}, "only inference.networking"),
+        (
+            {PREDICTION: "true", f"{LP}.predictionServerCount": "0"},
+            "predictionServerCount (or predictionServers",
+        ),
     ]:
         result = helm(
             "template", RELEASE, str(CHART), "--skip-schema-validation", *set_flags(values), check=False

@@ -47,9 +47,18 @@ inferencepool: {{ include "slorouter.name" . }}
 {{- end }}
 {{- end -}}
 
+{{/* How many prediction servers: latencyPredictor.predictionServerCount (the GKE guide's name) when set,
+else latencyPredictor.predictionServers.count. */}}
+{{- define "slorouter.predictionServerCount" -}}
+{{- $lp := .Values.inferenceExtension.latencyPredictor -}}
+{{- $count := index $lp "predictionServerCount" -}}
+{{- if kindIs "invalid" $count -}}{{- $count = $lp.predictionServers.count -}}{{- end -}}
+{{- int $count -}}
+{{- end -}}
+
 {{- define "slorouter.predictionServerPorts" -}}
-{{- $servers := .Values.inferenceExtension.latencyPredictor.predictionServers -}}
-{{- range $i := until (int $servers.count) }}{{ if $i }},{{ end }}{{ add (int $servers.startPort) $i }}{{ end -}}
+{{- $start := int .Values.inferenceExtension.latencyPredictor.predictionServers.startPort -}}
+{{- range $i := until (int (include "slorouter.predictionServerCount" .)) }}{{ if $i }},{{ end }}{{ add $start $i }}{{ end -}}
 {{- end -}}
 
 {{/* The router's configuration (docs/configuration.md): the pool discovered from the InferencePool, the
@@ -92,8 +101,8 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if ne $pool.modelServerProtocol "http" -}}
 {{- fail (printf "inferencePool.modelServerProtocol: only http is supported, not %q" $pool.modelServerProtocol) -}}
 {{- end -}}
-{{- if ne .Values.provider.name "none" -}}
-{{- fail (printf "provider.name: only \"none\" is supported (gateway resources are not part of this chart), not %q" .Values.provider.name) -}}
+{{- if not (has .Values.provider.name (list "none" "gke" "istio")) -}}
+{{- fail (printf "provider.name must be none, gke or istio, not %q" .Values.provider.name) -}}
 {{- end -}}
 {{- if not (has .Values.inferenceExtension.failureMode (list "FailOpen" "FailClose")) -}}
 {{- fail (printf "inferenceExtension.failureMode must be FailOpen or FailClose, not %q" .Values.inferenceExtension.failureMode) -}}
@@ -102,8 +111,15 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- fail "inferencePool.targetPorts: 1 to 8 ports" -}}
 {{- end -}}
 {{- $lp := .Values.inferenceExtension.latencyPredictor -}}
-{{- if and $lp.enabled (or (lt (int $lp.predictionServers.count) 1) (gt (int $lp.predictionServers.count) 16)) -}}
-{{- fail (printf "inferenceExtension.latencyPredictor.predictionServers.count: 1 to 16, not %v" $lp.predictionServers.count) -}}
+{{- $count := int (include "slorouter.predictionServerCount" .) -}}
+{{- if and $lp.enabled (or (lt $count 1) (gt $count 16)) -}}
+{{- fail (printf "inferenceExtension.latencyPredictor.predictionServerCount (or predictionServers.count): 1 to 16, not %v" $count) -}}
+{{- end -}}
+{{- range $probe := list "livenessProbe" "readinessProbe" -}}
+{{- $port := index (index $lp.trainingServer $probe).httpGet "port" -}}
+{{- if and (not (kindIs "invalid" $port)) (ne (int $port) (int $lp.trainingServer.port)) -}}
+{{- fail (printf "inferenceExtension.latencyPredictor.trainingServer.%s.httpGet.port is %v, but the training server listens on trainingServer.port %v" $probe $port $lp.trainingServer.port) -}}
+{{- end -}}
 {{- end -}}
 {{- $plugins := .Values.inferenceExtension.pluginsCustomConfig | default dict -}}
 {{- if and $plugins (not (hasKey $plugins .Values.inferenceExtension.pluginsConfigFile)) -}}
@@ -123,4 +139,30 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
     secretKeyRef:
       name: {{ include "slorouter.predictorTokenSecret" . }}
       key: token
+{{- end -}}
+
+{{/* The metrics scrapes the chart sets up (docs/deploy.md, "Monitoring"). Managed Prometheus (a
+PodMonitoring) with monitoring.gke.enabled, or on provider gke with monitoring.prometheus.enabled; a
+prometheus-operator ServiceMonitor with monitoring.prometheus.enabled elsewhere. */}}
+{{- define "slorouter.monitoring.gmp" -}}
+{{- $m := .Values.inferenceExtension.monitoring -}}
+{{- if or $m.gke.enabled (and (eq .Values.provider.name "gke") $m.prometheus.enabled) }}true{{ end -}}
+{{- end -}}
+
+{{- define "slorouter.monitoring.serviceMonitor" -}}
+{{- if and .Values.inferenceExtension.monitoring.prometheus.enabled (ne .Values.provider.name "gke") }}true{{ end -}}
+{{- end -}}
+
+{{/* Whether a scrape presents a ServiceAccount token (monitoring.prometheus.auth.enabled), and the names
+of the reader identity's objects (the original's names). */}}
+{{- define "slorouter.monitoring.auth" -}}
+{{- if and .Values.inferenceExtension.monitoring.prometheus.auth.enabled (or (include "slorouter.monitoring.gmp" .) (include "slorouter.monitoring.serviceMonitor" .)) }}true{{ end -}}
+{{- end -}}
+
+{{- define "slorouter.metricsReader" -}}
+{{- printf "%s-metrics-reader-sa" .Release.Name -}}
+{{- end -}}
+
+{{- define "slorouter.metricsReaderSecret" -}}
+{{- printf "%s-metrics-reader-secret" .Release.Name -}}
 {{- end -}}
