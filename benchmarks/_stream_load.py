@@ -24,7 +24,10 @@ import uvloop
 TOKEN_MARK = b'"delta":{"content":"'
 EMPTY_TOKEN = b'"delta":{"content":""'
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
+    "quietly", "judge", "boxing", "matches",
+]  # fmt: skip
 
 
 def prompt(tokens: int, index: int) -> str:

@@ -83,13 +83,17 @@ def start_targets(
     targets["envoy alone"] = Target(f"http://127.0.0.1:{alone.listen_port}", None, proxy.pid, None)
     for profile, extra in PROFILES.items():
         gw_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-        config = {"gateway": {"host": "127.0.0.1", "port": gw_port}, "pool": {"endpoints": endpoints}, **extra}
+        config = {
+            "gateway": {"host": "127.0.0.1", "port": gw_port},
+            "pool": {"endpoints": endpoints},
+            **extra,
+        }
         path = directory / f"{profile}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         serve = [*SLOROUTER, "serve", "--config", str(path), "--log-level", "WARNING"]
-        gateway = stack.enter_context(process(serve, [gw_port]))
+        gateway_process = stack.enter_context(process(serve, [gw_port]))
         base = f"http://127.0.0.1:{gw_port}"
-        targets[f"gateway {profile}"] = Target(base, gateway.pid, None, f"{base}/metrics")
+        targets[f"gateway {profile}"] = Target(base, gateway_process.pid, None, f"{base}/metrics")
         epp = [*SLOROUTER, "epp", "--config", str(path), "--grpc-port", str(grpc_port),
                "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
                "--log-level", "WARNING"]  # fmt: skip
@@ -168,7 +172,9 @@ def one_token(args: argparse.Namespace) -> None:
         added_gw = med(gw, "latency", "p50_ms") - base_p50
         added_epp = med(epp, "latency", "p50_ms") - base_p50
         ratio_rows.append([profile, f"{rps:.2f}×", f"{added_epp - added_gw:+.2f} ms"])
-    print(markdown_table(["profile", "Envoy + epp req/s ÷ gateway's", "added p50: epp − gateway"], ratio_rows))
+    print(
+        markdown_table(["profile", "Envoy + epp req/s ÷ gateway's", "added p50: epp − gateway"], ratio_rows)
+    )
     errors = sum(r["non_2xx"] for rs in results.values() for r in rs)
     print(
         f"\nmedian of {args.rounds} rounds of {args.seconds:g} s; ext_proc body mode {args.body_mode}; "
@@ -200,7 +206,8 @@ def scrape_pods(endpoints: list[str]) -> dict[str, float]:
 
 def stream_load(url: str, rate: float, seconds: float, args: argparse.Namespace, directory: Path) -> dict:
     spec = {"url": f"{url}/v1/chat/completions", "rate": rate, "seconds": seconds, "model": "sim-llama3-8b",
-            "prompt_tokens": args.prompt_tokens, "max_tokens": args.output_tokens, "timeout_s": 120}  # fmt: skip
+            "prompt_tokens": args.prompt_tokens, "max_tokens": args.output_tokens,
+            "timeout_s": 120}  # fmt: skip
     spec_path, out_path = directory / "load-spec.json", directory / "load-out.json"
     spec_path.write_text(json.dumps(spec))
     subprocess.run([sys.executable, str(HERE / "_stream_load.py"), str(spec_path), str(out_path)], check=True)
@@ -318,11 +325,16 @@ def streamed(args: argparse.Namespace) -> None:
         ratio = med(epp, "router_cpu_ms") / med(gw, "router_cpu_ms")
         per_token = (med(epp, "router_cpu_ms") - med(gw, "router_cpu_ms")) / args.output_tokens * 1e3
         ratio_rows.append([profile, f"{ratio:.2f}×", f"{per_token:+.1f} µs"])
-    print(markdown_table(["profile", "picker CPU ÷ gateway CPU per request", "difference per token"], ratio_rows))
+    print(
+        markdown_table(
+            ["profile", "picker CPU ÷ gateway CPU per request", "difference per token"], ratio_rows
+        )
+    )
     print(
         f"\nmedian of {args.rounds} round(s) of {args.stream_seconds:g} s at {args.stream_rate:g} req/s; "
-        f"{pods} llama3-8b-h100 pods; {args.prompt_tokens}-token prompts, {args.output_tokens}-token streamed "
-        f"replies (one SSE event per token, usage included); ext_proc body mode {args.body_mode}"
+        f"{pods} llama3-8b-h100 pods; {args.prompt_tokens}-token prompts, "
+        f"{args.output_tokens}-token streamed replies (one SSE event per token, usage included); "
+        f"ext_proc body mode {args.body_mode}"
     )
 
 

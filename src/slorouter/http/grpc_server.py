@@ -730,9 +730,8 @@ class GrpcConnection(asyncio.Protocol):
         self._finish_closed(stream)
 
     def _finish_closed(self, stream: _Stream) -> None:
-        if not stream.remote_ended:
-            # The client may still be sending: tell it to stop (NO_ERROR, as gRPC servers do).
-            self._out.append(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
+        # No RST_STREAM(NO_ERROR) for a client still sending (RFC 9113 §8.1 makes it optional): grpcio's
+        # client can take it, arriving with the trailers, for a failure. What it still sends is dropped.
         self._streams.pop(stream.id, None)
         self._close_if_idle()
 
