@@ -470,3 +470,78 @@ class PredictorCollector(Collector):
                 if version:
                     info.add_metric([kind, version], 1.0)
             yield info
+
+
+class DiscoveryMetrics:
+    """Series of Kubernetes pool discovery (``pool.kubernetes``); ``resource`` is ``pods`` or
+    ``inferencepools``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.pods = Gauge(
+            "slorouter_discovery_pods",
+            "Pods the selector matches, by state (serving, not_ready, pending: no IP yet, terminating).",
+            ("state",),
+            registry=r,
+        )
+        self.endpoints = Gauge(
+            "slorouter_discovery_endpoints",
+            "Pool endpoints from discovery (serving pods x target ports).",
+            registry=r,
+        )
+        self.endpoint_changes = Counter(
+            "slorouter_discovery_endpoint_changes",
+            "Endpoints discovery added to or removed from the pool (change: added, removed).",
+            ("change",),
+            registry=r,
+        )
+        self.watch_events = Counter(
+            "slorouter_discovery_watch_events",
+            "Watch events received, by resource and type (ADDED, MODIFIED, DELETED, BOOKMARK).",
+            ("resource", "type"),
+            registry=r,
+        )
+        self.lists = Counter(
+            "slorouter_discovery_lists",
+            "Lists sent, by resource and result (ok, error).",
+            ("resource", "result"),
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "slorouter_discovery_watch_restarts",
+            "Watches that ended and were restarted, by resource and reason (ended: closed by the API server "
+            "on time, resumed; expired: 410 Gone, relisted; error: failed or cut, resumed after a pause).",
+            ("resource", "reason"),
+            registry=r,
+        )
+        self.malformed_objects = Counter(
+            "slorouter_discovery_malformed_objects",
+            "Objects left out because they do not have the documented shape, by resource.",
+            ("resource",),
+            registry=r,
+        )
+        self.last_sync = Gauge(
+            "slorouter_discovery_last_sync_timestamp_seconds",
+            "Unix time of the API server's last answer that brought discovery up to date (a list, a watch "
+            "event or bookmark, a watch ended on time), by resource; now minus this is the sync lag bound.",
+            ("resource",),
+            registry=r,
+        )
+        self.inference_pool_changes = Counter(
+            "slorouter_discovery_inference_pool_changes",
+            "Changes of the followed InferencePool (change: appeared, selector, target_ports, gone).",
+            ("change",),
+            registry=r,
+        )
+        self.kv_event_subscriptions = Gauge(
+            "slorouter_discovery_kv_event_subscriptions",
+            "Discovered endpoints with a KV-event subscriber.",
+            registry=r,
+        )
+        self.kv_events_config_errors = Counter(
+            "slorouter_discovery_kv_events_config_errors",
+            "Pods whose KV-event settings could not be used (served without KV events), by the annotation "
+            "at fault (or pool.kubernetes.kv_events).",
+            ("source",),
+            registry=r,
+        )

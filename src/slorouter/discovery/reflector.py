@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from slorouter.discovery.objects import ApiObjectError
 from slorouter.discovery.source import ApiError, ResourceSource, WatchEvent
+from slorouter.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ def _raw_name(obj: Any) -> str | None:
 
 class Reflector(Generic[T]):
     """Keeps ``items`` (name → parsed object) equal to the server's objects of ``source``; calls
-    ``on_change(items)`` after every list and every event that changed them."""
+    ``on_change(items)`` after every list and every event that changed them. With ``metrics``, counts its
+    lists, events and watch restarts under ``resource``."""
 
     def __init__(
         self,
@@ -76,11 +78,16 @@ class Reflector(Generic[T]):
         parse: Callable[[Any], T],
         on_change: Callable[[Mapping[str, T]], None],
         backoff: Backoff,
+        *,
+        resource: str = "objects",
+        metrics: DiscoveryMetrics | None = None,
     ) -> None:
         self.source = source
         self.parse = parse
         self.on_change = on_change
         self.backoff = backoff
+        self.resource = resource
+        self.metrics = metrics
         self.items: dict[str, T] = {}
         self.resource_version: str | None = None
         self.synced = asyncio.Event()  # set once the first list has been applied
@@ -119,6 +126,7 @@ class Reflector(Generic[T]):
                     self._apply(event)
                     self.backoff.reset()
             except ApiError as exc:
+                self._restarted("expired" if exc.expired else "error")
                 if exc.expired:
                     self.stats.expired += 1
                     log.info(
@@ -134,17 +142,32 @@ class Reflector(Generic[T]):
                 log.warning("%s: watch failed (%s); resuming", self.source.description, exc)
                 await self.backoff.sleep()
                 continue
+            self._restarted("ended")
+            self._synced_now()
             if self.stats.events == events and time.monotonic() - started < QUICK_WATCH_S:
                 await self.backoff.sleep()
+
+    def _restarted(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.watch_restarts.labels(self.resource, reason).inc()
+
+    def _synced_now(self) -> None:
+        if self.metrics is not None:
+            self.metrics.last_sync.labels(self.resource).set_to_current_time()
 
     async def _list(self) -> bool:
         try:
             result = await self.source.list()
         except ApiError as exc:
             self.stats.errors += 1
+            if self.metrics is not None:
+                self.metrics.lists.labels(self.resource, "error").inc()
             log.warning("%s: list failed (%s); retrying", self.source.description, exc)
             return False
         self.stats.lists += 1
+        if self.metrics is not None:
+            self.metrics.lists.labels(self.resource, "ok").inc()
+        self._synced_now()
         items: dict[str, T] = {}
         for obj in result.items:
             name, parsed = self._parse(obj)
@@ -163,11 +186,16 @@ class Reflector(Generic[T]):
             return name, self.parse(obj)
         except ApiObjectError as exc:
             self.stats.malformed += 1
+            if self.metrics is not None:
+                self.metrics.malformed_objects.labels(self.resource).inc()
             log.error("%s: left out: %s", self.source.description, exc)
             return name, None
 
     def _apply(self, event: WatchEvent) -> None:
         self.resource_version = event.resource_version
+        if self.metrics is not None:
+            self.metrics.watch_events.labels(self.resource, event.type).inc()
+        self._synced_now()
         if event.type == "BOOKMARK":
             self.stats.bookmarks += 1
             return
