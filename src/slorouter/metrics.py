@@ -7,7 +7,7 @@ Names follow the original EPP where it has one (``inference_objective_*``), with
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
 
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.state import PoolState
 
@@ -472,9 +473,9 @@ class PredictorCollector(Collector):
             yield info
 
 
-class DiscoveryMetrics:
-    """Series of Kubernetes pool discovery (``pool.kubernetes``); ``resource`` is ``pods`` or
-    ``inferencepools``."""
+class DiscoveryMetrics(DiscoveryObserver):
+    """Series of Kubernetes pool discovery (``pool.kubernetes``), from what it reports; ``resource`` is
+    ``pods`` or ``inferencepools``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -533,7 +534,7 @@ class DiscoveryMetrics:
             ("change",),
             registry=r,
         )
-        self.kv_event_subscriptions = Gauge(
+        self.kv_subscriptions = Gauge(
             "slorouter_discovery_kv_event_subscriptions",
             "Discovered endpoints with a KV-event subscriber.",
             registry=r,
@@ -545,3 +546,36 @@ class DiscoveryMetrics:
             ("source",),
             registry=r,
         )
+
+    def listed(self, resource: str, ok: bool) -> None:
+        self.lists.labels(resource, "ok" if ok else "error").inc()
+
+    def watch_event(self, resource: str, event_type: str) -> None:
+        self.watch_events.labels(resource, event_type).inc()
+
+    def watch_restarted(self, resource: str, reason: str) -> None:
+        self.watch_restarts.labels(resource, reason).inc()
+
+    def synced(self, resource: str) -> None:
+        self.last_sync.labels(resource).set_to_current_time()
+
+    def malformed(self, resource: str) -> None:
+        self.malformed_objects.labels(resource).inc()
+
+    def membership(self, added: int, removed: int, endpoints: int, pods: Mapping[str, int]) -> None:
+        if added:
+            self.endpoint_changes.labels("added").inc(added)
+        if removed:
+            self.endpoint_changes.labels("removed").inc(removed)
+        self.endpoints.set(endpoints)
+        for state, count in pods.items():
+            self.pods.labels(state).set(count)
+
+    def inference_pool_changed(self, change: str) -> None:
+        self.inference_pool_changes.labels(change).inc()
+
+    def kv_event_subscriptions(self, count: int) -> None:
+        self.kv_subscriptions.set(count)
+
+    def kv_events_config_error(self, source: str) -> None:
+        self.kv_events_config_errors.labels(source).inc()

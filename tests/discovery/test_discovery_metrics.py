@@ -49,7 +49,7 @@ async def discover(kubeconfig: Path) -> AsyncIterator[Any]:
     async def start(**fields: Any) -> Running:
         pool, registry = PoolState(), CollectorRegistry()
         config = PoolConfig(kubernetes=discovery_config(kubeconfig, **fields))
-        handle = await start_discovery(config, pool, metrics=DiscoveryMetrics(registry))
+        handle = await start_discovery(config, pool, observer=DiscoveryMetrics(registry))
         assert isinstance(handle, KubernetesDiscovery)
         handles.append(handle)
         return Running(pool, handle, registry)

@@ -105,7 +105,7 @@ async def discover(kubeconfig: Path) -> AsyncIterator[Any]:
             kv_events_replay_timeout_ms=300,
             kv_events_reconnect_ms=50,
         )
-        handle = await start_discovery(config, pool, kv_index=index, metrics=DiscoveryMetrics(registry))
+        handle = await start_discovery(config, pool, kv_index=index, observer=DiscoveryMetrics(registry))
         assert isinstance(handle, KubernetesDiscovery)
         handles.append(handle)
         return Running(pool, index, handle, registry)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slorouter.discovery.objects import PodView
-from slorouter.metrics import DiscoveryMetrics
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.pool.config import PodKVEventsConfig
 from slorouter.pool.kv_subscriber import KVSubscriberSet, PublisherAddress, Subscription
 from slorouter.pool.state import Endpoint, PoolState
@@ -130,12 +130,12 @@ class PodKVSubscriptions:
         config: PodKVEventsConfig | None,
         subscribers: KVSubscriberSet,
         pool: PoolState,
-        metrics: DiscoveryMetrics | None = None,
+        observer: DiscoveryObserver | None = None,
     ) -> None:
         self.config = config
         self.subscribers = subscribers
         self.pool = pool
-        self.metrics = metrics
+        self.observer = observer or DiscoveryObserver()
         self._reported: dict[str, str] = {}  # pod name → the problem last reported for it
 
     def sync(self, pods: Iterable[PodView], ports: Sequence[int], owned: Mapping[str, Endpoint]) -> None:
@@ -156,8 +156,7 @@ class PodKVSubscriptions:
                         pod.name,
                         problem,
                     )
-                    if self.metrics is not None:
-                        self.metrics.kv_events_config_errors.labels(exc.source).inc()
+                    self.observer.kv_events_config_error(exc.source)
                 continue
             if publisher is None:
                 continue
@@ -170,15 +169,13 @@ class PodKVSubscriptions:
         self._reported = reported
         self.subscribers.update(desired)
         self._prune()
-        if self.metrics is not None:
-            self.metrics.kv_event_subscriptions.set(len(self.subscribers))
+        self.observer.kv_event_subscriptions(len(self.subscribers))
 
     def clear(self) -> None:
         self._reported = {}
         self.subscribers.update({})
         self._prune()
-        if self.metrics is not None:
-            self.metrics.kv_event_subscriptions.set(0)
+        self.observer.kv_event_subscriptions(0)
 
     def _prune(self) -> None:
         """Drop the index entries of endpoints no longer in the pool (a subscriber's were dropped with it;

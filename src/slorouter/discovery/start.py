@@ -7,8 +7,8 @@ from typing import Protocol
 
 from slorouter.discovery.kube_api import KubeApi, KubernetesConfigError
 from slorouter.discovery.kv_events import PodKVSubscriptions
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.discovery.watcher import PoolWatcher
-from slorouter.metrics import DiscoveryMetrics
 from slorouter.pool.config import PoolConfig
 from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.kv_subscriber import KVSubscriberSet
@@ -45,12 +45,13 @@ async def start_discovery(
     pool: PoolState,
     *,
     kv_index: KVBlockIndex | None = None,
-    metrics: DiscoveryMetrics | None = None,
+    observer: DiscoveryObserver | None = None,
 ) -> DiscoveryHandle:
     """Start following ``config.kubernetes`` (a no-op for static endpoints) and wait, at most
     ``initial_sync_timeout_s``, for the first list, so that serving starts with the pods that are Ready.
     With ``kv_index``, the discovered pods that publish KV events (their annotations, else
-    ``kubernetes.kv_events``) are subscribed and feed it; ``metrics`` gets discovery's series.
+    ``kubernetes.kv_events``) are subscribed and feed it. What happens is reported to ``observer``
+    (``slorouter.metrics.DiscoveryMetrics``: discovery's Prometheus series).
 
     Raises ``KubernetesConfigError`` when the credentials cannot be loaded; an unreachable API server is
     not an error: the pool stays empty and discovery keeps retrying.
@@ -66,8 +67,8 @@ async def start_discovery(
             replay_timeout_s=config.kv_events_replay_timeout_ms / 1000,
             reconnect_s=config.kv_events_reconnect_ms / 1000,
         )
-        kv = PodKVSubscriptions(kubernetes.kv_events, subscribers, pool, metrics)
-    watcher = PoolWatcher(kubernetes, pool, api, metrics=metrics, kv=kv)
+        kv = PodKVSubscriptions(kubernetes.kv_events, subscribers, pool, observer)
+    watcher = PoolWatcher(kubernetes, pool, api, observer=observer, kv=kv)
     watcher.start()
     if not await watcher.wait_synced(kubernetes.initial_sync_timeout_s):
         log.warning(

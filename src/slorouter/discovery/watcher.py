@@ -21,9 +21,9 @@ from typing import Protocol
 from slorouter.discovery.kv_events import PodKVSubscriptions
 from slorouter.discovery.membership import Membership
 from slorouter.discovery.objects import InferencePoolSpec, PodView, parse_inference_pool, parse_pod
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.discovery.reflector import Backoff, Reflector
 from slorouter.discovery.source import ResourceSource
-from slorouter.metrics import DiscoveryMetrics
 from slorouter.pool.config import KubernetesPoolConfig
 from slorouter.pool.state import PoolState
 
@@ -46,12 +46,12 @@ class PoolWatcher:
         pool: PoolState,
         api: SourceFactory,
         *,
-        metrics: DiscoveryMetrics | None = None,
+        observer: DiscoveryObserver | None = None,
         kv: PodKVSubscriptions | None = None,
     ) -> None:
         self.config = config
         self.api = api
-        self.metrics = metrics
+        self.observer = observer or DiscoveryObserver()
         self.kv = kv
         self.membership = Membership(pool)
         self.pods: Reflector[PodView] | None = None
@@ -73,7 +73,7 @@ class PoolWatcher:
                 self._on_pool_change,
                 self._backoff(),
                 resource="inferencepools",
-                metrics=self.metrics,
+                observer=self.observer,
             )
             self.pool_reflector.start()
         else:
@@ -108,16 +108,16 @@ class PoolWatcher:
                     self.config.namespace,
                     self.config.inference_pool,
                 )
-                self._count_pool_change("gone")
+                self.observer.inference_pool_changed("gone")
             self._selector = None
             self._retire_pods()
             self._apply((), clear=True)
             self.synced.set()
             return
         if self._selector is None:
-            self._count_pool_change("appeared")
+            self.observer.inference_pool_changed("appeared")
         elif spec.target_ports != self._spec_ports:
-            self._count_pool_change("target_ports")
+            self.observer.inference_pool_changed("target_ports")
         self._spec_ports = spec.target_ports
         ports = tuple(self.config.target_ports or spec.target_ports)
         if ports != self._ports:
@@ -129,7 +129,7 @@ class PoolWatcher:
         if spec.match_labels != self._selector:
             if self._selector is not None:
                 log.info("InferencePool %s: selector %s → %s", spec.name, self._selector, spec.match_labels)
-                self._count_pool_change("selector")
+                self.observer.inference_pool_changed("selector")
             self._follow_selector(dict(spec.match_labels))
 
     def _on_pods_change(self, pods: Mapping[str, PodView]) -> None:
@@ -144,23 +144,12 @@ class PoolWatcher:
                 self.kv.clear()
             else:
                 self.kv.sync(pods, self._ports, self.membership.owned)
-        metrics = self.metrics
-        if metrics is None:
-            return
-        if change.added:
-            metrics.endpoint_changes.labels("added").inc(len(change.added))
-        if change.removed:
-            metrics.endpoint_changes.labels("removed").inc(len(change.removed))
-        metrics.endpoints.set(len(self.membership.addresses))
         counts = dict.fromkeys(POD_STATES, 0)
         for pod in pods:
             counts[pod.state] += 1
-        for state, count in counts.items():
-            metrics.pods.labels(state).set(count)
-
-    def _count_pool_change(self, change: str) -> None:
-        if self.metrics is not None:
-            self.metrics.inference_pool_changes.labels(change).inc()
+        self.observer.membership(
+            len(change.added), len(change.removed), len(self.membership.addresses), counts
+        )
 
     # --- pod reflector ---------------------------------------------------------------------------------
     def _follow_selector(self, selector: dict[str, str]) -> None:
@@ -172,7 +161,7 @@ class PoolWatcher:
             self._on_pods_change,
             self._backoff(),
             resource="pods",
-            metrics=self.metrics,
+            observer=self.observer,
         )
         self.pods.start()
 

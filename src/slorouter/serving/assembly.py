@@ -120,7 +120,7 @@ class RouterCore:
         assert self.config.pool is not None
         try:
             self.discovery = await start_discovery(
-                self.config.pool, self.pool, kv_index=self.kv_index, metrics=self.discovery_metrics
+                self.config.pool, self.pool, kv_index=self.kv_index, observer=self.discovery_metrics
             )
         except KubernetesConfigError as exc:
             raise ConfigError(f"pool.kubernetes: {exc}") from None
