@@ -7,7 +7,7 @@ Names follow the original EPP where it has one (``inference_objective_*``), with
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go_string
 
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.state import PoolState
 
@@ -470,3 +471,111 @@ class PredictorCollector(Collector):
                 if version:
                     info.add_metric([kind, version], 1.0)
             yield info
+
+
+class DiscoveryMetrics(DiscoveryObserver):
+    """Series of Kubernetes pool discovery (``pool.kubernetes``), from what it reports; ``resource`` is
+    ``pods`` or ``inferencepools``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.pods = Gauge(
+            "slorouter_discovery_pods",
+            "Pods the selector matches, by state (serving, not_ready, pending: no IP yet, terminating).",
+            ("state",),
+            registry=r,
+        )
+        self.endpoints = Gauge(
+            "slorouter_discovery_endpoints",
+            "Pool endpoints from discovery (serving pods x target ports).",
+            registry=r,
+        )
+        self.endpoint_changes = Counter(
+            "slorouter_discovery_endpoint_changes",
+            "Endpoints discovery added to or removed from the pool (change: added, removed).",
+            ("change",),
+            registry=r,
+        )
+        self.watch_events = Counter(
+            "slorouter_discovery_watch_events",
+            "Watch events received, by resource and type (ADDED, MODIFIED, DELETED, BOOKMARK).",
+            ("resource", "type"),
+            registry=r,
+        )
+        self.lists = Counter(
+            "slorouter_discovery_lists",
+            "Lists sent, by resource and result (ok, error).",
+            ("resource", "result"),
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "slorouter_discovery_watch_restarts",
+            "Watches that ended and were restarted, by resource and reason (ended: closed by the API server "
+            "on time, resumed; expired: 410 Gone, relisted; error: failed or cut, resumed after a pause).",
+            ("resource", "reason"),
+            registry=r,
+        )
+        self.malformed_objects = Counter(
+            "slorouter_discovery_malformed_objects",
+            "Objects left out because they do not have the documented shape, by resource.",
+            ("resource",),
+            registry=r,
+        )
+        self.last_sync = Gauge(
+            "slorouter_discovery_last_sync_timestamp_seconds",
+            "Unix time of the API server's last answer that brought discovery up to date (a list, a watch "
+            "event or bookmark, a watch ended on time), by resource; now minus this is the sync lag bound.",
+            ("resource",),
+            registry=r,
+        )
+        self.inference_pool_changes = Counter(
+            "slorouter_discovery_inference_pool_changes",
+            "Changes of the followed InferencePool (change: appeared, selector, target_ports, gone).",
+            ("change",),
+            registry=r,
+        )
+        self.kv_subscriptions = Gauge(
+            "slorouter_discovery_kv_event_subscriptions",
+            "Discovered endpoints with a KV-event subscriber.",
+            registry=r,
+        )
+        self.kv_events_config_errors = Counter(
+            "slorouter_discovery_kv_events_config_errors",
+            "Pods whose KV-event settings could not be used (served without KV events), by the annotation "
+            "at fault (or pool.kubernetes.kv_events).",
+            ("source",),
+            registry=r,
+        )
+
+    def listed(self, resource: str, ok: bool) -> None:
+        self.lists.labels(resource, "ok" if ok else "error").inc()
+
+    def watch_event(self, resource: str, event_type: str) -> None:
+        self.watch_events.labels(resource, event_type).inc()
+
+    def watch_restarted(self, resource: str, reason: str) -> None:
+        self.watch_restarts.labels(resource, reason).inc()
+
+    def synced(self, resource: str) -> None:
+        self.last_sync.labels(resource).set_to_current_time()
+
+    def malformed(self, resource: str) -> None:
+        self.malformed_objects.labels(resource).inc()
+
+    def membership(self, added: int, removed: int, endpoints: int, pods: Mapping[str, int]) -> None:
+        if added:
+            self.endpoint_changes.labels("added").inc(added)
+        if removed:
+            self.endpoint_changes.labels("removed").inc(removed)
+        self.endpoints.set(endpoints)
+        for state, count in pods.items():
+            self.pods.labels(state).set(count)
+
+    def inference_pool_changed(self, change: str) -> None:
+        self.inference_pool_changes.labels(change).inc()
+
+    def kv_event_subscriptions(self, count: int) -> None:
+        self.kv_subscriptions.set(count)
+
+    def kv_events_config_error(self, source: str) -> None:
+        self.kv_events_config_errors.labels(source).inc()

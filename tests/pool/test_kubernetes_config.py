@@ -95,3 +95,39 @@ def test_an_inference_pool_or_a_label_selector():
 )
 def test_errors_name_the_key(pool, message):
     assert message.lower() in _error(pool).lower()
+
+
+def _kv(kv_events: object) -> dict[str, Any]:
+    return {"kubernetes": {"namespace": "n", "inference_pool": "p", "kv_events": kv_events}}
+
+
+def test_kv_events_of_discovered_pods():
+    config = parse_config({"pool": _kv({})})
+    assert config.pool is not None and config.pool.kubernetes is not None
+    kv_events = config.pool.kubernetes.kv_events
+    assert kv_events is not None and (kv_events.port, kv_events.replay_port, kv_events.topic) == (
+        5557,
+        None,
+        "",
+    )
+    config = parse_config({"pool": _kv({"port": 6000, "replay_port": 6001, "topic": "kv@"})})
+    assert config.pool is not None and config.pool.kubernetes is not None
+    assert (
+        config.pool.kubernetes.kv_events is not None and config.pool.kubernetes.kv_events.replay_port == 6001
+    )
+    config = parse_config({"pool": {"kubernetes": {"namespace": "n", "inference_pool": "p"}}})
+    assert config.pool is not None and config.pool.kubernetes is not None
+    assert config.pool.kubernetes.kv_events is None
+
+
+@pytest.mark.parametrize(
+    ("kv_events", "message"),
+    [
+        ({"port": 0}, "pool.kubernetes.kv_events.port: input should be greater than or equal to 1"),
+        ({"replay_port": 70000}, "pool.kubernetes.kv_events.replay_port: input should be less than or equal"),
+        ({"port": 5557, "replay_port": 5557}, "pool.kubernetes.kv_events: replay_port must differ from port"),
+        ({"endpoint": "tcp://x:1"}, "pool.kubernetes.kv_events.endpoint: extra"),
+    ],
+)
+def test_kv_events_errors_name_the_key(kv_events, message):
+    assert message.lower() in _error(_kv(kv_events)).lower()

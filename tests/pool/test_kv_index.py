@@ -94,3 +94,40 @@ def test_speculative_claims_count_as_held_until_released() -> None:
     assert index.speculative_claims == 0
     index.unspeculate("a", [7])  # nothing to release
     index.unspeculate("nobody", [1])
+
+
+def test_a_removed_pod_is_forgotten_and_its_slot_reused_without_touching_the_others() -> None:
+    index = KVBlockIndex()
+    index.apply("a", batch(stored([1, 2])))
+    index.apply("b", batch(stored([1, 2, 3])))
+    index.speculate("a", [7, 8])
+    index.speculate("b", [7])
+    index.remove_pod("a")
+    assert index.addresses == {"b"}
+    assert not index.publishing("a") and index.num_blocks("a") == 0
+    assert index.match([1, 2, 3], ["a", "b"]) == {"a": 0, "b": 3}
+    assert index.match([7, 8], ["b"]) == {"b": 1}
+    assert index.speculative_claims == 1 and index.distinct_blocks == 3
+    index.unspeculate("a", [7, 8])  # a release after the pod left: nothing to take away
+    assert index.speculative_claims == 1
+    # The next pod takes a's slot; none of a's blocks or claims come with it, and b keeps its own.
+    index.apply("c", batch(stored([9])))
+    assert index.match([1], ["c"]) == {"c": 0} and index.match([7], ["c"]) == {"c": 0}
+    assert index.match([9], ["b", "c"]) == {"b": 0, "c": 1}
+    assert index.pod_stats("c").batches == 1
+    index.remove_pod("b")
+    index.remove_pod("c")
+    index.remove_pod("never-there")
+    assert index.addresses == frozenset() and index.distinct_blocks == 0 and index.speculative_claims == 0
+
+
+def test_slots_stay_few_across_many_joins_and_leaves() -> None:
+    index = KVBlockIndex()
+    index.apply("stays", batch(stored([1])))
+    for i in range(1000):
+        index.apply(f"pod-{i}", batch(stored([1, 100 + i])))
+        index.remove_pod(f"pod-{i}")
+    index.apply("last", batch(stored([1])))
+    assert index.match([1], ["stays", "last"]) == {"stays": 1, "last": 1}
+    assert index.distinct_blocks == 1
+    assert max(pod.bit for pod in index._pods.values()) == 2  # slot 1, freed 1000 times, reused

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.kvevents.wire import BlockStored, KVEventBatch, encode_batch, seq_frame
 from slorouter.pool.config import PoolConfig
 from slorouter.pool.kv_index import KVBlockIndex
-from slorouter.pool.kv_subscriber import KVEventSubscriber, PublisherAddress, subscribers_from_config
+from slorouter.pool.kv_subscriber import (
+    KVEventSubscriber,
+    KVSubscriberSet,
+    PublisherAddress,
+    Subscription,
+    subscribers_from_config,
+)
 
 
 def stored(*hashes: int) -> BlockStored:
@@ -208,3 +217,58 @@ def test_subscribers_from_config() -> None:
 def test_bad_publisher_addresses_are_config_errors(endpoint: str) -> None:
     with pytest.raises(ValueError, match=r"ZMQ address|port|host"):
         PoolConfig.model_validate({"endpoints": [{"address": "a:1", "kv_events": {"endpoint": endpoint}}]})
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
+async def test_a_publisher_at_an_ipv6_address_is_reached() -> None:
+    pub = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.IPV6, 1)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind("tcp://[::1]:*")
+    index = KVBlockIndex()
+    subscriber = KVEventSubscriber("[::1]:8000", PublisherAddress(pub.last_endpoint.decode()), index)
+    try:
+        subscriber.start()
+
+        async def delivered() -> bool:
+            await pub.send_multipart(frames(0, 1))
+            await asyncio.sleep(0.05)
+            return index.num_blocks("[::1]:8000") == 1
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while not await delivered():
+            assert asyncio.get_running_loop().time() < deadline, "nothing arrived over IPv6"
+    finally:
+        await subscriber.stop()
+        pub.close(linger=0)
+
+
+async def test_a_subscriber_set_follows_its_desired_mapping() -> None:
+    publisher = await started()
+    index = KVBlockIndex()
+    subscribers = KVSubscriberSet(index, replay_timeout_s=0.5, reconnect_s=0.05)
+    here = Subscription("pod-a", PublisherAddress(publisher.endpoint, publisher.replay_endpoint, ""))
+    try:
+        publisher.publish([stored(1)], 0.0)
+        assert subscribers.update({"a": here}) == (["a"], [])
+        await wait_for(lambda: index.num_blocks("a") == 1)
+        assert subscribers.update({"a": here}) == ([], [])  # unchanged: kept
+        # Another pod at the same address: a new subscriber, and the old one's blocks are gone first.
+        moved = Subscription("pod-b", here.publisher)
+        assert subscribers.update({"a": moved}) == (["a"], ["a"])
+        assert index.pod_stats("a").batches == 0
+        await wait_for(lambda: index.num_blocks("a") == 1)  # the new one replays from 0
+        await subscribers.stop()
+        assert len(subscribers) == 0 and subscribers.stopping == 0 and index.addresses == frozenset()
+    finally:
+        await subscribers.stop()
+        await publisher.close()

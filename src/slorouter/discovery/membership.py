@@ -4,8 +4,9 @@ difference, so endpoints that stay keep their scraped signals and in-flight coun
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from slorouter.discovery.objects import PodView
 from slorouter.pool.state import Endpoint, PoolState
@@ -51,6 +52,11 @@ class Membership:
     @property
     def addresses(self) -> frozenset[str]:
         return frozenset(self._owned)
+
+    @property
+    def owned(self) -> Mapping[str, Endpoint]:
+        """Address → endpoint of the endpoints discovery put in the pool (a read-only view)."""
+        return MappingProxyType(self._owned)
 
     def apply(self, pods: Iterable[PodView], ports: Sequence[int]) -> MembershipChange:
         desired = desired_endpoints(pods, ports)

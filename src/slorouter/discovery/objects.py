@@ -10,6 +10,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+# Annotations discovery reads are under this prefix; the others (often large) are not kept.
+ANNOTATION_PREFIX = "slorouter.io/"
+
 
 class ApiObjectError(ValueError):
     """An object from the API server that does not have the documented shape."""
@@ -22,6 +25,7 @@ class ObjectMeta:
     resource_version: str
     labels: dict[str, str] = field(default_factory=dict)
     deleting: bool = False  # metadata.deletionTimestamp is set
+    annotations: dict[str, str] = field(default_factory=dict)  # those under ANNOTATION_PREFIX only
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,15 @@ class PodView:
     def serving(self) -> bool:
         """Ready, with an IP, and not being deleted: the pod's ports are pool endpoints."""
         return self.ready and self.ip is not None and not self.meta.deleting
+
+    @property
+    def state(self) -> str:
+        """``serving``, or why not: ``terminating``, ``pending`` (no IP yet) or ``not_ready``."""
+        if self.meta.deleting:
+            return "terminating"
+        if self.ip is None:
+            return "pending"
+        return "serving" if self.ready else "not_ready"
 
     def address(self, port: int) -> str:
         assert self.ip is not None
@@ -94,7 +107,16 @@ def parse_meta(obj: Any, kind: str) -> ObjectMeta:
         resource_version=_text(meta, "resourceVersion", "metadata", who),
         labels=_string_map(meta.get("labels"), "metadata.labels", who),
         deleting=meta.get("deletionTimestamp") is not None,
+        annotations=_own_annotations(meta.get("annotations"), who),
     )
+
+
+def _own_annotations(value: Any, who: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    mapping = _mapping(value, "metadata.annotations", who)
+    own = {key: item for key, item in mapping.items() if str(key).startswith(ANNOTATION_PREFIX)}
+    return _string_map(own, "metadata.annotations", who)
 
 
 def parse_pod(obj: Any) -> PodView:

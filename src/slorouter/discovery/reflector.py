@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from slorouter.discovery.objects import ApiObjectError
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.discovery.source import ApiError, ResourceSource, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ def _raw_name(obj: Any) -> str | None:
 
 class Reflector(Generic[T]):
     """Keeps ``items`` (name → parsed object) equal to the server's objects of ``source``; calls
-    ``on_change(items)`` after every list and every event that changed them."""
+    ``on_change(items)`` after every list and every event that changed them. Its lists, events and watch
+    restarts are reported to ``observer`` under ``resource``."""
 
     def __init__(
         self,
@@ -76,11 +78,16 @@ class Reflector(Generic[T]):
         parse: Callable[[Any], T],
         on_change: Callable[[Mapping[str, T]], None],
         backoff: Backoff,
+        *,
+        resource: str = "objects",
+        observer: DiscoveryObserver | None = None,
     ) -> None:
         self.source = source
         self.parse = parse
         self.on_change = on_change
         self.backoff = backoff
+        self.resource = resource
+        self.observer = observer or DiscoveryObserver()
         self.items: dict[str, T] = {}
         self.resource_version: str | None = None
         self.synced = asyncio.Event()  # set once the first list has been applied
@@ -119,6 +126,7 @@ class Reflector(Generic[T]):
                     self._apply(event)
                     self.backoff.reset()
             except ApiError as exc:
+                self.observer.watch_restarted(self.resource, "expired" if exc.expired else "error")
                 if exc.expired:
                     self.stats.expired += 1
                     log.info(
@@ -134,6 +142,8 @@ class Reflector(Generic[T]):
                 log.warning("%s: watch failed (%s); resuming", self.source.description, exc)
                 await self.backoff.sleep()
                 continue
+            self.observer.watch_restarted(self.resource, "ended")
+            self.observer.synced(self.resource)
             if self.stats.events == events and time.monotonic() - started < QUICK_WATCH_S:
                 await self.backoff.sleep()
 
@@ -142,9 +152,12 @@ class Reflector(Generic[T]):
             result = await self.source.list()
         except ApiError as exc:
             self.stats.errors += 1
+            self.observer.listed(self.resource, False)
             log.warning("%s: list failed (%s); retrying", self.source.description, exc)
             return False
         self.stats.lists += 1
+        self.observer.listed(self.resource, True)
+        self.observer.synced(self.resource)
         items: dict[str, T] = {}
         for obj in result.items:
             name, parsed = self._parse(obj)
@@ -163,11 +176,14 @@ class Reflector(Generic[T]):
             return name, self.parse(obj)
         except ApiObjectError as exc:
             self.stats.malformed += 1
+            self.observer.malformed(self.resource)
             log.error("%s: left out: %s", self.source.description, exc)
             return name, None
 
     def _apply(self, event: WatchEvent) -> None:
         self.resource_version = event.resource_version
+        self.observer.watch_event(self.resource, event.type)
+        self.observer.synced(self.resource)
         if event.type == "BOOKMARK":
             self.stats.bookmarks += 1
             return

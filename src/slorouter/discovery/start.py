@@ -6,8 +6,12 @@ import logging
 from typing import Protocol
 
 from slorouter.discovery.kube_api import KubeApi, KubernetesConfigError
+from slorouter.discovery.kv_events import PodKVSubscriptions
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.discovery.watcher import PoolWatcher
 from slorouter.pool.config import PoolConfig
+from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_subscriber import KVSubscriberSet
 from slorouter.pool.state import PoolState
 
 log = logging.getLogger(__name__)
@@ -36,9 +40,18 @@ class KubernetesDiscovery:
         await self.api.close()
 
 
-async def start_discovery(config: PoolConfig, pool: PoolState) -> DiscoveryHandle:
+async def start_discovery(
+    config: PoolConfig,
+    pool: PoolState,
+    *,
+    kv_index: KVBlockIndex | None = None,
+    observer: DiscoveryObserver | None = None,
+) -> DiscoveryHandle:
     """Start following ``config.kubernetes`` (a no-op for static endpoints) and wait, at most
     ``initial_sync_timeout_s``, for the first list, so that serving starts with the pods that are Ready.
+    With ``kv_index``, the discovered pods that publish KV events (their annotations, else
+    ``kubernetes.kv_events``) are subscribed and feed it. What happens is reported to ``observer``
+    (``slorouter.metrics.DiscoveryMetrics``: discovery's Prometheus series).
 
     Raises ``KubernetesConfigError`` when the credentials cannot be loaded; an unreachable API server is
     not an error: the pool stays empty and discovery keeps retrying.
@@ -47,7 +60,15 @@ async def start_discovery(config: PoolConfig, pool: PoolState) -> DiscoveryHandl
     if kubernetes is None:
         return StaticMembership()
     api = await KubeApi.connect(kubernetes)
-    watcher = PoolWatcher(kubernetes, pool, api)
+    kv = None
+    if kv_index is not None:
+        subscribers = KVSubscriberSet(
+            kv_index,
+            replay_timeout_s=config.kv_events_replay_timeout_ms / 1000,
+            reconnect_s=config.kv_events_reconnect_ms / 1000,
+        )
+        kv = PodKVSubscriptions(kubernetes.kv_events, subscribers, pool, observer)
+    watcher = PoolWatcher(kubernetes, pool, api, observer=observer, kv=kv)
     watcher.start()
     if not await watcher.wait_synced(kubernetes.initial_sync_timeout_s):
         log.warning(

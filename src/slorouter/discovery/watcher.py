@@ -5,23 +5,30 @@ With an InferencePool, one reflector watches the pool object itself; when its se
 reflector is replaced by one for the new selector (whose first list then brings the membership in line),
 and when its target ports change, the membership is recomputed from the pods already known. A deleted (or
 not yet created) InferencePool leaves the pool empty until it exists again.
+
+With ``kv`` (``PodKVSubscriptions``), every membership change also brings the KV-event subscribers in line:
+an endpoint that joins is subscribed if its pod publishes, one that leaves (or whose pod changes its IP,
+its annotations or its identity) has its subscriber stopped and its blocks dropped from the index.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from slorouter.discovery.kv_events import PodKVSubscriptions
 from slorouter.discovery.membership import Membership
 from slorouter.discovery.objects import InferencePoolSpec, PodView, parse_inference_pool, parse_pod
+from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.discovery.reflector import Backoff, Reflector
 from slorouter.discovery.source import ResourceSource
 from slorouter.pool.config import KubernetesPoolConfig
 from slorouter.pool.state import PoolState
 
 log = logging.getLogger(__name__)
+POD_STATES = ("serving", "not_ready", "pending", "terminating")
 
 
 class SourceFactory(Protocol):
@@ -33,14 +40,25 @@ class SourceFactory(Protocol):
 class PoolWatcher:
     """Discovery for one ``pool.kubernetes`` section, writing into ``pool``."""
 
-    def __init__(self, config: KubernetesPoolConfig, pool: PoolState, api: SourceFactory) -> None:
+    def __init__(
+        self,
+        config: KubernetesPoolConfig,
+        pool: PoolState,
+        api: SourceFactory,
+        *,
+        observer: DiscoveryObserver | None = None,
+        kv: PodKVSubscriptions | None = None,
+    ) -> None:
         self.config = config
         self.api = api
+        self.observer = observer or DiscoveryObserver()
+        self.kv = kv
         self.membership = Membership(pool)
         self.pods: Reflector[PodView] | None = None
         self.pool_reflector: Reflector[InferencePoolSpec] | None = None
         self._selector: dict[str, str] | None = None
         self._ports: tuple[int, ...] = tuple(config.target_ports or ())
+        self._spec_ports: tuple[int, ...] = ()  # the InferencePool's own, last seen
         self._pending: set[asyncio.Task[None]] = set()
         self.synced = asyncio.Event()  # the membership reflects a first answer of the API server
 
@@ -54,6 +72,8 @@ class PoolWatcher:
                 parse_inference_pool,
                 self._on_pool_change,
                 self._backoff(),
+                resource="inferencepools",
+                observer=self.observer,
             )
             self.pool_reflector.start()
         else:
@@ -75,6 +95,8 @@ class PoolWatcher:
         for reflector in reflectors:
             await reflector.stop()
         await asyncio.gather(*self._pending, return_exceptions=True)
+        if self.kv is not None:
+            await self.kv.stop()
 
     # --- callbacks of the reflectors ---------------------------------------------------------------
     def _on_pool_change(self, pools: Mapping[str, InferencePoolSpec]) -> None:
@@ -86,11 +108,17 @@ class PoolWatcher:
                     self.config.namespace,
                     self.config.inference_pool,
                 )
+                self.observer.inference_pool_changed("gone")
             self._selector = None
             self._retire_pods()
-            self.membership.clear()
+            self._apply((), clear=True)
             self.synced.set()
             return
+        if self._selector is None:
+            self.observer.inference_pool_changed("appeared")
+        elif spec.target_ports != self._spec_ports:
+            self.observer.inference_pool_changed("target_ports")
+        self._spec_ports = spec.target_ports
         ports = tuple(self.config.target_ports or spec.target_ports)
         if ports != self._ports:
             if self._ports:
@@ -101,18 +129,39 @@ class PoolWatcher:
         if spec.match_labels != self._selector:
             if self._selector is not None:
                 log.info("InferencePool %s: selector %s → %s", spec.name, self._selector, spec.match_labels)
+                self.observer.inference_pool_changed("selector")
             self._follow_selector(dict(spec.match_labels))
 
     def _on_pods_change(self, pods: Mapping[str, PodView]) -> None:
-        self.membership.apply(pods.values(), self._ports)
+        self._apply(pods.values())
         self.synced.set()
+
+    def _apply(self, pods: Iterable[PodView], *, clear: bool = False) -> None:
+        pods = list(pods)
+        change = self.membership.clear() if clear else self.membership.apply(pods, self._ports)
+        if self.kv is not None:
+            if clear:
+                self.kv.clear()
+            else:
+                self.kv.sync(pods, self._ports, self.membership.owned)
+        counts = dict.fromkeys(POD_STATES, 0)
+        for pod in pods:
+            counts[pod.state] += 1
+        self.observer.membership(
+            len(change.added), len(change.removed), len(self.membership.addresses), counts
+        )
 
     # --- pod reflector ---------------------------------------------------------------------------------
     def _follow_selector(self, selector: dict[str, str]) -> None:
         self._retire_pods()
         self._selector = selector
         self.pods = Reflector(
-            self.api.pods(self.config.namespace, selector), parse_pod, self._on_pods_change, self._backoff()
+            self.api.pods(self.config.namespace, selector),
+            parse_pod,
+            self._on_pods_change,
+            self._backoff(),
+            resource="pods",
+            observer=self.observer,
         )
         self.pods.start()
 

@@ -108,6 +108,28 @@ def validate_match_labels(labels: dict[str, str]) -> dict[str, str]:
     return labels
 
 
+# vLLM's default KV-event publisher port (``tcp://*:5557``), which llm-d's per-pod subscribers dial too.
+DEFAULT_KV_EVENTS_PORT = 5557
+
+
+class PodKVEventsConfig(StrictModel):
+    """Where every discovered pod publishes its KV events, unless its ``slorouter.io/kv-events-*``
+    annotations say otherwise: ports on the pod's IP (vLLM ``--kv-events-config`` with
+    ``"endpoint": "tcp://*:PORT"``, ``"replay_endpoint": "tcp://*:REPLAY_PORT"``)."""
+
+    port: int = Field(default=DEFAULT_KV_EVENTS_PORT, ge=1, le=65535, description="the PUB socket's port")
+    replay_port: int | None = Field(
+        default=None, ge=1, le=65535, description="the replay ROUTER socket's port; none: no replay"
+    )
+    topic: str = Field(default="", description="SUB prefix filter; '' takes every topic")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> PodKVEventsConfig:
+        if self.replay_port == self.port:
+            raise ValueError(f"replay_port must differ from port ({self.port})")
+        return self
+
+
 class KubernetesPoolConfig(StrictModel):
     """Pool membership discovered from Kubernetes: the Ready pods an InferencePool (or a plain label
     selector) selects in one namespace, one endpoint per pod IP and target port."""
@@ -143,6 +165,10 @@ class KubernetesPoolConfig(StrictModel):
     backoff_max_ms: float = Field(default=30_000, gt=0, description="the pause doubles up to this")
     initial_sync_timeout_s: float = Field(
         default=10, ge=0, description="how long start-up waits for the first list before serving anyway"
+    )
+    kv_events: PodKVEventsConfig | None = Field(
+        default=None,
+        description="subscribe to every pod's KV events on these ports (a pod's annotations override them)",
     )
 
     @field_validator("namespace")

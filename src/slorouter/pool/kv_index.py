@@ -15,12 +15,15 @@ is bounded by the requests in flight.
 Memory is bounded per pod (``max_blocks_per_pod``): a pod whose events claim more blocks than that (lost
 removals, or a bound set below its real cache) is cleared, counted in ``overflows``, and refills from its
 next events. Each pod has a slot and a hash's holders are a bitmask of slots, so ``match`` is integer ANDs
-and a hash held by one pod shares that pod's one mask object. Not thread-safe: the subscribers and the
-scheduler run on one event loop.
+and a hash held by one pod shares that pod's one mask object. ``remove_pod`` forgets a pod that left the
+pool (its blocks, claims and counters) and frees its slot for the next pod, lowest slots first, so the
+masks stay as narrow as the pool is large. Not thread-safe: the subscribers and the scheduler run on one
+event loop.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -69,6 +72,8 @@ class KVBlockIndex:
         self._pods: dict[str, _Pod] = {}
         self._speculative: dict[BlockHash, int] = {}  # hash → bitmask of pods with a claim
         self._claims: dict[tuple[BlockHash, int], int] = {}  # (hash, pod bit) → claims
+        self._free_slots: list[int] = []  # a heap of the slots of removed pods
+        self._next_slot = 0
 
     # --- the pods ------------------------------------------------------------------------------------
     def pod_stats(self, address: str) -> PodEventStats:
@@ -91,6 +96,30 @@ class KVBlockIndex:
     @property
     def distinct_blocks(self) -> int:
         return len(self._holders)
+
+    @property
+    def addresses(self) -> frozenset[str]:
+        """The pods the index has an entry for (counters, blocks or claims)."""
+        return frozenset(self._pods)
+
+    def remove_pod(self, address: str) -> None:
+        """Forget the pod: its blocks, its speculative claims and its counters; its slot is reused."""
+        pod = self._pods.pop(address, None)
+        if pod is None:
+            return
+        bit = pod.bit
+        for block_hash in pod.blocks:
+            self._forget(block_hash, bit)
+        claimed = [key for key in self._claims if key[1] == bit]
+        speculative = self._speculative
+        for key in claimed:
+            del self._claims[key]
+            mask = speculative.get(key[0], 0) & ~bit
+            if mask:
+                speculative[key[0]] = mask
+            else:
+                speculative.pop(key[0], None)
+        heapq.heappush(self._free_slots, bit.bit_length() - 1)
 
     def clear_pod(self, address: str) -> None:
         pod = self._pods.get(address)
@@ -203,7 +232,12 @@ class KVBlockIndex:
     def _pod(self, address: str) -> _Pod:
         pod = self._pods.get(address)
         if pod is None:
-            pod = self._pods[address] = _Pod(bit=1 << len(self._pods))  # pool membership is static
+            if self._free_slots:
+                slot = heapq.heappop(self._free_slots)
+            else:
+                slot = self._next_slot
+                self._next_slot += 1
+            pod = self._pods[address] = _Pod(bit=1 << slot)
         return pod
 
     def _forget(self, block_hash: BlockHash, bit: int) -> None:

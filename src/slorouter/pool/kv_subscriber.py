@@ -20,6 +20,10 @@ right when the stream is not:
 - **Malformed** frames or payloads (``KVEventDecodeError``): counted in ``decode_errors`` and treated as an
   unrecoverable gap; nothing a publisher sends can stop the subscriber.
 - **Failure** of the session (a ZMQ error): the sockets are closed and reopened after ``reconnect_s``.
+
+``KVSubscriberSet`` keeps one subscriber per address for a pool whose members come and go (discovery):
+a subscriber whose address leaves, or whose pod or publisher changes, is stopped and the address's entry in
+the index (blocks, claims, counters) is dropped before any new subscriber for it starts.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import zmq
@@ -84,11 +89,18 @@ class KVEventSubscriber:
             self._task = asyncio.create_task(self.run(), name=f"kv-events-{self.address}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task = self.cancel()
+        if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+
+    def cancel(self) -> asyncio.Task[None] | None:
+        """Stop at once: nothing reaches the index after this (the task closes its sockets as it ends);
+        returns the task to await, if it was running."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        return task
 
     async def run(self) -> None:
         while True:
@@ -105,6 +117,7 @@ class KVEventSubscriber:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.IPV6, 1)  # a pod's IP may be IPv6; IPv4 addresses still connect
         try:
             sub.setsockopt(zmq.SUBSCRIBE, self.publisher.topic.encode())
             sub.connect(self.publisher.endpoint)
@@ -195,6 +208,7 @@ class KVEventSubscriber:
             return None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, 1)
         batches: list[tuple[int, KVEventBatch]] = []
         try:
             dealer.connect(self.publisher.replay_endpoint)
@@ -236,3 +250,83 @@ def subscribers_from_config(config: PoolConfig, index: KVBlockIndex) -> list[KVE
         for endpoint in config.endpoints
         if endpoint.kv_events is not None
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """What one address subscribes to: ``owner`` (the pod) and its publisher; a change of either starts a
+    new subscriber (a new pod at an old IP is a new engine, whose blocks are not the old one's)."""
+
+    owner: str
+    publisher: PublisherAddress
+
+
+class KVSubscriberSet:
+    """Subscribers that follow ``update``: one per address of the last desired mapping."""
+
+    def __init__(
+        self, index: KVBlockIndex, *, replay_timeout_s: float = 1.0, reconnect_s: float = 1.0
+    ) -> None:
+        self.index = index
+        self.replay_timeout_s = replay_timeout_s
+        self.reconnect_s = reconnect_s
+        self._running: dict[str, tuple[Subscription, KVEventSubscriber]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    @property
+    def subscriptions(self) -> dict[str, Subscription]:
+        return {address: subscription for address, (subscription, _) in self._running.items()}
+
+    def subscriber(self, address: str) -> KVEventSubscriber | None:
+        entry = self._running.get(address)
+        return None if entry is None else entry[1]
+
+    @property
+    def stopping(self) -> int:
+        """Subscribers cancelled whose tasks have not ended yet."""
+        return len(self._stopping)
+
+    def update(self, desired: Mapping[str, Subscription]) -> tuple[list[str], list[str]]:
+        """Start and stop subscribers so that exactly ``desired`` run (needs the running loop); returns the
+        addresses (started, stopped)."""
+        stopped = [a for a, (subscription, _) in self._running.items() if desired.get(a) != subscription]
+        for address in stopped:
+            self._drop(address)
+        started = []
+        for address, subscription in desired.items():
+            if address in self._running:
+                continue
+            subscriber = KVEventSubscriber(
+                address,
+                subscription.publisher,
+                self.index,
+                replay_timeout_s=self.replay_timeout_s,
+                reconnect_s=self.reconnect_s,
+            )
+            subscriber.start()
+            self._running[address] = (subscription, subscriber)
+            started.append(address)
+            logger.info(
+                "KV events of %s (%s): subscribed to %s",
+                address,
+                subscription.owner,
+                subscription.publisher.endpoint,
+            )
+        return started, stopped
+
+    def _drop(self, address: str) -> None:
+        subscription, subscriber = self._running.pop(address)
+        task = subscriber.cancel()
+        if task is not None:
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        self.index.remove_pod(address)
+        logger.info("KV events of %s (%s): unsubscribed", address, subscription.owner)
+
+    async def stop(self) -> None:
+        """Stop every subscriber and wait until their tasks (and sockets) are gone."""
+        self.update({})
+        await asyncio.gather(*self._stopping, return_exceptions=True)

@@ -14,7 +14,13 @@ from slorouter.clock import Clock, MonotonicClock
 from slorouter.config import Config, ConfigError, PredictorConfig, RemotePredictorConfig
 from slorouter.director import Director
 from slorouter.discovery.start import DiscoveryHandle, KubernetesConfigError, start_discovery
-from slorouter.metrics import GatewayMetrics, KVEventsCollector, LatencyMetrics, PredictorCollector
+from slorouter.metrics import (
+    DiscoveryMetrics,
+    GatewayMetrics,
+    KVEventsCollector,
+    LatencyMetrics,
+    PredictorCollector,
+)
 from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.kv_index import KVBlockIndex
@@ -49,8 +55,10 @@ class RouterCore:
     scraper: MetricsScraper
     metrics: GatewayMetrics
     predictor: LatencyPredictorBackend | None = None
-    kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)
+    kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)  # of static endpoints
     discovery: DiscoveryHandle | None = None
+    kv_index: KVBlockIndex | None = None
+    discovery_metrics: DiscoveryMetrics | None = None
 
     @classmethod
     def build(cls, config: Config, clock: Clock | None = None, *, state_name: str = "serve") -> RouterCore:
@@ -63,10 +71,14 @@ class RouterCore:
         metrics = GatewayMetrics(pool, max_model_label_sets=config.gateway.max_model_label_sets)
         ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
         kv_subscribers: list[KVEventSubscriber] = []
-        if any(endpoint.kv_events is not None for endpoint in config.pool.endpoints):
+        discovery_metrics = None
+        # Discovered pods may publish KV events (their annotations say so) whatever the config says.
+        if config.pool.kubernetes is not None or any(e.kv_events is not None for e in config.pool.endpoints):
             ctx.kv_index = KVBlockIndex(config.pool.kv_events_max_blocks_per_pod)
             kv_subscribers = subscribers_from_config(config.pool, ctx.kv_index)
             metrics.registry.register(KVEventsCollector(ctx.kv_index, pool))
+        if config.pool.kubernetes is not None:
+            discovery_metrics = DiscoveryMetrics(metrics.registry)
         scheduler_config = config.scheduler
         predictor = None
         if config.predictor is not None and config.predictor.mode != "off":
@@ -81,7 +93,18 @@ class RouterCore:
         director = Director(pool, setup, tracker, clock, latency_metrics=ctx.metrics)
         tracker.register_metrics(metrics.registry)
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
-        return cls(config, clock, pool, director, scraper, metrics, predictor, kv_subscribers)
+        return cls(
+            config,
+            clock,
+            pool,
+            director,
+            scraper,
+            metrics,
+            predictor,
+            kv_subscribers,
+            kv_index=ctx.kv_index,
+            discovery_metrics=discovery_metrics,
+        )
 
     @property
     def objectives(self) -> dict[str, int]:
@@ -96,7 +119,9 @@ class RouterCore:
         subscribers and the predictor."""
         assert self.config.pool is not None
         try:
-            self.discovery = await start_discovery(self.config.pool, self.pool)
+            self.discovery = await start_discovery(
+                self.config.pool, self.pool, kv_index=self.kv_index, observer=self.discovery_metrics
+            )
         except KubernetesConfigError as exc:
             raise ConfigError(f"pool.kubernetes: {exc}") from None
         await self.scraper.scrape_once()
