@@ -227,6 +227,21 @@ class RequestLifecycle:
     def finished(self) -> bool:
         return self.response.completed_at is not None
 
+    def served_by(self, address: str) -> bool:
+        """The data plane served the request from ``address``, not from the pick (a retry on one of the
+        pick's fallbacks): its in-flight load moves there, and so do the response hooks. False (nothing
+        changes) when ``address`` is the target already, or not an endpoint of the pool."""
+        if self.finished or address == self.response.endpoint.address:
+            return False
+        endpoint = self._director.pool.get(address)
+        if endpoint is None:
+            return False
+        self._handle.finish()
+        request = self.request
+        self._handle = self._director.tracker.dispatch(address, request.prompt_tokens, request.max_tokens)
+        self.response.endpoint = endpoint
+        return True
+
     def on_headers(self, status: int, streaming: bool) -> None:
         self.response.status = status
         self.response.streaming = streaming

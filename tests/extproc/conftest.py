@@ -105,13 +105,16 @@ def body_message(body: bytes, end_of_stream: bool = True) -> Any:
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=end_of_stream))
 
 
-def response_headers_message(status: int = 200, content_type: str = "application/json") -> Any:
-    header_map = base_pb2.HeaderMap(
-        headers=[
-            base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
-            base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
-        ]
-    )
+def response_headers_message(
+    status: int = 200, content_type: str = "application/json", served: str | None = None
+) -> Any:
+    headers = [
+        base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
+        base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
+    ]
+    if served is not None:  # what Envoy adds with the bootstrap's response_headers_to_add
+        headers.append(base_pb2.HeaderValue(key=messages.SERVED, raw_value=served.encode()))
+    header_map = base_pb2.HeaderMap(headers=headers)
     return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map))
 
 

@@ -342,15 +342,31 @@ async def test_a_killed_pod_is_retried_on_the_next_endpoint_of_the_list(
     stop(world.victim.process, signal.SIGKILL)
     victim = world.victim.addresses[0]
     url = world.envoys["fail-closed"]
-    picked_dead = 0
+    before = await _metrics(http, world.failover_epp.metrics_url)
     for i in range(30):
         body = {"model": world.pods.model, "prompt": f"retry {i}", "max_tokens": 1}
         async with http.post(f"{url}/v1/completions", json=body) as resp:
             assert resp.status == 200, await resp.text()
             served_by = resp.headers["x-sim-pod"]
             assert served_by != "sim-" + victim.rsplit(":", 1)[1]
-            picked_dead += resp.headers["x-slorouter-endpoint"] == victim
-    assert picked_dead > 0  # the dead pod was picked first, and Envoy went on to the next of the list
+            # The picker reports the endpoint that served the request, not its first pick ...
+            assert "sim-" + resp.headers["x-slorouter-endpoint"].rsplit(":", 1)[1] == served_by
+            assert "x-gateway-destination-endpoint-served" not in resp.headers  # ... and keeps Envoy's own
+    after = await _metrics(http, world.failover_epp.metrics_url)
+    failures = f'slorouter_upstream_failures_total{{endpoint="{victim}",phase="connect"}}'
+    retried = _value(after, failures) - _value(before, failures)
+    # The dead pod was picked first, and Envoy went on to the next of the list.
+    assert retried > 0
+    assert (
+        _value(after, "slorouter_upstream_retries_total ")
+        - _value(before, "slorouter_upstream_retries_total ")
+        == retried
+    )
+    # Its in-flight load moved with the request: nothing is left on the dead pod, or anywhere.
+    assert _value(after, f'slorouter_inflight_requests{{endpoint="{victim}"}}') == 0
+    assert _value(after, 'slorouter_requests_total{code="200",endpoint="' + victim + '"}') == _value(
+        before, 'slorouter_requests_total{code="200",endpoint="' + victim + '"}'
+    )
 
 
 async def test_the_picker_killed_fails_open_or_closed(world: World, http: aiohttp.ClientSession):

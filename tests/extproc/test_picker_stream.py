@@ -454,3 +454,57 @@ async def test_the_models_list_needs_an_api_key_too(pods: SimCluster):
             call.call.cancel()
     finally:
         await picker.stop()
+
+
+async def test_a_request_served_by_a_fallback_moves_its_load_and_reports_it(pods: SimCluster):
+    picker = await start_picker(list(pods.addresses), scheduler=THREE_TARGETS)
+    try:
+        assert picker.bound is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.bound.grpc_port}") as channel:
+            call = open_call(channel)
+            await call.send(headers_message(request_headers()), body_message(completion(pods.model)))
+            _, routed = await call.receive(2)
+            picked, fallback, _ = destination_list(routed)
+            inflight = picker.core.pool.columns["inflight_requests"]
+            assert inflight[picker.core.pool.position(picked)] == 1
+            # Envoy retried on the pick's first fallback, and says so in the response headers.
+            await call.send(response_headers_message(content_type="text/event-stream", served=fallback))
+            (answered,) = await call.receive()
+            mutation = answered.response_headers.response.header_mutation
+            assert set_headers(mutation)["x-slorouter-endpoint"] == fallback
+            assert list(mutation.remove_headers) == ["x-gateway-destination-endpoint-served"]
+            assert inflight[picker.core.pool.position(picked)] == 0
+            assert inflight[picker.core.pool.position(fallback)] == 1
+            await call.send(
+                response_body_message(b'data: {"choices": [{"text": "hi"}]}\n\ndata: [DONE]\n\n', True)
+            )
+            await call.receive()
+            assert inflight[picker.core.pool.position(fallback)] == 0
+            await call.end()
+        assert _idle(picker)
+        assert _metric(picker, "slorouter_upstream_retries_total ") == 1.0
+        assert (
+            _metric(picker, f'slorouter_upstream_failures_total{{endpoint="{picked}",phase="connect"}}') == 1
+        )
+        assert _metric(picker, f'slorouter_requests_total{{code="200",endpoint="{fallback}"}}') == 1.0
+    finally:
+        await picker.stop()
+
+
+async def test_a_served_header_naming_the_pick_or_no_endpoint_changes_nothing(
+    pods: SimCluster, picker, channel
+):
+    for served in ("", "10.9.9.9:8000"):
+        call = open_call(channel)
+        await call.send(headers_message(request_headers()), body_message(completion(pods.model)))
+        _, routed = await call.receive(2)
+        (picked,) = destination_list(routed)
+        await call.send(response_headers_message(served=served or picked))
+        (answered,) = await call.receive()
+        assert (
+            set_headers(answered.response_headers.response.header_mutation)["x-slorouter-endpoint"] == picked
+        )
+        await call.send(response_body_message(b"{}", True))
+        await call.receive()
+        await call.end()
+    assert _metric(picker, "slorouter_upstream_retries_total ") == 0.0

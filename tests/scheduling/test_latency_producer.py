@@ -162,6 +162,32 @@ def test_the_backend_gets_one_union_row_per_candidate_and_samples_are_its_model_
     np.testing.assert_array_equal(tpot_row, x_all[target, [ALL_FEATURES.index(n) for n in TPOT_FEATURES]])
 
 
+def test_a_request_served_by_another_candidate_trains_on_that_candidates_row():
+    backend = FakeBackend()
+    director, _ = _director(backend, streaming=True)
+    request = _request(slo_ttft_ms=500.0, slo_tpot_ms=50.0)
+    result = director.schedule(request)
+    lifecycle = director.dispatch(request, result)
+    picked = result.target.address
+    served = next(a for a in addresses(3) if a != picked)
+    assert lifecycle.served_by(served)
+    assert not lifecycle.served_by(served)  # already there
+    assert not lifecycle.served_by("10.9.9.9:1")  # not an endpoint of the pool
+    inflight = director.pool.columns["inflight_requests"]
+    assert inflight[director.pool.position(picked)] == 0 and inflight[director.pool.position(served)] == 1
+    director.clock.advance(0.1)
+    lifecycle.on_headers(200, streaming=True)
+    lifecycle.on_tokens(1)
+    director.clock.advance(0.07)
+    lifecycle.on_complete(usage={"completion_tokens": 8})
+    assert inflight.sum() == 0
+    (x_all,) = backend.rows
+    (_, ttft_row, _), (_, tpot_row, _) = backend.samples
+    row = addresses(3).index(served)
+    np.testing.assert_array_equal(ttft_row, x_all[row, : len(TTFT_FEATURES)])
+    np.testing.assert_array_equal(tpot_row, x_all[row, [ALL_FEATURES.index(n) for n in TPOT_FEATURES]])
+
+
 def test_failed_requests_produce_no_samples():
     backend = FakeBackend()
     director, _ = _director(backend)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from slorouter.extproc.messages import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
+from slorouter.extproc.messages import DESTINATION, LB_NAMESPACE, SERVED, SUBSET_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +95,21 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         "num_retries": setup.num_retries,
     }
     route = {"cluster": "pool", "timeout": _duration(setup.upstream_timeout_s), "retry_policy": retry_policy}
+    pool_route: dict[str, Any] = {"match": {"prefix": "/"}, "route": route}
+    if setup.ext_proc:
+        # The endpoint that served the request (after a retry, a fallback): the picker moves its in-flight
+        # load there and removes the header from the client's response.
+        pool_route["response_headers_to_add"] = [
+            {
+                "header": {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ]
     connection_manager = {
         "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "stream_idle_timeout": _duration(setup.upstream_timeout_s),
-        "route_config": {
-            "virtual_hosts": [
-                {"name": "pool", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": route}]}
-            ]
-        },
+        "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [pool_route]}]},
         "http_filters": [
             *([ext_proc] if setup.ext_proc else []),
             {

@@ -18,6 +18,8 @@ DESTINATION = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# The endpoint that finally served the request, as the data plane reports it (header or envoy.lb metadata).
+SERVED = "x-gateway-destination-endpoint-served"
 
 ProcessingRequest = ext_proc.ProcessingRequest
 ProcessingResponse = ext_proc.ProcessingResponse
@@ -91,6 +93,17 @@ def subset_hint(request: ext_proc.ProcessingRequest) -> list[str] | None:
     else:
         raise ValueError(f"{SUBSET_NAMESPACE}/{SUBSET_KEY} must be a list of strings (ip:port or ip)")
     return [item.strip() for item in items if item.strip()]
+
+
+def served_metadata(request: ext_proc.ProcessingRequest) -> str | None:
+    """``envoy.lb`` / ``x-gateway-destination-endpoint-served`` of the message's metadata, if a string."""
+    namespaces = request.metadata_context.filter_metadata
+    if LB_NAMESPACE not in namespaces:
+        return None
+    value = namespaces[LB_NAMESPACE].fields.get(SERVED)
+    if value is None or value.WhichOneof("kind") != "string_value":
+        return None
+    return str(value.string_value)
 
 
 def _header_options(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderValueOption]:
@@ -186,11 +199,17 @@ def continue_trailers(*, request: bool) -> ext_proc.ProcessingResponse:
 
 
 def response_headers(
-    set_headers: Iterable[tuple[str, str]], mode: ext_proc.ProcessingMode | None = None
+    set_headers: Iterable[tuple[str, str]],
+    mode: ext_proc.ProcessingMode | None = None,
+    *,
+    remove: Iterable[str] = (),
 ) -> ext_proc.ProcessingResponse:
-    """The answer to the upstream's response headers: the picker's own headers added (and a mode override)."""
+    """The answer to the upstream's response headers: the picker's own headers added, ``remove`` removed
+    (and a mode override)."""
     common = ext_proc.CommonResponse(
-        header_mutation=ext_proc.HeaderMutation(set_headers=_header_options(set_headers))
+        header_mutation=ext_proc.HeaderMutation(
+            set_headers=_header_options(set_headers), remove_headers=list(remove)
+        )
     )
     response = ProcessingResponse(response_headers=ext_proc.HeadersResponse(response=common))
     if mode is not None:

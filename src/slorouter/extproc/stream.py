@@ -108,7 +108,7 @@ class PickerStream:
         if kind == "request_trailers":
             return self._request_trailers()
         if kind == "response_headers":
-            return self._response_headers(message.response_headers)
+            return self._response_headers(message)
         if kind == "response_trailers":
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("response trailers arrived before the request headers")
@@ -302,15 +302,17 @@ class PickerStream:
         return [messages.immediate(status, message, param=param, code=code, headers=headers)]
 
     # --- response ------------------------------------------------------------------------------------
-    def _response_headers(self, message: Any) -> list[Response]:
+    def _response_headers(self, request: Any) -> list[Response]:
         if self._phase in (_Phase.RESPONSE_BODY, _Phase.DONE):
             raise ProtocolError(f"response headers arrived again (the stream is at: {self._phase.value})")
+        message = request.response_headers
         lifecycle = self._lifecycle
         if lifecycle is None:
             # Envoy answered before the pick (a local reply, or GET /v1/models): nothing to observe.
             self._phase = _Phase.RESPONSE_BODY
             return [messages.response_headers([])]
         headers = messages.header_map(message)
+        remove = self._follow_served_endpoint(request, headers, lifecycle)
         try:
             self._status = int(headers.get(":status", ""))
         except ValueError:
@@ -334,8 +336,28 @@ class PickerStream:
             # the gateway's relay, and Envoy need not send the body here (one message less per request).
             self._finish(None)
             self._body_declined = True
-            return [messages.response_headers(own, messages.response_mode(self._request_mode, messages.NONE))]
-        return [messages.response_headers(own)]
+            mode = messages.response_mode(self._request_mode, messages.NONE)
+            return [messages.response_headers(own, mode, remove=remove)]
+        return [messages.response_headers(own, remove=remove)]
+
+    def _follow_served_endpoint(
+        self, request: Any, headers: Mapping[str, str], lifecycle: RequestLifecycle
+    ) -> list[str]:
+        """Where the data plane says it served the request (``x-gateway-destination-endpoint-served``, as a
+        response header or ``envoy.lb`` metadata): after a retry on a fallback, the load and the samples
+        follow. Returns the data plane's headers to remove from the client's response."""
+        served = headers.get(messages.SERVED)
+        remove = [messages.SERVED] if served is not None else []
+        if served is None:
+            served = messages.served_metadata(request)
+        if not served:
+            return remove
+        picked = lifecycle.target.address
+        if lifecycle.served_by(served.strip()):
+            metrics = self._picker.metrics
+            metrics.upstream_retries.inc()
+            metrics.upstream_failures.labels(picked, "connect").inc()
+        return remove
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._phase is not _Phase.RESPONSE_BODY:

@@ -299,7 +299,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None:
         state: _RequestState | None = request.state.get(self.name)
-        if state is None or state.target < 0:
+        if state is None:
+            return
+        if response.endpoint.address != state.target_address and state.target_address:
+            self._follow(request, state, response.endpoint.address)
+        if state.target < 0:
             return
         ok = response.error is None and response.status in (0, 200)
         streaming = self.params.streaming_mode
@@ -364,6 +368,17 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             return None
         factor = state.ttft_coverage_factor if kind == "ttft" else state.tpot_coverage_factor
         return float(corrected[state.target]) * factor
+
+    def _follow(self, request: InferenceRequest, state: _RequestState, address: str) -> None:
+        """The request was served by another candidate than the pick (a data-plane retry): its samples are
+        that candidate's row, predicted at the same time, and its TPOT SLO runs there."""
+        registered = state.tpot_slo_registered
+        self._release_tpot_slo(request, state)
+        state.target_address = address
+        state.target = state.addresses.index(address) if address in state.addresses else -1
+        if registered and request.slo_tpot_ms is not None:
+            self._running_tpot_slos.setdefault(address, Counter())[request.slo_tpot_ms] += 1
+            state.tpot_slo_registered = True
 
     def _release_tpot_slo(self, request: InferenceRequest, state: _RequestState) -> None:
         if not state.tpot_slo_registered or request.slo_tpot_ms is None:
