@@ -106,7 +106,10 @@ def body_message(body: bytes, end_of_stream: bool = True) -> Any:
 
 
 def response_headers_message(
-    status: int = 200, content_type: str = "application/json", served: str | None = None
+    status: int = 200,
+    content_type: str = "application/json",
+    served: str | None = None,
+    flags: str | None = None,
 ) -> Any:
     headers = [
         base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
@@ -114,6 +117,8 @@ def response_headers_message(
     ]
     if served is not None:  # what Envoy adds with the bootstrap's response_headers_to_add
         headers.append(base_pb2.HeaderValue(key=messages.SERVED, raw_value=served.encode()))
+    if flags is not None:
+        headers.append(base_pb2.HeaderValue(key=messages.RESPONSE_FLAGS, raw_value=flags.encode()))
     header_map = base_pb2.HeaderMap(headers=headers)
     return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map))
 

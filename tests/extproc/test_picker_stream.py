@@ -508,3 +508,25 @@ async def test_a_served_header_naming_the_pick_or_no_endpoint_changes_nothing(
         await call.receive()
         await call.end()
     assert _metric(picker, "slorouter_upstream_retries_total ") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("status", "flags", "phase"),
+    [(503, "UF,URX", "connect"), (504, "UT", "timeout"), (200, "-", None), (503, "-", None)],
+)
+async def test_envoys_response_flags_count_upstream_failures(
+    pods: SimCluster, picker, channel, status: int, flags: str, phase: str | None
+):
+    call = open_call(channel)
+    await call.send(headers_message(request_headers()), body_message(completion(pods.model, n=2)))
+    _, routed = await call.receive(2)
+    (picked,) = destination_list(routed)
+    await call.send(response_headers_message(status, flags=flags))
+    (answered,) = await call.receive()
+    assert list(answered.response_headers.response.header_mutation.remove_headers) == [
+        "x-slorouter-response-flags"
+    ]
+    await call.end()
+    counted = _metric(picker, f'slorouter_upstream_failures_total{{endpoint="{picked}",phase="{phase}"}}')
+    assert counted == (1.0 if phase else 0.0)
+    assert _idle(picker)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from slorouter.extproc.messages import DESTINATION, LB_NAMESPACE, SERVED, SUBSET_NAMESPACE
+from slorouter.extproc.messages import DESTINATION, LB_NAMESPACE, RESPONSE_FLAGS, SERVED, SUBSET_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +99,11 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
     if setup.ext_proc:
         # The endpoint that served the request (after a retry, a fallback): the picker moves its in-flight
         # load there and removes the header from the client's response.
+        # With the response flags, an answer Envoy made itself after upstream failures is told apart from
+        # the model server's own.
         pool_route["response_headers_to_add"] = [
-            {
-                "header": {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
-                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-            }
+            {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            for key, value in ((SERVED, "%UPSTREAM_REMOTE_ADDRESS%"), (RESPONSE_FLAGS, "%RESPONSE_FLAGS%"))
         ]
     connection_manager = {
         "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",

@@ -20,6 +20,8 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 # The endpoint that finally served the request, as the data plane reports it (header or envoy.lb metadata).
 SERVED = "x-gateway-destination-endpoint-served"
+# Envoy's response flags (%RESPONSE_FLAGS%), as the generated bootstrap adds them to every response.
+RESPONSE_FLAGS = "x-slorouter-response-flags"
 
 ProcessingRequest = ext_proc.ProcessingRequest
 ProcessingResponse = ext_proc.ProcessingResponse

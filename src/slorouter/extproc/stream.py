@@ -345,18 +345,23 @@ class PickerStream:
     ) -> list[str]:
         """Where the data plane says it served the request (``x-gateway-destination-endpoint-served``, as a
         response header or ``envoy.lb`` metadata): after a retry on a fallback, the load and the samples
-        follow. Returns the data plane's headers to remove from the client's response."""
+        follow. Envoy's response flags tell its own answer to upstream failures from the model server's.
+        Returns the data plane's headers to remove from the client's response."""
         served = headers.get(messages.SERVED)
-        remove = [messages.SERVED] if served is not None else []
+        flags = headers.get(messages.RESPONSE_FLAGS)
+        remove = [
+            name for name, value in ((messages.SERVED, served), (messages.RESPONSE_FLAGS, flags)) if value
+        ]
         if served is None:
             served = messages.served_metadata(request)
-        if not served:
-            return remove
+        metrics = self._picker.metrics
         picked = lifecycle.target.address
-        if lifecycle.served_by(served.strip()):
-            metrics = self._picker.metrics
+        if served and lifecycle.served_by(served.strip()):
             metrics.upstream_retries.inc()
             metrics.upstream_failures.labels(picked, "connect").inc()
+        phase = _failure_phase(flags) if flags else None
+        if phase is not None:
+            metrics.upstream_failures.labels(lifecycle.target.address, phase).inc()
         return remove
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
@@ -397,6 +402,20 @@ class PickerStream:
                 observe_body(lifecycle, bytes(self._kept), lifecycle.request.history_form)
         lifecycle.on_complete(usage=usage, error=error)
         self._picker.outcomes.record(lifecycle)
+
+
+# Envoy's response flags for upstream failures, by the gateway's failure phases.
+_FAILURE_PHASES = {"UF": "connect", "URX": "connect", "UH": "connect", "UO": "connect", "UT": "timeout",
+                   "UC": "stream", "UR": "stream"}  # fmt: skip
+
+
+def _failure_phase(flags: str) -> str | None:
+    """The phase of the upstream failure Envoy's flags name (comma-separated, "-" for none), if any."""
+    for flag in flags.split(","):
+        phase = _FAILURE_PHASES.get(flag.strip())
+        if phase is not None:
+            return phase
+    return None
 
 
 def _host(address: str) -> str:
