@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import socket
@@ -22,6 +23,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_range(count: int) -> int:
+    """The first of ``count`` consecutive ports that can all be bound, below the ephemeral range (where
+    the benchmark's own client connections could take one of them between the check and the pods' start)."""
+    for _ in range(100):
+        base = random.randrange(20_000, 32_000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -38,7 +38,16 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from _harness import SLOROUTER, cpu_seconds, free_port, markdown_table, process, run_wrk, wait_for_port
+from _harness import (
+    SLOROUTER,
+    cpu_seconds,
+    free_port,
+    free_port_range,
+    markdown_table,
+    process,
+    run_wrk,
+    wait_for_port,
+)
 from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
 
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
@@ -116,7 +125,7 @@ def start_targets(
 
 
 def one_token(args: argparse.Namespace) -> None:
-    sim_port = free_port()
+    sim_port = free_port_range(args.pods)
     endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(args.pods)]
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         directory = Path(tmp)
@@ -224,8 +233,8 @@ def mean_of(after: dict[str, float], before: dict[str, float], histogram: str) -
 
 
 def streamed(args: argparse.Namespace) -> None:
-    sim_port = free_port()
     pods = args.stream_pods
+    sim_port = free_port_range(pods)
     endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(pods)]
     rows: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:

@@ -51,7 +51,6 @@ import math
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, markdown_table, wait_for_port
+from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, free_port_range, markdown_table, wait_for_port
 
 MODEL = "sim-llama3-8b"  # every pod of the pool serves this name, whatever its profile
 # The capacity is a property of the workload's distribution: derived with one seed, so that --seed changes the
@@ -535,27 +534,6 @@ def machine_busy_seconds() -> tuple[float, float]:
     idle = fields[3] + fields[4]  # idle + iowait
     tick = os.sysconf("SC_CLK_TCK")
     return (sum(fields) - idle) / tick, sum(fields) / tick
-
-
-def free_port_range(count: int) -> int:
-    """The first of ``count`` consecutive ports that can all be bound, below the ephemeral range (where
-    the benchmark's own client connections could take one of them between the check and the pods' start)."""
-    rng = np.random.default_rng()
-    for _ in range(100):
-        base = int(rng.integers(20_000, 32_000 - count))
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 # --- report -----------------------------------------------------------------------------------------------

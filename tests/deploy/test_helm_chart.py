@@ -342,6 +342,17 @@ def test_prediction_server_count_wins_over_prediction_servers_count(render: Rend
     assert len(_router_config(manifests)["predictor"]["remote"]["prediction_servers"]) == 2
 
 
+def test_workers_become_the_pickers_workers_flag(render: Render):
+    def epp_args(values: dict[str, str]) -> list[str]:
+        (deployment,) = [m for m in render(values) if m["kind"] == "Deployment"]
+        (epp,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+        return list(epp["args"])
+
+    assert "--workers" not in epp_args({})
+    args = epp_args({"inferenceExtension.workers": "4"})
+    assert args[args.index("--workers") + 1] == "4"
+
+
 def test_the_sidecars_and_the_router_share_a_token_from_a_secret(render: Render):
     manifests = render_case(render, "predictor-3")
     secret = one(manifests, "Secret")
@@ -425,6 +436,8 @@ async def test_the_router_config_builds_a_router(render: Render, case):
         ({f"{LP}.eppEnv.LATENCY_COALESCE_WINDOW_MS": "1"}, "additional properties 'eppEnv' not allowed"),
         ({"inferencePool.modelServerType": "triton-tensorrt-llm"}, "at '/inferencePool/modelServerType'"),
         ({"inferenceExtension.failureMode": "Open"}, "at '/inferenceExtension/failureMode'"),
+        ({"inferenceExtension.workers": "0"}, "at '/inferenceExtension/workers': minimum"),
+        ({"inferenceExtension.workers": "65"}, "at '/inferenceExtension/workers': maximum"),
         ({"inferencePool.modelServers.matchLabels.app": "-bad"}, "matchLabels/app"),
         ({"inferenceExtension.monitoring.gke.enable": "true"}, "additional properties 'enable' not allowed"),
         ({"inferenceExtension.monitoring.interval": "10"}, "at '/inferenceExtension/monitoring/interval'"),

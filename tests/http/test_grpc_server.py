@@ -411,12 +411,15 @@ def test_connection_loss_closes_every_open_rpc():
     assert len(peer.closes) == 2 and all("lost" in str(reason) for reason in peer.closes)
 
 
-def test_streams_past_the_concurrency_limit_are_refused():
+def test_streams_past_the_concurrency_limit_are_refused_once_the_client_knows_it():
     peer = RawPeer(g.ServerSettings(max_concurrent_streams=2))
     peer.open()
     peer.frames()
+    # Before acknowledging our SETTINGS the client cannot know the limit: its streams are taken.
     peer.send(peer.request_headers(1) + peer.request_headers(3) + peer.request_headers(5))
-    assert (g.RST_STREAM, 0, 5, struct.pack(">L", g.REFUSED_STREAM)) in peer.frames()
+    assert not [f for f in peer.frames() if f[0] == g.RST_STREAM]
+    peer.send(g.frame(g.SETTINGS, g.ACK, 0) + peer.request_headers(7))
+    assert (g.RST_STREAM, 0, 7, struct.pack(">L", g.REFUSED_STREAM)) in peer.frames()
 
 
 frames_strategy = st.lists(

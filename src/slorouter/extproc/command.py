@@ -11,10 +11,12 @@ import uvloop
 from slorouter.config import Config, ConfigError, load_config
 from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, bootstrap
 from slorouter.extproc.runtime import EndpointPicker, PickerPorts
+from slorouter.extproc.workers import READY_LINE, WorkerPool
 from slorouter.http.running import wait_for_signal
 from slorouter.serving.command_line import LOG_LEVELS, port, run_command
 
 log = logging.getLogger("slorouter")
+MAX_WORKERS = 64
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,8 +63,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --envoy: failure_mode_allow (requests go round robin when the picker is unreachable); "
         "needs --envoy-body-mode buffered",
     )
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N",
+        help="picker processes sharing the ext_proc and health ports (SO_REUSEPORT), one core each; the "
+        "command supervises them and serves their merged /metrics (default 1: one process)",
+    )
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     parser.set_defaults(func=run)
+
+
+def _workers(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers takes an integer, got {value!r}") from None
+    if not 1 <= count <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"--workers must be between 1 and {MAX_WORKERS}, got {count}")
+    return count
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,28 +98,73 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"
         )
-    ports = PickerPorts(args.host, args.grpc_port, args.grpc_health_port, args.metrics_port)
-    if args.envoy:
+    supervising = args.workers > 1 and args.worker_index is None
+    if supervising and (args.grpc_port == 0 or args.grpc_health_port == 0):
+        raise ConfigError("--workers needs fixed --grpc-port and --grpc-health-port (the workers share them)")
+    worker = args.worker_index is not None
+    ports = PickerPorts(
+        args.host,
+        args.grpc_port,
+        args.grpc_health_port,
+        0 if worker else args.metrics_port,
+        shared=worker,
+        metrics_host="127.0.0.1" if worker else None,
+    )
+    if args.envoy and not worker:
         try:
             bootstrap(_envoy_setup(config, ports.host, ports.grpc_port, args))
         except ValueError as exc:
             raise ConfigError(f"--envoy: {exc}") from None
+    if supervising:
+        return uvloop.run(_supervise(config, ports, args))
     return uvloop.run(_serve(config, ports, args))
 
 
+async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespace) -> int:
+    argv = ["epp", "--config", args.config, "--host", args.host, "--grpc-port", str(args.grpc_port),
+            "--grpc-health-port", str(args.grpc_health_port), "--drain-timeout", str(args.drain_timeout),
+            "--workers", str(args.workers), "--log-level", args.log_level]  # fmt: skip
+    pool = WorkerPool(argv, args.workers, args.drain_timeout)
+    envoy = None
+    try:
+        metrics_port = await pool.start(ports.host, ports.metrics_port)
+        print(
+            f"slorouter epp: {args.workers} workers on grpc://{ports.host}:{ports.grpc_port} (gRPC health on "
+            f"port {ports.health_port}, merged metrics on http://{ports.host}:{metrics_port}/metrics)",
+            flush=True,
+        )
+        if args.envoy:
+            envoy = EnvoyProcess(_envoy_setup(config, ports.host, ports.grpc_port, args))
+            await envoy.start()
+            print(f"envoy routing on http://{config.gateway.host}:{config.gateway.port}", flush=True)
+        await wait_for_signal()
+    finally:
+        await pool.stop()
+        if envoy is not None:
+            await envoy.stop()
+    return 0
+
+
 async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -> int:
-    picker = EndpointPicker.build(config, ports)
+    worker = args.worker_index
+    # Workers keep their own embedded predictor state: one directory each.
+    picker = EndpointPicker.build(
+        config, ports, state_name="epp" if worker is None else f"epp-worker-{worker}"
+    )
     envoy = None
     try:
         await picker.start()
         assert picker.bound is not None
         bound = picker.bound
-        print(
-            f"slorouter epp listening on grpc://{ports.host}:{bound.grpc_port} (gRPC health on port "
-            f"{bound.health_port}, metrics on http://{ports.host}:{bound.metrics_port}/metrics)",
-            flush=True,
-        )
-        if args.envoy:
+        if worker is not None:
+            print(f"{READY_LINE}{bound.metrics_port}", flush=True)
+        else:
+            print(
+                f"slorouter epp listening on grpc://{ports.host}:{bound.grpc_port} (gRPC health on port "
+                f"{bound.health_port}, metrics on http://{ports.host}:{bound.metrics_port}/metrics)",
+                flush=True,
+            )
+        if args.envoy and worker is None:
             envoy = EnvoyProcess(_envoy_setup(config, ports.host, picker.bound.grpc_port, args))
             await envoy.start()
             gateway = config.gateway

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from slorouter.clock import Clock
 from slorouter.config import Config
@@ -26,6 +30,10 @@ class PickerPorts:
     grpc_port: int = 9002
     health_port: int = 9003
     metrics_port: int = 9090
+    # A worker of ``slorouter epp --workers``: the ext_proc and health ports are shared (SO_REUSEPORT) and
+    # its own /metrics listens on this host (its supervisor's metrics port is the pod's).
+    shared: bool = False
+    metrics_host: str | None = None
 
 
 @dataclass
@@ -40,8 +48,10 @@ class EndpointPicker:
     _http: HttpServer | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, config: Config, ports: PickerPorts, clock: Clock | None = None) -> EndpointPicker:
-        core = RouterCore.build(config, clock, state_name="epp")
+    def build(
+        cls, config: Config, ports: PickerPorts, clock: Clock | None = None, *, state_name: str = "epp"
+    ) -> EndpointPicker:
+        core = RouterCore.build(config, clock, state_name=state_name)
         picker = Picker(
             core.director,
             core.metrics,
@@ -49,26 +59,32 @@ class EndpointPicker:
             objectives=core.objectives,
             prediction_by_default=core.prediction_by_default,
         )
-        return cls(core, ExternalProcessor(picker), Health(core.director), ports)
+        processor = ExternalProcessor(picker)
+        core.metrics.registry.register(_StreamsCollector(processor))
+        return cls(core, processor, Health(core.director), ports)
 
     async def start(self) -> None:
         """Scrape the pool once, then listen on the three ports."""
         await self.core.start()
         ports = self.ports
         self._grpc = GrpcServer(
-            self.processor.methods, server_settings(self.core.config.gateway.max_body_bytes)
+            self.processor.methods,
+            server_settings(self.core.config.gateway.max_body_bytes, shared=ports.shared),
         )
-        grpc_port = await self._grpc.start(ports.host, ports.grpc_port)
+        grpc_port = await self._grpc.start(ports.host, ports.grpc_port, reuse_port=ports.shared)
         await self.health.start()
         self._health_server, health_port = await start_health_server(
-            self.health.servicer, ports.host, ports.health_port
+            self.health.servicer, ports.host, ports.health_port, reuse_port=ports.shared
         )
         self._http = HttpServer(max_body_bytes=1024)
         self._http.add_route("GET", "/metrics", self._metrics)
         self._http.add_route("GET", "/health", self._liveness)
         self._http.add_route("GET", "/ready", self._readiness)
-        _, metrics_port = await self._http.start(ports.host, ports.metrics_port)
-        self.bound = PickerPorts(ports.host, grpc_port, health_port, metrics_port)
+        metrics_host = ports.metrics_host or ports.host
+        _, metrics_port = await self._http.start(metrics_host, ports.metrics_port)
+        self.bound = PickerPorts(
+            ports.host, grpc_port, health_port, metrics_port, ports.shared, ports.metrics_host
+        )
         log.info(
             "endpoint picker: ext_proc on %s:%d, gRPC health on :%d, metrics on :%d",
             ports.host,
@@ -111,3 +127,15 @@ class EndpointPicker:
         if healthy and self.processor.accepting:
             return json_response(json.dumps({"status": "ready", "healthy_endpoints": healthy}).encode())
         return json_error(503, "no healthy model-server endpoint", headers={"Retry-After": "1"})
+
+
+class _StreamsCollector(Collector):
+    def __init__(self, processor: ExternalProcessor) -> None:
+        self._processor = processor
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "slorouter_extproc_streams",
+            "Open ext_proc streams (requests in the data plane).",
+            self._processor.active,
+        )

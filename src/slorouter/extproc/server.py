@@ -4,6 +4,7 @@ draining on shutdown."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -39,11 +40,18 @@ READINESS_INTERVAL_S = 0.1
 
 
 PROCESS_METHOD = f"/{EXT_PROC_SERVICE}/Process"
+# Streams a worker of ``slorouter epp --workers`` takes on one connection before the data plane opens
+# another (which the kernel may give another worker).
+WORKER_MAX_CONCURRENT_STREAMS = 64
 
 
-def server_settings(max_body_bytes: int) -> ServerSettings:
-    """Room for a whole request body in one message, plus the protocol's framing."""
-    return ServerSettings(max_message_bytes=max_body_bytes + (1 << 20))
+def server_settings(max_body_bytes: int, *, shared: bool = False) -> ServerSettings:
+    """Room for a whole request body in one message, plus the protocol's framing; a worker sharing the
+    port with others takes few streams per connection, so that the data plane opens several."""
+    settings = ServerSettings(max_message_bytes=max_body_bytes + (1 << 20))
+    if shared:
+        settings = dataclasses.replace(settings, max_concurrent_streams=WORKER_MAX_CONCURRENT_STREAMS)
+    return settings
 
 
 class ExternalProcessor:
@@ -170,9 +178,11 @@ class Health:
             await self.update()
 
 
-async def start_health_server(servicer: Any, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def start_health_server(
+    servicer: Any, host: str, port: int, *, reuse_port: bool = False
+) -> tuple[grpc.aio.Server, int]:
     """grpcio's server for ``grpc.health.v1`` (probes, not the data path), listening; it and its port."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:

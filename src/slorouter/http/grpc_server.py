@@ -64,6 +64,8 @@ MAX_WINDOW = (1 << 31) - 1
 # Our receive windows: large, so that a peer streaming many small messages never waits for an update.
 STREAM_WINDOW = 1 << 24
 CONNECTION_WINDOW = 1 << 30
+# Streams taken on a connection whose client has not yet acknowledged our SETTINGS (and their limit).
+UNACKNOWLEDGED_STREAMS = 10_000
 
 _FRAME_HEADER = struct.Struct(">HBBBL")  # length as 16 + 8 bits, type, flags, stream id (with R bit)
 _U32 = struct.Struct(">L")
@@ -257,6 +259,7 @@ class GrpcConnection(asyncio.Protocol):
         self._connection_send_window = DEFAULT_WINDOW
         self._connection_received = 0
         self._going_away = False
+        self._settings_acknowledged = False
         self._closed = False
         self._writing_paused = False
 
@@ -588,7 +591,12 @@ class GrpcConnection(asyncio.Protocol):
         if self._going_away or not self._server.accepting:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
-        if len(self._streams) >= self._settings.max_concurrent_streams:
+        # Until the client acknowledges our SETTINGS it may not know the limit yet (RFC 9113 §6.5.3): the
+        # streams it opened meanwhile are taken, up to a hard bound.
+        limit = (
+            self._settings.max_concurrent_streams if self._settings_acknowledged else UNACKNOWLEDGED_STREAMS
+        )
+        if len(self._streams) >= limit:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         fields = {bytes(name): bytes(value) for name, value in headers}
@@ -627,6 +635,7 @@ class GrpcConnection(asyncio.Protocol):
         if flags & ACK:
             if payload:
                 raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+            self._settings_acknowledged = True
             return
         if len(payload) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS frame whose length is not a multiple of 6")

@@ -1,0 +1,168 @@
+"""``slorouter epp --workers N``: the merged metrics page, and the supervised workers for real (shared ports,
+connections spread across them, a killed worker restarted, SIGTERM drains and exits 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from slorouter.extproc.workers import merge_expositions
+from tests.extproc.conftest import DUPLEX, headers_message, open_call, request_headers
+from tests.extproc.test_envoy_integration import free_port, spawn, start_sim, stop
+from tests.processes import wait_for_lines
+
+PAGE = """# HELP slorouter_requests_total Requests.
+# TYPE slorouter_requests_total counter
+slorouter_requests_total{code="200",endpoint="a"} 3.0
+# HELP slorouter_inflight_requests In flight.
+# TYPE slorouter_inflight_requests gauge
+slorouter_inflight_requests{endpoint="a"} 1.0
+# HELP lat_seconds Latency.
+# TYPE lat_seconds histogram
+lat_seconds_bucket{le="0.1"} 1.0
+lat_seconds_bucket{le="+Inf"} 2.0
+lat_seconds_count 2.0
+lat_seconds_sum 0.5
+"""
+
+
+def test_merged_pages_label_every_sample_with_its_worker():
+    merged = merge_expositions([("0", PAGE), ("1", PAGE.replace("3.0", "4.0"))]).decode()
+    families = {family.name: family for family in text_string_to_metric_families(merged)}
+    requests = {
+        s.labels["worker"]: s.value
+        for s in families["slorouter_requests"].samples
+        if s.name.endswith("total")
+    }
+    assert requests == {"0": 3.0, "1": 4.0}
+    assert families["slorouter_requests"].type == "counter"
+    assert families["lat_seconds"].type == "histogram"
+    assert {s.labels["worker"] for s in families["lat_seconds"].samples} == {"0", "1"}
+    assert merged.count("# TYPE slorouter_inflight_requests gauge") == 1
+
+
+def _value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+async def _page(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        return await response.text()
+
+
+async def _until(predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+    return [int(line) for line in out.split()]
+
+
+async def test_workers_share_the_ports_and_a_killed_one_is_restarted(tmp_path: Path):
+    sim = start_sim(2)
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    config = {"pool": {"endpoints": sim.addresses, "scrape_interval_ms": 50}, "seed": 3}
+    path = tmp_path / "epp.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    epp = spawn(
+        "epp", "--config", str(path), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
+        "--metrics-port", str(metrics_port), "--workers", "2", "--drain-timeout", "2",
+        "--log-level", "WARNING",
+    )  # fmt: skip
+    try:
+        wait_for_lines(epp, ["slorouter epp: 2 workers on grpc://"], timeout_s=60)
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        # Sixteen connections, each with an open stream: the kernel spreads them over both workers.
+        channels = [
+            grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.channel_index", i)])
+            for i in range(16)
+        ]
+        calls = [open_call(channel) for channel in channels]
+        for call in calls:
+            await call.send(headers_message(request_headers(), request_mode=DUPLEX, response_mode=DUPLEX))
+
+        async def both_busy() -> bool:
+            page = await _page(url)
+            streams = [_value(page, "slorouter_extproc_streams", worker=w) for w in ("0", "1")]
+            return sum(streams) == 16 and min(streams) > 0
+
+        await _until(both_busy)
+        for call in calls:
+            call.call.cancel()
+        for channel in channels:
+            await channel.close()
+
+        async def idle() -> bool:
+            return _value(await _page(url), "slorouter_extproc_streams") == 0
+
+        await _until(idle)
+        # A worker killed is restarted, and the pod's page says so.
+        victim = _children(epp.pid)[0]
+        subprocess.run(["kill", "-9", str(victim)], check=True)
+
+        async def restarted() -> bool:
+            page = await _page(url)
+            alive = len(_children(epp.pid)) == 2 and victim not in _children(epp.pid)
+            return (
+                alive
+                and _value(page, "slorouter_epp_worker_restarts_total") == 1
+                and (
+                    _value(page, "slorouter_extproc_streams", worker="0") == 0
+                    and 'worker="1"' in page
+                    and 'worker="0"' in page
+                )
+            )
+
+        await _until(restarted, timeout_s=60)
+        workers = _children(epp.pid)
+        assert stop(epp, signal.SIGTERM) == 0  # the workers drain, then the supervisor exits 0
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    finally:
+        stop(epp, signal.SIGKILL)
+        stop(sim.process)
+
+
+def test_workers_need_fixed_shared_ports(tmp_path: Path):
+    path = tmp_path / "epp.yaml"
+    path.write_text(yaml.safe_dump({"pool": {"endpoints": ["127.0.0.1:1"]}}), encoding="utf-8")
+    for flags in (["--grpc-port", "0"], ["--grpc-health-port", "0"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "slorouter.cli", "epp", "--config", str(path), "--workers", "2", *flags],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert result.returncode == 2 and "--workers needs fixed" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "slorouter.cli", "epp", "--config", str(path), "--workers", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "between 1 and 64" in result.stderr
+
+
+pytestmark = pytest.mark.timeout(180)
