@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -246,6 +247,12 @@ def streamed(args: argparse.Namespace) -> None:
         for name, target in targets.items():  # warm up, and train the predictors
             print(f"warming up {name}", file=sys.stderr, flush=True)
             stream_load(target.url, args.stream_rate, args.stream_warmup, args, directory)
+        idle: dict[str, float] = {}  # the router's CPU with no traffic (scraping the pods), in cores
+        for name, target in targets.items():
+            if target.router_pid is not None:
+                before_idle = cpu_seconds(target.router_pid)
+                time.sleep(args.idle_seconds)
+                idle[name] = (cpu_seconds(target.router_pid) - before_idle) / args.idle_seconds
         for round_index in range(args.rounds):
             for name, target in targets.items():
                 print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
@@ -283,6 +290,7 @@ def streamed(args: argparse.Namespace) -> None:
                     "pod_ttft_ms": mean_of(pods_after, pods_before, "vllm:time_to_first_token_seconds"),
                     "pod_tokens": delta(pods_after, pods_before, "vllm:generation_tokens_total"),
                     "client_tokens": float(sum(tokens)),
+                    "idle_cores": idle.get(name, float("nan")),
                 }
                 if target.metrics_url:
                     row |= {
@@ -317,13 +325,13 @@ def streamed(args: argparse.Namespace) -> None:
             fmt(med(name, "router_ttft_ms"), 1), fmt(med(name, "pod_ttft_ms"), 1),
             fmt(med(name, "client_tpot_ms")), fmt(med(name, "router_tpot_ms")),
             fmt(med(name, "samples"), 0), fmt(med(name, "client_tokens"), 0), fmt(med(name, "pod_tokens"), 0),
-            fmt(med(name, "inflight_after"), 0),
+            fmt(med(name, "inflight_after"), 0), fmt(med(name, "idle_cores") * 100, 1),
         ])  # fmt: skip
     print(
         markdown_table(
             ["setup", "ok", "failed", "router CPU ms/req", "Envoy CPU ms/req", "TTFT ms: client",
              "router", "pods", "TPOT ms: client", "router", "training samples", "tokens: client", "pods",
-             "in flight after"],
+             "in flight after", "router CPU idle, % of a core"],
             table,
         )
     )  # fmt: skip
@@ -357,6 +365,9 @@ def main() -> None:
     parser.add_argument("--stream-rate", type=float, default=15.0, help="streamed: requests per second")
     parser.add_argument("--stream-seconds", type=float, default=40.0)
     parser.add_argument("--stream-warmup", type=float, default=15.0)
+    parser.add_argument(
+        "--idle-seconds", type=float, default=5.0, help="streamed: idle CPU measured this long"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--body-mode", choices=["full-duplex", "buffered"], default="full-duplex")

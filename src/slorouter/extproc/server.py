@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from slorouter.director import Director
+from slorouter.eager import Pending, start_eagerly
 from slorouter.extproc import messages
 from slorouter.extproc.stream import Picker, PickerStream, ProtocolError
 from slorouter.http.grpc_server import (
@@ -115,18 +117,30 @@ class _ProcessStream:
             raise self._protocol_error(str(exc)) from None
         if isinstance(result, list):
             return [messages.serialized(response) for response in result]
+        if inspect.iscoroutine(result):
+            # Routing rarely waits (only on a remote predictor): answered in this pass when it does not.
+            try:
+                value = start_eagerly(result)
+            except Exception as exc:
+                raise self._failure(exc) from None
+            if isinstance(value, Pending):
+                return self._later(value.resume())
+            return [messages.serialized(response) for response in value]
         return self._later(result)
 
     async def _later(self, pending: Awaitable[list[Any]]) -> Replies:
         try:
             responses = await pending
-        except ProtocolError as exc:
-            raise self._protocol_error(str(exc)) from None
         except Exception as exc:
-            self._error = f"endpoint picker error: {exc.__class__.__name__}"
-            log.exception("ext_proc stream failed")
-            raise RpcError(INTERNAL, f"{self._error}: {exc}") from None
+            raise self._failure(exc) from None
         return [messages.serialized(response) for response in responses]
+
+    def _failure(self, exc: Exception) -> RpcError:
+        if isinstance(exc, ProtocolError):
+            return self._protocol_error(str(exc))
+        self._error = f"endpoint picker error: {exc.__class__.__name__}"
+        log.error("ext_proc stream failed", exc_info=exc)
+        return RpcError(INTERNAL, f"{self._error}: {exc}")
 
     def _protocol_error(self, message: str) -> RpcError:
         self._error = f"ext_proc protocol error: {message}"

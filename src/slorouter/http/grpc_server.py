@@ -260,6 +260,7 @@ class GrpcConnection(asyncio.Protocol):
         self._connection_received = 0
         self._going_away = False
         self._settings_acknowledged = False
+        self._flush_scheduled = False
         self._closed = False
         self._writing_paused = False
 
@@ -523,7 +524,7 @@ class GrpcConnection(asyncio.Protocol):
             self._deliver(stream, stream.queue.popleft())
         if not stream.closed:
             self._maybe_finish(stream)
-        self._flush()
+        self._flush_soon()
 
     def _replies(self, stream: _Stream, replies: Replies) -> None:
         if replies:
@@ -770,9 +771,17 @@ class GrpcConnection(asyncio.Protocol):
             self._connection_received = 0
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
         if self._out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
+
+    def _flush_soon(self) -> None:
+        """Write at the end of this turn of the event loop: the answers of every handler that finished in
+        it go out in one write."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
 
 def _unpad(payload: bytes) -> bytes:
