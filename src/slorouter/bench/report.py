@@ -56,8 +56,12 @@ def markdown_tables(runs: Sequence[dict[str, Any]], baseline: str | None = "heur
         first = group[0]
         seeds = first.get("seeds")
         seed_text = f"median of seeds {', '.join(map(str, seeds))}" if seeds else f"seed {first['seed']}"
+        pickers = first.get("pickers")
+        picker_text = f", {pickers:g} pickers" if pickers else ""
+        if pickers and first.get("shared_inflight"):
+            picker_text += " sharing in-flight counts"
         lines.append(
-            f"### {workload} at {qps:g} QPS — pool {first['pool']}, {first['duration_s']:g} s "
+            f"### {workload} at {qps:g} QPS — pool {first['pool']}{picker_text}, {first['duration_s']:g} s "
             f"(first {first['warmup_s']:g} s not measured), {seed_text}, "
             f"{first['requests']:g} measured requests"
         )
