@@ -37,16 +37,17 @@ POINTS: dict[str, tuple[str, str, float]] = {
 FIGURES = (("ttft_p90_ms", "TTFT p90"), ("ttft_p99_ms", "TTFT p99"), ("tpot_p50_ms", "TPOT p50"))
 
 
-def _setup(text: str) -> tuple[int, bool]:
-    """``N`` (split views) or ``Ns`` (sharing in-flight counts)."""
-    shared = text.endswith("s")
-    return int(text.rstrip("s")), shared
+def _setup(text: str) -> tuple[int, bool, bool]:
+    """``N`` (split views), ``Ns`` (sharing in-flight counts), ``Np`` (sharing the predictor), ``Nsp``."""
+    count = text.rstrip("sp")
+    return int(count), "s" in text[len(count) :], "p" in text[len(count) :]
 
 
-def _label(pickers: int, shared: bool) -> str:
+def _label(pickers: int, shared: bool, shared_predictor: bool = False) -> str:
     if pickers == 1:
         return "1 picker"
-    return f"{pickers} pickers" + (", shared in-flight" if shared else "")
+    what = [name for name, on in (("in-flight", shared), ("predictor", shared_predictor)) if on]
+    return f"{pickers} pickers" + (f", shared {' + '.join(what)}" if what else "")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -57,10 +58,11 @@ def run(args: argparse.Namespace) -> None:
         for name in args.points.split(","):
             pool_spec, workload, qps = POINTS[name]
             for seed in [int(s) for s in args.seeds.split(",")]:
-                for pickers, shared in setups:
+                for pickers, shared, shared_predictor in setups:
                     settings = ClusterSettings(
                         pickers=pickers,
                         shared_inflight=shared,
+                        shared_predictor=shared_predictor,
                         picker_assignment=args.assignment,
                         shared_inflight_interval_s=args.interval_ms / 1000,
                         shared_inflight_delay_s=args.delay_ms / 1000,
@@ -80,9 +82,10 @@ def run(args: argparse.Namespace) -> None:
                         summary = output.summary
                         row = {
                             "point": name,
-                            "setup": _label(pickers, shared),
+                            "setup": _label(pickers, shared, shared_predictor),
                             "pickers": pickers,
                             "shared_inflight": shared,
+                            "shared_predictor": shared_predictor,
                             **{k: summary.get(k) for k in ("policy", "seed", "pool", "workload", "qps")},
                             **{k: summary.get(k) for k, _ in FIGURES},
                             "ttft_p50_ms": summary.get("ttft_p50_ms"),
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
                             out.flush()
                     took = time.perf_counter() - started
                     print(
-                        f"# {name} seed {seed} {_label(pickers, shared)}: {took:.0f} s",
+                        f"# {name} seed {seed} {_label(pickers, shared, shared_predictor)}: {took:.0f} s",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -169,7 +172,9 @@ def main() -> int:
     parser.add_argument("--points", default=",".join(POINTS), help=f"of {', '.join(POINTS)}")
     parser.add_argument("--policies", default="heuristic,token-aware,predicted-latency")
     parser.add_argument(
-        "--setups", default="1,2,4,2s,4s", help="N: N pickers; Ns: N pickers sharing in-flight counts"
+        "--setups",
+        default="1,2,4,2s,4s",
+        help="N: N pickers; Ns: sharing in-flight counts; Np: sharing the predictor; Nsp: both",
     )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--duration", type=float, default=120.0)

@@ -160,6 +160,25 @@ def test_each_picker_trains_its_own_predictor_on_its_share() -> None:
     assert samples[0] / sum(samples) == pytest.approx(share[0], abs=0.05)
 
 
+def test_a_shared_predictor_trains_on_every_pickers_samples() -> None:
+    requests = chat_requests(800, qps=50, seed=3)
+    policy = BUILTIN_POLICIES["predicted-latency"]
+    samples = {}
+    for shared in (False, True):
+        settings = ClusterSettings(
+            min_samples=100, retrain_interval_s=2.0, train_poll_s=0.5, pickers=3, shared_predictor=shared
+        )
+        with ClusterSimulator(parse_pool("4"), policy, use_predictor=True, settings=settings) as sim:
+            rec = sim.run(requests)
+            predictors = {id(stack.predictor): stack.predictor for stack in sim.pickers}
+            assert len(predictors) == (1 if shared else 3)
+            samples[shared] = [p.store.total_added("ttft") for p in predictors.values() if p is not None]
+        assert rec.trainings > 0 and len(set(rec.picker[rec.predicted].tolist())) == 3
+    (together,) = samples[True]
+    assert together == sum(samples[False]) == len(requests)  # every finished request once
+    assert together > 2 * max(samples[False])
+
+
 def test_precise_prefix_pickers_each_get_every_kv_event() -> None:
     requests = chat_requests(300, qps=30)
     policy = NAMED_POLICIES["heuristic-precise"]

@@ -30,7 +30,8 @@ what the network and the clock would do:
   prefix index are each picker's own. With ``shared_inflight`` each picker publishes its own in-flight
   counts every ``shared_inflight_interval_s``, received by the others ``shared_inflight_delay_s`` later
   (``slorouter.pool.shared_inflight``), so the counts its plugins read are its own (fresh) plus the
-  others' latest.
+  others' latest. With ``shared_predictor`` the pickers share the first one's predictor (one trainer fed
+  by every picker's samples, as worker processes sharing the training and prediction sidecars would).
 
 Deterministic for a given seed: engines, router and workload draw from seeded generators, events at equal
 times run in insertion order, and XGBoost trains with one thread.
@@ -101,6 +102,7 @@ class ClusterSettings:
     shared_inflight_interval_s: float = 0.005  # each picker publishes (and heartbeats) this often
     shared_inflight_delay_s: float = 0.005  # a publication reaches the other pickers this much later
     shared_inflight_ttl_s: float = 0.5  # a picker's slot not refreshed for this long is dropped
+    shared_predictor: bool = False  # pickers use one predictor, trained on all their samples
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s <= 0 or self.train_poll_s <= 0:
@@ -219,18 +221,19 @@ class ClusterSimulator:
         self._kv_recorders: list[KVEventRecorder] = []
         if kv_events:
             self._kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
-        self.pickers: list[RouterStack] = [
-            self._router_stack(
-                k,
-                endpoints,
-                scheduler_config,
-                use_predictor=use_predictor,
-                kv_events=kv_events,
-                seed=seed,
-                trainer_config=trainer_config,
+        self.pickers: list[RouterStack] = []
+        for k in range(self.settings.pickers):
+            self.pickers.append(
+                self._router_stack(
+                    k,
+                    endpoints,
+                    scheduler_config,
+                    use_predictor=use_predictor,
+                    kv_events=kv_events,
+                    seed=seed,
+                    trainer_config=trainer_config,
+                )
             )
-            for k in range(self.settings.pickers)
-        ]
         first = self.pickers[0]
         self.pool = first.pool
         self.tracker = first.tracker
@@ -260,7 +263,9 @@ class ClusterSimulator:
         """Picker ``k``'s stack; picker 0 is seeded exactly as the single router always was."""
         pool = PoolState(list(endpoints))
         predictor: EmbeddedPredictor | None = None
-        if use_predictor:
+        if use_predictor and k and self.settings.shared_predictor:
+            predictor = self.pickers[0].predictor  # one trainer fed by every picker, as shared sidecars
+        elif use_predictor:
             assert self._model_dir is not None
             model_dir = self._model_dir.name
             if k:
@@ -354,7 +359,7 @@ class ClusterSimulator:
         kv_delay = settings.kv_event_delay_s
         pickers = self.pickers
         board = self.board
-        predictors = [stack.predictor for stack in pickers if stack.predictor is not None]
+        predictors = list({id(s.predictor): s.predictor for s in pickers if s.predictor is not None}.values())
 
         def kick(pod: int, now: float) -> None:
             if busy[pod] is not None:

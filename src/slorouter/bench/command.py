@@ -159,6 +159,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="pickers publish their in-flight counts to each other (slorouter.pool.shared_inflight)",
     )
     parser.add_argument(
+        "--shared-predictor",
+        action="store_true",
+        help="pickers use one latency predictor trained on all their samples (shared sidecars)",
+    )
+    parser.add_argument(
         "--shared-inflight-interval-ms",
         type=_positive_float,
         default=5.0,
@@ -204,8 +209,12 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         policies = resolve_policies(args.policies)
     except (PolicyError, SchedulerConfigError) as exc:
         raise ValueError(f"--policies: {exc}") from None
-    if args.shared_inflight and args.pickers == 1:
-        raise ValueError("--shared-inflight needs --pickers 2 or more")
+    for flag, on in (
+        ("--shared-inflight", args.shared_inflight),
+        ("--shared-predictor", args.shared_predictor),
+    ):
+        if on and args.pickers == 1:
+            raise ValueError(f"{flag} needs --pickers 2 or more")
     try:
         settings = ClusterSettings(
             scrape_interval_s=args.scrape_interval_ms / 1000,
@@ -215,6 +224,7 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
             pickers=args.pickers,
             picker_assignment=args.picker_assignment,
             shared_inflight=args.shared_inflight,
+            shared_predictor=args.shared_predictor,
             shared_inflight_interval_s=args.shared_inflight_interval_ms / 1000,
             shared_inflight_delay_s=args.shared_inflight_delay_ms / 1000,
             shared_inflight_ttl_s=args.shared_inflight_ttl_ms / 1000,

@@ -58,8 +58,13 @@ def markdown_tables(runs: Sequence[dict[str, Any]], baseline: str | None = "heur
         seed_text = f"median of seeds {', '.join(map(str, seeds))}" if seeds else f"seed {first['seed']}"
         pickers = first.get("pickers")
         picker_text = f", {pickers:g} pickers" if pickers else ""
-        if pickers and first.get("shared_inflight"):
-            picker_text += " sharing in-flight counts"
+        shared = [
+            what
+            for key, what in (("shared_inflight", "in-flight counts"), ("shared_predictor", "predictor"))
+            if pickers and first.get(key)
+        ]
+        if shared:
+            picker_text += " sharing " + " and ".join(shared)
         lines.append(
             f"### {workload} at {qps:g} QPS — pool {first['pool']}{picker_text}, {first['duration_s']:g} s "
             f"(first {first['warmup_s']:g} s not measured), {seed_text}, "

@@ -101,6 +101,7 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     labels["pickers"] = plan.settings.pickers
                     labels["picker_assignment"] = plan.settings.picker_assignment
                     labels["shared_inflight"] = plan.settings.shared_inflight
+                    labels["shared_predictor"] = plan.settings.shared_predictor
                 summary = summarize_run(
                     rec, warmup_s=plan.warmup_s, duration_s=plan.duration_s, labels=labels
                 )
