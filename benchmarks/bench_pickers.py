@@ -143,12 +143,13 @@ def report(path: Path) -> str:
                     if setup == "1 picker" or not base:
                         cells.append("")
                         continue
-                    base_median = _median([r[key] for r in base.values()])
-                    per_seed = [
-                        runs[s][key] / base[s][key] for s in sorted(runs) if s in base and base[s][key]
-                    ]
-                    spread = f"{min(per_seed):.2f}–{max(per_seed):.2f}" if per_seed else "–"
-                    cells.append(f"**{median / base_median:.2f}×** ({spread})")
+                    common = [s for s in sorted(runs) if s in base and base[s][key]]
+                    if not common:
+                        cells.append("–")
+                        continue
+                    ratio = _median([runs[s][key] for s in common]) / _median([base[s][key] for s in common])
+                    per_seed = [runs[s][key] / base[s][key] for s in common]
+                    cells.append(f"**{ratio:.2f}×** ({min(per_seed):.2f}–{max(per_seed):.2f})")
                 cells.append(_num(_median([r["prefix_cache_hit_rate"] for r in runs.values()]), 3))
                 mape = [r["ttft_mape"] for r in runs.values() if r["ttft_mape"] is not None]
                 cells.append(_num(_median(mape), 2) if mape else "–")
