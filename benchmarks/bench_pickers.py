@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> None:
                         shared_inflight=shared,
                         shared_predictor=shared_predictor,
                         picker_assignment=args.assignment,
+                        shared_inflight_publishing=args.publishing,
                         shared_inflight_interval_s=args.interval_ms / 1000,
                         shared_inflight_delay_s=args.delay_ms / 1000,
                     )
@@ -181,8 +182,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=120.0)
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--assignment", default="random", choices=("random", "round-robin"))
-    parser.add_argument("--interval-ms", type=float, default=5.0, help="shared in-flight publishing interval")
-    parser.add_argument("--delay-ms", type=float, default=5.0, help="shared in-flight propagation delay")
+    parser.add_argument("--publishing", default="on-change", choices=("on-change", "periodic"))
+    parser.add_argument("--interval-ms", type=float, default=50.0, help="heartbeat / publication interval")
+    parser.add_argument("--delay-ms", type=float, default=2.0, help="shared in-flight propagation delay")
     parser.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per run")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a --jsonl file")
     args = parser.parse_args()

@@ -108,8 +108,21 @@ def test_split_views_count_only_the_pickers_own_requests() -> None:
     assert any(min(o) > 0 for o, _, _ in seen)  # and every picker had some while the others did too
 
 
-def test_shared_view_adds_the_other_pickers_published_counts() -> None:
-    settings = ClusterSettings(pickers=3, shared_inflight=True)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ClusterSettings(pickers=3, shared_inflight=True),  # on change, 2 ms later
+        ClusterSettings(
+            pickers=3,
+            shared_inflight=True,
+            shared_inflight_publishing="periodic",
+            shared_inflight_interval_s=0.005,
+            shared_inflight_delay_s=0.005,
+        ),
+    ],
+    ids=["on-change", "periodic"],
+)
+def test_shared_view_adds_the_other_pickers_published_counts(settings: ClusterSettings) -> None:
     seen = _run_watched(settings)
     grew = 0
     for outstanding, columns, own in seen:
@@ -200,6 +213,8 @@ def test_picker_settings_are_validated() -> None:
         ClusterSettings(pickers=0)
     with pytest.raises(ValueError, match="picker_assignment"):
         ClusterSettings(picker_assignment="hash")
+    with pytest.raises(ValueError, match="shared_inflight_publishing"):
+        ClusterSettings(shared_inflight_publishing="sometimes")
     with pytest.raises(ValueError, match="shared_inflight_ttl_s must exceed"):
         ClusterSettings(shared_inflight_interval_s=0.1, shared_inflight_ttl_s=0.1)
 

@@ -28,10 +28,12 @@ what the network and the clock would do:
   endpoints. Every picker scrapes the same pods at the same instants (one snapshot per pod, given to all),
   and with KV events every picker's index gets every batch; in-flight counts, predictor and approximate
   prefix index are each picker's own. With ``shared_inflight`` each picker publishes its own in-flight
-  counts every ``shared_inflight_interval_s``, received by the others ``shared_inflight_delay_s`` later
-  (``slorouter.pool.shared_inflight``), so the counts its plugins read are its own (fresh) plus the
-  others' latest. With ``shared_predictor`` the pickers share the first one's predictor (one trainer fed
-  by every picker's samples, as worker processes sharing the training and prediction sidecars would).
+  counts (``shared_inflight_publishing``: right after each change, plus a heartbeat every
+  ``shared_inflight_interval_s``; or only every interval), received by the others
+  ``shared_inflight_delay_s`` later (``slorouter.pool.shared_inflight``), so the counts its plugins read
+  are its own (fresh) plus the others' latest. With ``shared_predictor`` the pickers share the first
+  one's predictor (one trainer fed by every picker's samples, as worker processes sharing the training
+  and prediction sidecars would).
 
 Deterministic for a given seed: engines, router and workload draw from seeded generators, events at equal
 times run in insertion order, and XGBoost trains with one thread.
@@ -80,9 +82,22 @@ NO_ENDPOINT = 503
 UNFINISHED = -1
 
 # Event kinds; at equal times events run in the order they were pushed.
-_ARRIVAL, _WAKE, _STEP_END, _FIRST_TOKEN, _DONE, _SCRAPE, _TRAIN, _KV_EVENTS, _PUBLISH, _DELIVER = range(10)
+(
+    _ARRIVAL,
+    _WAKE,
+    _STEP_END,
+    _FIRST_TOKEN,
+    _DONE,
+    _SCRAPE,
+    _TRAIN,
+    _KV_EVENTS,
+    _PUBLISH,
+    _PUBLISH_CHANGE,
+    _DELIVER,
+) = range(11)
 
 PICKER_ASSIGNMENTS = ("random", "round-robin")
+SHARED_INFLIGHT_PUBLISHING = ("on-change", "periodic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +114,11 @@ class ClusterSettings:
     pickers: int = 1  # independent router stacks over the same pods
     picker_assignment: str = "random"  # how requests are spread over the pickers: PICKER_ASSIGNMENTS
     shared_inflight: bool = False  # pickers publish their in-flight counts to each other
-    shared_inflight_interval_s: float = 0.005  # each picker publishes (and heartbeats) this often
-    shared_inflight_delay_s: float = 0.005  # a publication reaches the other pickers this much later
+    # "on-change": a picker publishes right after its counts change (changes at one instant coalesced) and
+    # heartbeats every interval; "periodic": it publishes every interval only.
+    shared_inflight_publishing: str = "on-change"
+    shared_inflight_interval_s: float = 0.05  # heartbeat (on-change) or publication (periodic) interval
+    shared_inflight_delay_s: float = 0.002  # a publication reaches the other pickers this much later
     shared_inflight_ttl_s: float = 0.5  # a picker's slot not refreshed for this long is dropped
     shared_predictor: bool = False  # pickers use one predictor, trained on all their samples
 
@@ -115,6 +133,11 @@ class ClusterSettings:
             raise ValueError(
                 f"picker_assignment must be one of {', '.join(PICKER_ASSIGNMENTS)} "
                 f"(got {self.picker_assignment!r})"
+            )
+        if self.shared_inflight_publishing not in SHARED_INFLIGHT_PUBLISHING:
+            raise ValueError(
+                f"shared_inflight_publishing must be one of {', '.join(SHARED_INFLIGHT_PUBLISHING)} "
+                f"(got {self.shared_inflight_publishing!r})"
             )
         if self.shared_inflight_interval_s <= 0 or self.shared_inflight_delay_s < 0:
             raise ValueError("shared_inflight_interval_s must be > 0 and shared_inflight_delay_s >= 0")
@@ -381,6 +404,14 @@ class ClusterSimulator:
         if predictors:
             push(heap, (settings.train_poll_s, next(seq), _TRAIN, None))
         publish_every = settings.shared_inflight_interval_s
+        on_change = board is not None and settings.shared_inflight_publishing == "on-change"
+        publishing = [False] * len(pickers)  # an on-change publication is due (after the current event)
+
+        def changed(k: int, now: float) -> None:
+            if not publishing[k]:
+                publishing[k] = True
+                push(heap, (now, next(seq), _PUBLISH_CHANGE, k))
+
         if board is not None:  # each picker on its own phase, as unsynchronised processes would be
             for k in range(len(pickers)):
                 push(heap, (publish_every * (k + 1) / len(pickers), next(seq), _PUBLISH, k))
@@ -418,6 +449,8 @@ class ClusterSimulator:
                     lifecycle.on_headers(200, True)
                     lifecycle.on_tokens(1)
                     rec.ttft_s[i] = now - rec.arrival[i]
+                    if on_change:
+                        changed(int(rec.picker[i]), now)
             elif kind == _DONE:
                 finished: Finished = arg
                 i = _index(finished.request_id)
@@ -437,10 +470,14 @@ class ClusterSimulator:
                     rec.e2e_s[i] = now - rec.arrival[i]
                     rec.output_tokens[i] = finished.output_tokens
                     rec.cached_tokens[i] = finished.cached_tokens
+                    if on_change:
+                        changed(int(rec.picker[i]), now)
             elif kind == _ARRIVAL:
                 i = arg
                 arrivals_left -= 1
                 self._arrive(pickers[rec.picker[i]], i, requests[i], now, model, rec, lifecycles, kick)
+                if on_change:
+                    changed(int(rec.picker[i]), now)
                 if progress is not None and now >= next_progress:
                     progress(now)
                     next_progress = now + 1.0
@@ -469,6 +506,13 @@ class ClusterSimulator:
                 )
                 if arrivals_left:
                     push(heap, (now + publish_every, next(seq), _PUBLISH, arg))
+            elif kind == _PUBLISH_CHANGE:
+                publishing[arg] = False
+                shared = pickers[arg].shared
+                assert shared is not None
+                push(
+                    heap, (now + settings.shared_inflight_delay_s, next(seq), _DELIVER, shared.publication())
+                )
             elif kind == _DELIVER:
                 assert board is not None
                 if board.receive(arg):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slorouter.bench.cluster import PICKER_ASSIGNMENTS, ClusterSettings
+from slorouter.bench.cluster import PICKER_ASSIGNMENTS, SHARED_INFLIGHT_PUBLISHING, ClusterSettings
 from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
@@ -164,15 +164,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="pickers use one latency predictor trained on all their samples (shared sidecars)",
     )
     parser.add_argument(
+        "--shared-inflight-publishing",
+        choices=SHARED_INFLIGHT_PUBLISHING,
+        default="on-change",
+        help="publish right after each change plus a heartbeat every interval, or every interval only",
+    )
+    parser.add_argument(
         "--shared-inflight-interval-ms",
         type=_positive_float,
-        default=5.0,
-        help="each picker publishes its in-flight counts this often",
+        default=50.0,
+        help="heartbeat interval (on-change) or publication interval (periodic)",
     )
     parser.add_argument(
         "--shared-inflight-delay-ms",
         type=_non_negative_float,
-        default=5.0,
+        default=2.0,
         help="a publication reaches the other pickers this much later",
     )
     parser.add_argument(
@@ -224,6 +230,7 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
             pickers=args.pickers,
             picker_assignment=args.picker_assignment,
             shared_inflight=args.shared_inflight,
+            shared_inflight_publishing=args.shared_inflight_publishing,
             shared_predictor=args.shared_predictor,
             shared_inflight_interval_s=args.shared_inflight_interval_ms / 1000,
             shared_inflight_delay_s=args.shared_inflight_delay_ms / 1000,
