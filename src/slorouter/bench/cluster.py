@@ -21,6 +21,19 @@ what the network and the clock would do:
 - **Training**: every ``train_poll_s`` the embedded predictor trains what is due on its own cadence
   (``retrain_interval_s``), synchronously, so a run is deterministic; the model is used from the next
   request on (a real training takes ~0.1–3 s of wall time, small next to the 5 s cadence).
+- **Several pickers** (``pickers`` > 1): that many independent router stacks (Director, plugins, embedded
+  predictor, in-flight tracker, prefix index) over the same pods, as picker replicas behind a gateway. Each
+  request goes to one picker, drawn per request (``picker_assignment``: ``random``, seeded, or
+  ``round-robin`` in arrival order), as Envoy spreads ext_proc streams (one per request) over the picker
+  endpoints. Every picker scrapes the same pods at the same instants (one snapshot per pod, given to all),
+  and with KV events every picker's index gets every batch; in-flight counts, predictor and approximate
+  prefix index are each picker's own. With ``shared_inflight`` each picker publishes its own in-flight
+  counts (``shared_inflight_publishing``: right after each change, plus a heartbeat every
+  ``shared_inflight_interval_s``; or only every interval), received by the others
+  ``shared_inflight_delay_s`` later (``slorouter.pool.shared_inflight``), so the counts its plugins read
+  are its own (fresh) plus the others' latest. With ``shared_predictor`` the pickers share the first
+  one's predictor (one trainer fed by every picker's samples, as worker processes sharing the training
+  and prediction sidecars would).
 
 Deterministic for a given seed: engines, router and workload draw from seeded generators, events at equal
 times run in insertion order, and XGBoost trains with one thread.
@@ -46,6 +59,7 @@ from slorouter.director import Director, RequestLifecycle
 from slorouter.kvevents.wire import KVEventBatch
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.shared_inflight import SharedInFlightBoard, SharedInFlightView
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.trainer import TrainerConfig
@@ -68,7 +82,22 @@ NO_ENDPOINT = 503
 UNFINISHED = -1
 
 # Event kinds; at equal times events run in the order they were pushed.
-_ARRIVAL, _WAKE, _STEP_END, _FIRST_TOKEN, _DONE, _SCRAPE, _TRAIN, _KV_EVENTS = range(8)
+(
+    _ARRIVAL,
+    _WAKE,
+    _STEP_END,
+    _FIRST_TOKEN,
+    _DONE,
+    _SCRAPE,
+    _TRAIN,
+    _KV_EVENTS,
+    _PUBLISH,
+    _PUBLISH_CHANGE,
+    _DELIVER,
+) = range(11)
+
+PICKER_ASSIGNMENTS = ("random", "round-robin")
+SHARED_INFLIGHT_PUBLISHING = ("on-change", "periodic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +111,41 @@ class ClusterSettings:
     jitter_sigma: float | None = None  # engine step-time jitter; None: the engine's default
     model: str = "sim-model"
     kv_event_delay_s: float = 0.005  # step end → its KV events in the router's index (with kv_events)
+    pickers: int = 1  # independent router stacks over the same pods
+    picker_assignment: str = "random"  # how requests are spread over the pickers: PICKER_ASSIGNMENTS
+    shared_inflight: bool = False  # pickers publish their in-flight counts to each other
+    # "on-change": a picker publishes right after its counts change (changes at one instant coalesced) and
+    # heartbeats every interval; "periodic": it publishes every interval only.
+    shared_inflight_publishing: str = "on-change"
+    shared_inflight_interval_s: float = 0.05  # heartbeat (on-change) or publication (periodic) interval
+    shared_inflight_delay_s: float = 0.002  # a publication reaches the other pickers this much later
+    shared_inflight_ttl_s: float = 0.5  # a picker's slot not refreshed for this long is dropped
+    shared_predictor: bool = False  # pickers use one predictor, trained on all their samples
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s <= 0 or self.train_poll_s <= 0:
             raise ValueError("scrape_interval_s and train_poll_s must be > 0")
         if self.network_s < 0 or self.drain_s < 0 or self.retrain_interval_s < 0 or self.kv_event_delay_s < 0:
             raise ValueError("network_s, drain_s, retrain_interval_s and kv_event_delay_s must be >= 0")
+        if self.pickers < 1:
+            raise ValueError(f"pickers must be >= 1 (got {self.pickers})")
+        if self.picker_assignment not in PICKER_ASSIGNMENTS:
+            raise ValueError(
+                f"picker_assignment must be one of {', '.join(PICKER_ASSIGNMENTS)} "
+                f"(got {self.picker_assignment!r})"
+            )
+        if self.shared_inflight_publishing not in SHARED_INFLIGHT_PUBLISHING:
+            raise ValueError(
+                f"shared_inflight_publishing must be one of {', '.join(SHARED_INFLIGHT_PUBLISHING)} "
+                f"(got {self.shared_inflight_publishing!r})"
+            )
+        if self.shared_inflight_interval_s <= 0 or self.shared_inflight_delay_s < 0:
+            raise ValueError("shared_inflight_interval_s must be > 0 and shared_inflight_delay_s >= 0")
+        if not self.shared_inflight_ttl_s > self.shared_inflight_interval_s + self.shared_inflight_delay_s:
+            raise ValueError(
+                "shared_inflight_ttl_s must exceed shared_inflight_interval_s + shared_inflight_delay_s "
+                "(else live pickers' slots expire between publications)"
+            )
 
 
 @dataclass(slots=True)
@@ -110,6 +168,8 @@ class RunRecords:
     predicted_tpot_ms: np.ndarray
     point_tpot_ms: np.ndarray
     pod_profiles: list[str]
+    # Index of the picker that routed each request (all 0 with one picker; empty if not recorded).
+    picker: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     virtual_s: float = 0.0
     wall_s: float = 0.0
     steps: int = 0
@@ -129,8 +189,22 @@ def _empty(n: int, value: float = math.nan) -> np.ndarray:
     return np.full(n, value, dtype=np.float64)
 
 
+@dataclass(slots=True)
+class RouterStack:
+    """One picker: its pool view (shared scraped signals, its own in-flight counts), plugins, director."""
+
+    pool: PoolState
+    tracker: InFlightTracker
+    director: Director
+    predictor: EmbeddedPredictor | None
+    kv_index: KVBlockIndex | None
+    shared: SharedInFlightView | None = None
+
+
 class ClusterSimulator:
-    """One router (Director + plugins [+ embedded predictor]) and one engine per pod, in virtual time."""
+    """One router (Director + plugins [+ embedded predictor]) per picker and one engine per pod, in virtual
+    time. ``pool``, ``tracker``, ``director``, ``predictor`` and ``kv_index`` are the first picker's;
+    ``pickers`` lists every picker's stack."""
 
     def __init__(
         self,
@@ -164,36 +238,82 @@ class ClusterSimulator:
         ]
         self.addresses = [e.address for e in endpoints]
         self._pod_of = {address: i for i, address in enumerate(self.addresses)}
-        self.pool = PoolState(endpoints)
         self._model_dir: tempfile.TemporaryDirectory[str] | None = None
-        self.predictor: EmbeddedPredictor | None = None
         if use_predictor:
             self._model_dir = tempfile.TemporaryDirectory(prefix="slorouter-bench-models-")
+        self._kv_recorders: list[KVEventRecorder] = []
+        if kv_events:
+            self._kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
+        self.pickers: list[RouterStack] = []
+        for k in range(self.settings.pickers):
+            self.pickers.append(
+                self._router_stack(
+                    k,
+                    endpoints,
+                    scheduler_config,
+                    use_predictor=use_predictor,
+                    kv_events=kv_events,
+                    seed=seed,
+                    trainer_config=trainer_config,
+                )
+            )
+        first = self.pickers[0]
+        self.pool = first.pool
+        self.tracker = first.tracker
+        self.director = first.director
+        self.predictor = first.predictor
+        self.kv_index = first.kv_index
+        self.board: SharedInFlightBoard | None = None
+        if self.settings.shared_inflight and len(self.pickers) > 1:
+            self.board = SharedInFlightBoard(self.settings.shared_inflight_ttl_s, self.clock)
+            for k, stack in enumerate(self.pickers):
+                stack.shared = SharedInFlightView(stack.pool, f"picker-{k}", epoch=1)
+        # Requests to pickers: drawn from their own generator, so the routers' draws stay as with one picker.
+        self._assignment_rng = np.random.default_rng([seed, 0x5049434B])
+        self._scrape_all(0.0)
+
+    def _router_stack(
+        self,
+        k: int,
+        endpoints: list[Endpoint],
+        scheduler_config: Mapping[str, Any] | None,
+        *,
+        use_predictor: bool,
+        kv_events: bool,
+        seed: int,
+        trainer_config: TrainerConfig | None,
+    ) -> RouterStack:
+        """Picker ``k``'s stack; picker 0 is seeded exactly as the single router always was."""
+        pool = PoolState(list(endpoints))
+        predictor: EmbeddedPredictor | None = None
+        if use_predictor and k and self.settings.shared_predictor:
+            predictor = self.pickers[0].predictor  # one trainer fed by every picker, as shared sidecars
+        elif use_predictor:
+            assert self._model_dir is not None
+            model_dir = self._model_dir.name
+            if k:
+                model_dir = f"{model_dir}/picker-{k}"
             config = trainer_config or TrainerConfig(
                 retrain_interval_s=self.settings.retrain_interval_s,
                 min_samples=self.settings.min_samples,
                 nthread=1,
-                seed=seed,
+                seed=seed + 1_000_003 * k,
             )
-            self.predictor = EmbeddedPredictor(
-                self._model_dir.name, trainer_config=config, clock=self.clock, background=False
+            predictor = EmbeddedPredictor(
+                model_dir, trainer_config=config, clock=self.clock, background=False
             )
-        self.kv_index: KVBlockIndex | None = None
-        self._kv_recorders: list[KVEventRecorder] = []
-        if kv_events:
-            self.kv_index = KVBlockIndex()
-            self._kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
+        kv_index = KVBlockIndex() if kv_events else None
         ctx = PluginContext(
             clock=self.clock,
-            rng=np.random.default_rng(seed),
-            pool=self.pool,
-            predictor=self.predictor,
-            kv_index=self.kv_index,
+            rng=np.random.default_rng(seed if k == 0 else [seed, k]),
+            pool=pool,
+            predictor=predictor,
+            kv_index=kv_index,
         )
         setup = build_scheduler_setup(dict(scheduler_config) if scheduler_config else None, ctx)
-        self.tracker = InFlightTracker(self.pool)
-        self.director = Director(self.pool, setup, self.tracker, self.clock)
-        self._scrape_all(0.0)
+        tracker = InFlightTracker(pool)
+        director = Director(pool, setup, tracker, self.clock)
+        return RouterStack(pool, tracker, director, predictor, kv_index)
 
     def close(self) -> None:
         if self._model_dir is not None:
@@ -235,6 +355,7 @@ class ClusterSimulator:
             predicted_tpot_ms=_empty(n),
             point_tpot_ms=_empty(n),
             pod_profiles=[p.name for p in self.profiles],
+            picker=self._assign(n),
         )
         if n and np.any(np.diff(rec.arrival) < 0):
             raise ValueError("requests must be sorted by arrival time")
@@ -257,8 +378,11 @@ class ClusterSimulator:
         arrivals_left = n
         steps = events = trainings = 0
         recorders = self._kv_recorders
-        kv_index = self.kv_index
+        kv_indexes = [stack.kv_index for stack in self.pickers if stack.kv_index is not None]
         kv_delay = settings.kv_event_delay_s
+        pickers = self.pickers
+        board = self.board
+        predictors = list({id(s.predictor): s.predictor for s in pickers if s.predictor is not None}.values())
 
         def kick(pod: int, now: float) -> None:
             if busy[pod] is not None:
@@ -277,8 +401,20 @@ class ClusterSimulator:
         for i in range(n):
             push(heap, (float(rec.arrival[i]), next(seq), _ARRIVAL, i))
         push(heap, (settings.scrape_interval_s, next(seq), _SCRAPE, None))
-        if self.predictor is not None:
+        if predictors:
             push(heap, (settings.train_poll_s, next(seq), _TRAIN, None))
+        publish_every = settings.shared_inflight_interval_s
+        on_change = board is not None and settings.shared_inflight_publishing == "on-change"
+        publishing = [False] * len(pickers)  # an on-change publication is due (after the current event)
+
+        def changed(k: int, now: float) -> None:
+            if not publishing[k]:
+                publishing[k] = True
+                push(heap, (now, next(seq), _PUBLISH_CHANGE, k))
+
+        if board is not None:  # each picker on its own phase, as unsynchronised processes would be
+            for k in range(len(pickers)):
+                push(heap, (publish_every * (k + 1) / len(pickers), next(seq), _PUBLISH, k))
         next_progress = 0.0
 
         while heap:
@@ -313,6 +449,8 @@ class ClusterSimulator:
                     lifecycle.on_headers(200, True)
                     lifecycle.on_tokens(1)
                     rec.ttft_s[i] = now - rec.arrival[i]
+                    if on_change:
+                        changed(int(rec.picker[i]), now)
             elif kind == _DONE:
                 finished: Finished = arg
                 i = _index(finished.request_id)
@@ -332,10 +470,14 @@ class ClusterSimulator:
                     rec.e2e_s[i] = now - rec.arrival[i]
                     rec.output_tokens[i] = finished.output_tokens
                     rec.cached_tokens[i] = finished.cached_tokens
+                    if on_change:
+                        changed(int(rec.picker[i]), now)
             elif kind == _ARRIVAL:
                 i = arg
                 arrivals_left -= 1
-                self._arrive(i, requests[i], now, model, rec, lifecycles, kick)
+                self._arrive(pickers[rec.picker[i]], i, requests[i], now, model, rec, lifecycles, kick)
+                if on_change:
+                    changed(int(rec.picker[i]), now)
                 if progress is not None and now >= next_progress:
                     progress(now)
                     next_progress = now + 1.0
@@ -349,16 +491,40 @@ class ClusterSimulator:
                 if arrivals_left:  # after the last arrival no routing decision reads them
                     push(heap, (now + settings.scrape_interval_s, next(seq), _SCRAPE, None))
             elif kind == _KV_EVENTS:
-                assert kv_index is not None
-                kv_index.apply(self.addresses[arg[0]], arg[1])
+                for kv_index in kv_indexes:  # every picker subscribes to every pod's events
+                    kv_index.apply(self.addresses[arg[0]], arg[1])
             elif kind == _TRAIN:
-                assert self.predictor is not None
-                trainings += len(self.predictor.maybe_train())
+                for predictor in predictors:
+                    trainings += len(predictor.maybe_train())
                 if arrivals_left:
                     push(heap, (now + settings.train_poll_s, next(seq), _TRAIN, None))
+            elif kind == _PUBLISH:
+                shared = pickers[arg].shared
+                assert shared is not None
+                push(
+                    heap, (now + settings.shared_inflight_delay_s, next(seq), _DELIVER, shared.publication())
+                )
+                if arrivals_left:
+                    push(heap, (now + publish_every, next(seq), _PUBLISH, arg))
+            elif kind == _PUBLISH_CHANGE:
+                publishing[arg] = False
+                shared = pickers[arg].shared
+                assert shared is not None
+                push(
+                    heap, (now + settings.shared_inflight_delay_s, next(seq), _DELIVER, shared.publication())
+                )
+            elif kind == _DELIVER:
+                assert board is not None
+                if board.receive(arg):
+                    for stack in pickers:
+                        if stack.shared is not None and stack.shared.picker != arg.picker:
+                            stack.shared.refresh(board)
 
         for lifecycle in lifecycles.values():  # still running at the end: release their in-flight load
             lifecycle.on_complete(error="the simulation ended before the request finished")
+        for stack in pickers:  # and the others' published load folded into each picker's counts
+            if stack.shared is not None:
+                stack.shared.detach()
         if progress is not None:
             progress(clock.now())
         rec.virtual_s = clock.now()
@@ -367,8 +533,18 @@ class ClusterSimulator:
         rec.facts = self._facts()
         return rec
 
+    def _assign(self, n: int) -> np.ndarray:
+        """The picker of each of ``n`` requests (in arrival order)."""
+        count = self.settings.pickers
+        if count == 1:
+            return np.zeros(n, dtype=np.int32)
+        if self.settings.picker_assignment == "round-robin":
+            return (np.arange(n) % count).astype(np.int32)
+        return self._assignment_rng.integers(0, count, size=n).astype(np.int32)
+
     def _arrive(
         self,
+        stack: RouterStack,
         i: int,
         request: BenchRequest,
         now: float,
@@ -393,21 +569,22 @@ class ClusterSimulator:
             received_at=now,
             history_form=TEXT,  # completions: the next turn's prompt is this prompt followed by the reply
         )
+        director = stack.director
         try:
-            result = self.director.schedule(inference)
+            result = director.schedule(inference)
         except SchedulingError as exc:
             rec.status[i] = exc.status
             return
-        lifecycle = self.director.dispatch(inference, result)
+        lifecycle = director.dispatch(inference, result)
         pod = self._pod_of[result.target.address]
         rec.pod[i] = pod
         prediction = lifecycle.prediction
-        if prediction is not None and self.predictor is not None:
+        if prediction is not None and stack.predictor is not None:
             ttft, tpot = prediction.ttft_ms, prediction.tpot_ms
             rec.predicted[i] = True
             rec.predicted_ttft_ms[i] = ttft
             # The point prediction is the model's: without the live-coverage factor of the served quantile.
-            point_factor = self.predictor.predictor.point_factor
+            point_factor = stack.predictor.predictor.point_factor
             rec.point_ttft_ms[i] = ttft / prediction.ttft_coverage_factor * point_factor("ttft")
             if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
                 rec.predicted_tpot_ms[i] = tpot
@@ -422,7 +599,8 @@ class ClusterSimulator:
         kick(pod, now)
 
     def _scrape_all(self, now: float) -> None:
-        set_metrics = self.pool.set_metrics
+        """One scrape of every pod, the same snapshot for every picker (they scrape the same pods)."""
+        pools = [stack.pool for stack in self.pickers]
         for address, engine, reporter in zip(self.addresses, self.engines, self._gauges, strict=True):
             gauges = reporter.read(now)
             snapshot = MetricsSnapshot(
@@ -432,13 +610,16 @@ class ClusterSimulator:
                 block_size=engine.block_size,
                 num_gpu_blocks=engine.num_gpu_blocks,
             )
-            set_metrics(address, snapshot, now)
+            for pool in pools:
+                pool.set_metrics(address, snapshot, now)
 
     def _facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "preemptions": sum(e.num_preemptions_total for e in self.engines),
-            "leaked_inflight": self.tracker.leaked(),
+            "leaked_inflight": sum(stack.tracker.leaked() for stack in self.pickers),
         }
+        if len(self.pickers) > 1:
+            facts["pickers"] = len(self.pickers)
         if self.predictor is not None:
             facts["model_versions"] = self.predictor.versions
             facts["trainer"] = {

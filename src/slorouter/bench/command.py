@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slorouter.bench.cluster import ClusterSettings
+from slorouter.bench.cluster import PICKER_ASSIGNMENTS, SHARED_INFLIGHT_PUBLISHING, ClusterSettings
 from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
@@ -46,6 +46,16 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value >= 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
     return value
 
 
@@ -131,6 +141,52 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--drain", type=_non_negative_float, default=300.0, help="seconds after the last arrival"
     )
+    parser.add_argument(
+        "--pickers",
+        type=_positive_int,
+        default=1,
+        help="independent picker replicas over the same pods, each request routed by one of them",
+    )
+    parser.add_argument(
+        "--picker-assignment",
+        choices=PICKER_ASSIGNMENTS,
+        default="random",
+        help="how requests are spread over the pickers (default: a seeded random draw per request)",
+    )
+    parser.add_argument(
+        "--shared-inflight",
+        action="store_true",
+        help="pickers publish their in-flight counts to each other (slorouter.pool.shared_inflight)",
+    )
+    parser.add_argument(
+        "--shared-predictor",
+        action="store_true",
+        help="pickers use one latency predictor trained on all their samples (shared sidecars)",
+    )
+    parser.add_argument(
+        "--shared-inflight-publishing",
+        choices=SHARED_INFLIGHT_PUBLISHING,
+        default="on-change",
+        help="publish right after each change plus a heartbeat every interval, or every interval only",
+    )
+    parser.add_argument(
+        "--shared-inflight-interval-ms",
+        type=_positive_float,
+        default=50.0,
+        help="heartbeat interval (on-change) or publication interval (periodic)",
+    )
+    parser.add_argument(
+        "--shared-inflight-delay-ms",
+        type=_non_negative_float,
+        default=2.0,
+        help="a publication reaches the other pickers this much later",
+    )
+    parser.add_argument(
+        "--shared-inflight-ttl-ms",
+        type=_positive_float,
+        default=500.0,
+        help="a picker's published counts are dropped when not refreshed for this long",
+    )
     parser.add_argument("--cdf-qps", type=_positive_float, default=None, help="load of the TTFT CDF plot")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
@@ -159,12 +215,29 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         policies = resolve_policies(args.policies)
     except (PolicyError, SchedulerConfigError) as exc:
         raise ValueError(f"--policies: {exc}") from None
-    settings = ClusterSettings(
-        scrape_interval_s=args.scrape_interval_ms / 1000,
-        network_s=args.network_ms / 1000,
-        drain_s=args.drain,
-        kv_event_delay_s=args.kv_event_delay_ms / 1000,
-    )
+    for flag, on in (
+        ("--shared-inflight", args.shared_inflight),
+        ("--shared-predictor", args.shared_predictor),
+    ):
+        if on and args.pickers == 1:
+            raise ValueError(f"{flag} needs --pickers 2 or more")
+    try:
+        settings = ClusterSettings(
+            scrape_interval_s=args.scrape_interval_ms / 1000,
+            network_s=args.network_ms / 1000,
+            drain_s=args.drain,
+            kv_event_delay_s=args.kv_event_delay_ms / 1000,
+            pickers=args.pickers,
+            picker_assignment=args.picker_assignment,
+            shared_inflight=args.shared_inflight,
+            shared_inflight_publishing=args.shared_inflight_publishing,
+            shared_predictor=args.shared_predictor,
+            shared_inflight_interval_s=args.shared_inflight_interval_ms / 1000,
+            shared_inflight_delay_s=args.shared_inflight_delay_ms / 1000,
+            shared_inflight_ttl_s=args.shared_inflight_ttl_ms / 1000,
+        )
+    except ValueError as exc:
+        raise ValueError(f"--shared-inflight-*: {exc}") from None
     known = workload_names()
     for name in workloads:
         if name not in known:

@@ -56,8 +56,17 @@ def markdown_tables(runs: Sequence[dict[str, Any]], baseline: str | None = "heur
         first = group[0]
         seeds = first.get("seeds")
         seed_text = f"median of seeds {', '.join(map(str, seeds))}" if seeds else f"seed {first['seed']}"
+        pickers = first.get("pickers")
+        picker_text = f", {pickers:g} pickers" if pickers else ""
+        shared = [
+            what
+            for key, what in (("shared_inflight", "in-flight counts"), ("shared_predictor", "predictor"))
+            if pickers and first.get(key)
+        ]
+        if shared:
+            picker_text += " sharing " + " and ".join(shared)
         lines.append(
-            f"### {workload} at {qps:g} QPS — pool {first['pool']}, {first['duration_s']:g} s "
+            f"### {workload} at {qps:g} QPS — pool {first['pool']}{picker_text}, {first['duration_s']:g} s "
             f"(first {first['warmup_s']:g} s not measured), {seed_text}, "
             f"{first['requests']:g} measured requests"
         )

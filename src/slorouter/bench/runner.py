@@ -97,9 +97,16 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     "clipped_requests": getattr(requests, "clipped", 0),
                     "dropped_requests": getattr(requests, "dropped", 0),
                 }
+                if plan.settings.pickers > 1:  # one picker: the labels as before pickers existed
+                    labels["pickers"] = plan.settings.pickers
+                    labels["picker_assignment"] = plan.settings.picker_assignment
+                    labels["shared_inflight"] = plan.settings.shared_inflight
+                    labels["shared_predictor"] = plan.settings.shared_predictor
                 summary = summarize_run(
                     rec, warmup_s=plan.warmup_s, duration_s=plan.duration_s, labels=labels
                 )
+                if plan.settings.pickers > 1:
+                    summary["picker_shares"] = _picker_shares(rec, plan)
                 outputs.append(RunOutput(summary, _measured_ttft_ms(rec, plan)))
     return outputs
 
@@ -130,6 +137,14 @@ def median_over_seeds(outputs: list[RunOutput]) -> list[RunOutput]:
         summary["per_seed"] = [o.summary for o in group]
         merged.append(RunOutput(summary, np.concatenate([o.ttft_ms for o in group])))
     return merged
+
+
+def _picker_shares(rec: RunRecords, plan: BenchPlan) -> list[float]:
+    """Each picker's share of the measured requests."""
+    measured = (rec.arrival >= plan.warmup_s) & (rec.arrival < plan.duration_s)
+    counts = np.bincount(rec.picker[measured], minlength=plan.settings.pickers).astype(np.float64)
+    total = counts.sum()
+    return [round(float(c / total), 4) if total else 0.0 for c in counts]
 
 
 def _measured_ttft_ms(rec: RunRecords, plan: BenchPlan) -> np.ndarray:
