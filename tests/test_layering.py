@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "slorouter"
 
 # Lowest first. A component is a top-level module or sub-package of slorouter.
 LAYERS: list[set[str]] = [
-    {"clock", "validation", "tokenizer", "yamlfile"},  # ground
+    {"clock", "eager", "validation", "tokenizer", "yamlfile"},  # ground
     {"http"},  # HTTP/1.1 server, upstream client, OpenAI-style error bodies
     {"api"},  # the OpenAI API: request parsing, routing headers, reading responses
     {"kvevents"},  # vLLM's KV-event wire format and publisher, the simulated block hash chain

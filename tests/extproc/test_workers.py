@@ -17,7 +17,14 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slorouter.extproc.workers import merge_expositions
-from tests.extproc.conftest import DUPLEX, headers_message, open_call, request_headers
+from tests.extproc.conftest import (
+    DUPLEX,
+    body_message,
+    completion,
+    headers_message,
+    open_call,
+    request_headers,
+)
 from tests.extproc.test_envoy_integration import free_port, spawn, start_sim, stop
 from tests.processes import wait_for_lines
 
@@ -101,21 +108,31 @@ async def test_workers_share_the_ports_and_a_killed_one_is_restarted(tmp_path: P
         ]
         calls = [open_call(channel) for channel in channels]
         for call in calls:
-            await call.send(headers_message(request_headers(), request_mode=DUPLEX, response_mode=DUPLEX))
+            await call.send(
+                headers_message(request_headers(), request_mode=DUPLEX, response_mode=DUPLEX),
+                body_message(completion(sim.model), end_of_stream=True),
+            )
+            await call.receive(2)  # routed: in flight until its response ends
 
-        async def both_busy() -> bool:
+        async def both_busy_and_shared() -> bool:
             page = await _page(url)
             streams = [_value(page, "slorouter_extproc_streams", worker=w) for w in ("0", "1")]
-            return sum(streams) == 16 and min(streams) > 0
+            # Each worker's in-flight columns hold its own requests plus the other's (the shared view).
+            inflight = [_value(page, "slorouter_inflight_requests", worker=w) for w in ("0", "1")]
+            return sum(streams) == 16 and min(streams) > 0 and inflight == [16, 16]
 
-        await _until(both_busy)
+        await _until(both_busy_and_shared)
         for call in calls:
             call.call.cancel()
         for channel in channels:
             await channel.close()
 
         async def idle() -> bool:
-            return _value(await _page(url), "slorouter_extproc_streams") == 0
+            page = await _page(url)
+            return (
+                _value(page, "slorouter_extproc_streams") == 0
+                and _value(page, "slorouter_inflight_requests") == 0
+            )
 
         await _until(idle)
         # A worker killed is restarted, and the pod's page says so.

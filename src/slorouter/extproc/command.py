@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import tempfile
+from pathlib import Path
 
 import uvloop
 
@@ -13,6 +15,7 @@ from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, bootstrap
 from slorouter.extproc.runtime import EndpointPicker, PickerPorts
 from slorouter.extproc.workers import READY_LINE, WorkerPool
 from slorouter.http.running import wait_for_signal
+from slorouter.pool.inflight_sharing import InFlightSharing
 from slorouter.serving.command_line import LOG_LEVELS, port, run_command
 
 log = logging.getLogger("slorouter")
@@ -72,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "command supervises them and serves their merged /metrics (default 1: one process)",
     )
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--share-inflight", metavar="DIR", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     parser.set_defaults(func=run)
 
@@ -124,6 +128,9 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
     argv = ["epp", "--config", args.config, "--host", args.host, "--grpc-port", str(args.grpc_port),
             "--grpc-health-port", str(args.grpc_health_port), "--drain-timeout", str(args.drain_timeout),
             "--workers", str(args.workers), "--log-level", args.log_level]  # fmt: skip
+    # The workers' shared in-flight view: a Unix socket each, in a directory of the supervisor's.
+    sharing = tempfile.TemporaryDirectory(prefix="slorouter-epp-")
+    argv += ["--share-inflight", sharing.name]
     pool = WorkerPool(argv, args.workers, args.drain_timeout)
     envoy = None
     try:
@@ -142,6 +149,7 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
         await pool.stop()
         if envoy is not None:
             await envoy.stop()
+        sharing.cleanup()
     return 0
 
 
@@ -151,6 +159,11 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
     picker = EndpointPicker.build(
         config, ports, state_name="epp" if worker is None else f"epp-worker-{worker}"
     )
+    if worker is not None and args.share_inflight:
+        core = picker.core
+        picker.sharing = InFlightSharing(
+            core.director.tracker, core.director.clock, Path(args.share_inflight), worker, args.workers
+        )
     envoy = None
     try:
         await picker.start()

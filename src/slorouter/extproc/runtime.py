@@ -19,6 +19,7 @@ from slorouter.extproc.server import ExternalProcessor, Health, server_settings,
 from slorouter.extproc.stream import Picker
 from slorouter.http.grpc_server import GrpcServer
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
+from slorouter.pool.inflight_sharing import InFlightSharing
 from slorouter.serving.assembly import RouterCore
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class EndpointPicker:
     health: Health
     ports: PickerPorts
     bound: PickerPorts | None = None  # the ports actually bound (0 picks free ones)
+    sharing: InFlightSharing | None = None  # a worker's shared in-flight view with the pod's other workers
     _grpc: GrpcServer | None = field(default=None, repr=False)
     _health_server: grpc.aio.Server | None = field(default=None, repr=False)
     _http: HttpServer | None = field(default=None, repr=False)
@@ -66,6 +68,8 @@ class EndpointPicker:
     async def start(self) -> None:
         """Scrape the pool once, then listen on the three ports."""
         await self.core.start()
+        if self.sharing is not None:
+            self.sharing.start()
         ports = self.ports
         self._grpc = GrpcServer(
             self.processor.methods,
@@ -111,6 +115,8 @@ class EndpointPicker:
         if self._health_server is not None:
             await self._health_server.stop(grace=0.5)
             self._health_server = None
+        if self.sharing is not None:
+            self.sharing.stop()
         if self._http is not None:
             await self._http.close()
             self._http = None

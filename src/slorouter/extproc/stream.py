@@ -312,7 +312,7 @@ class PickerStream:
             self._phase = _Phase.RESPONSE_BODY
             return [messages.response_headers([])]
         headers = messages.header_map(message)
-        remove = self._follow_served_endpoint(request, headers, lifecycle)
+        remove = self._data_plane_report(request, headers, lifecycle)
         try:
             self._status = int(headers.get(":status", ""))
         except ValueError:
@@ -340,7 +340,7 @@ class PickerStream:
             return [messages.response_headers(own, mode, remove=remove)]
         return [messages.response_headers(own, remove=remove)]
 
-    def _follow_served_endpoint(
+    def _data_plane_report(
         self, request: Any, headers: Mapping[str, str], lifecycle: RequestLifecycle
     ) -> list[str]:
         """Where the data plane says it served the request (``x-gateway-destination-endpoint-served``, as a

@@ -22,7 +22,7 @@ maybe came back), its release is a no-op, so the counters never go negative.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -36,12 +36,14 @@ _PREFILL, _DECODE, _DONE = 0, 1, 2
 class InFlightTracker:
     """Creates in-flight handles for one pool and counts the handles still open."""
 
-    __slots__ = ("_leaked", "_outstanding", "pool")
+    __slots__ = ("_leaked", "_outstanding", "on_change", "pool")
 
     def __init__(self, pool: PoolState) -> None:
         self.pool = pool
         self._outstanding = 0
         self._leaked = 0
+        # Called after every change a handle makes to the counters (the shared in-flight view publishes).
+        self.on_change: Callable[[], None] | None = None
 
     def dispatch(
         self, address: str, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0
@@ -129,9 +131,12 @@ class InFlightHandle:
             self._apply(-1, 0, -(self.prompt_tokens + self.max_tokens), -1)
 
     def _apply(self, requests: int, prefill_tokens: int, decode_tokens: int, decoding: int = 0) -> None:
-        pool = self._tracker.pool
+        tracker = self._tracker
+        pool = tracker.pool
         if self._incarnation is not None and pool.incarnation(self.address) == self._incarnation:
             pool.add_inflight(self.address, requests, prefill_tokens, decode_tokens, decoding)
+            if tracker.on_change is not None:
+                tracker.on_change()
 
     def __enter__(self) -> InFlightHandle:
         return self
