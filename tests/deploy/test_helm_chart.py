@@ -177,12 +177,18 @@ def test_every_manifest_is_valid(render: Render, case):
     names = [(m["kind"], m["metadata"]["name"]) for m in manifests]
     assert len(set(names)) == len(names), names
     namespace = CASES[case].namespace or "default"
+    missing: set[str] = set()
     for manifest in manifests:
-        validate(manifest)
+        try:
+            validate(manifest)
+        except pytest.skip.Exception as skip:  # a third-party CRD absent: the rest is validated all the same
+            missing.add(str(skip))
         if manifest["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in manifest["metadata"]
         else:
             assert manifest["metadata"]["namespace"] == namespace
+    if missing:
+        pytest.skip("; ".join(sorted(missing)))
 
 
 def test_every_custom_resource_the_chart_renders_has_its_crd(render: Render):
