@@ -208,7 +208,6 @@ class GrpcServer:
         self.methods = methods
         self.settings = settings or ServerSettings()
         self.connections: set[GrpcConnection] = set()
-        self.accepting = True
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
@@ -220,8 +219,9 @@ class GrpcServer:
         return int(sock.getsockname()[1])
 
     def refuse_new_streams(self) -> None:
-        """Graceful close, first half: GOAWAY on every connection; the streams already open go on."""
-        self.accepting = False
+        """Graceful close, first half: GOAWAY on every open connection, so that clients open their new
+        streams elsewhere; the streams already open go on. A connection made later is served as usual (its
+        method handlers decide what a new RPC gets): one answered only with GOAWAY would be retried."""
         for connection in list(self.connections):
             connection.go_away()
 
@@ -289,8 +289,6 @@ class GrpcConnection(asyncio.Protocol):
         )
         self._out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW)))
         self._flush()
-        if not self._server.accepting:
-            self.go_away()
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
@@ -589,7 +587,7 @@ class GrpcConnection(asyncio.Protocol):
         if stream_id % 2 == 0:
             raise _ConnectionError(PROTOCOL_ERROR, f"a client stream with the even id {stream_id}")
         self._last_stream_id = stream_id
-        if self._going_away or not self._server.accepting:
+        if self._going_away:  # a stream above our GOAWAY's last id: the client may retry it elsewhere
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         # Until the client acknowledges our SETTINGS it may not know the limit yet (RFC 9113 §6.5.3): the
