@@ -61,6 +61,8 @@ def test_chat_prefix_text_grows_with_the_conversation():
         ({"model": "m", "prompt": "x", "cache_salt": 3}, "cache_salt"),
         ({"model": "m", "prompt": []}, "prompt"),
         ({"model": "m", "prompt": ""}, "prompt"),
+        ({"model": "m", "prompt": [""]}, "prompt"),  # a batch with an empty prompt: no token to count
+        ({"model": "m", "prompt": ["x", ""]}, "prompt"),
         ({"model": 3, "prompt": "x"}, "model"),
     ],
 )

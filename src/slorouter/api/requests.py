@@ -91,6 +91,8 @@ def _prompt_text(prompt: Any) -> tuple[str, int, str]:
         return prompt, count_tokens(prompt), TEXT
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
+            if not all(prompt):
+                raise RequestError("'prompt' must not hold an empty string", param="prompt")
             text = "".join(prompt)
             return text, sum(count_tokens(p) for p in prompt), ""  # a batch: no one conversation
         if _token_ids(prompt):
