@@ -8,8 +8,9 @@ several connections instead of one. The supervisor serves the pod's ``/metrics``
 with a ``worker`` label), ``/health`` and ``/ready``; it restarts a worker that dies, and on SIGTERM lets
 every worker drain.
 
-Each worker sees only the requests of its own connections: its in-flight counts are its own, the scraped
-signals are shared by all (``docs/deploy.md`` gives what that costs and how to size it).
+Each worker routes the requests of its own connections; the workers share their in-flight counts
+(``slorouter.pool.inflight_sharing``, over sockets in a directory the supervisor passes with
+``--share-inflight``), and the scraped signals are the same for all (``docs/deploy.md`` on sizing).
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ class WorkerPool:
         self._argv = list(argv)
         self._drain_timeout_s = drain_timeout_s
         self.workers = [_Worker(i) for i in range(count)]
-        self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -98,7 +98,6 @@ class WorkerPool:
 
     async def stop(self) -> None:
         """SIGTERM to every worker (each drains its open streams), then wait for them."""
-        self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

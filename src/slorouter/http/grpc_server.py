@@ -262,7 +262,6 @@ class GrpcConnection(asyncio.Protocol):
         self._settings_acknowledged = False
         self._flush_scheduled = False
         self._closed = False
-        self._writing_paused = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -334,12 +333,10 @@ class GrpcConnection(asyncio.Protocol):
         self._streams.clear()
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
         if self._transport is not None:
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
         if self._transport is not None and not self._closed:
             self._transport.resume_reading()
 

@@ -85,9 +85,7 @@ class InFlightSharing:
         self._timer: asyncio.TimerHandle | None = None
         self._publish_scheduled = False
         self._bad_peers: set[str] = set()
-        self.sent = 0
-        self.received = 0
-        self.rejected = 0
+        self.rejected = 0  # datagrams that did not decode
 
     @property
     def path(self) -> Path:
@@ -139,7 +137,6 @@ class InFlightSharing:
         for peer in self._peers:
             try:
                 self._socket.sendto(data, peer)
-                self.sent += 1
             except (FileNotFoundError, ConnectionRefusedError, BlockingIOError):
                 pass  # not listening yet (starting, restarting) or its queue is full: the next one counts
             except OSError as exc:
@@ -161,7 +158,6 @@ class InFlightSharing:
                 self.rejected += 1
                 log.warning("in-flight publication dropped: %s", exc)
                 continue
-            self.received += 1
             taken = self.board.receive(publication) or taken
         if taken:
             self.view.refresh(self.board)
