@@ -482,3 +482,50 @@ def test_an_oversized_message_ends_its_rpc_with_resource_exhausted():
     peer.send(peer.request_headers(3) + g.frame(g.DATA, g.END_STREAM, 3, g.grpc_message(b"ok")))
     frames = peer.frames()
     assert (g.DATA, 0, 3, g.grpc_message(b"ok")) in frames and _trailers(frames, 3) == {"grpc-status": "0"}
+
+
+# --- header blocks remembered while the dynamic table stands still -------------------------------------
+
+
+def test_a_repeated_header_block_decodes_as_the_decoder_would_until_the_table_changes():
+    encoder, plain = hpack.Encoder(), hpack.Decoder()
+    blocks = g._DecodedBlocks(hpack.Decoder())
+
+    def both(block: bytes) -> dict[bytes, bytes]:
+        fields = blocks.decode(block)
+        assert fields == {bytes(n): bytes(v) for n, v in plain.decode(block, raw=True)}
+        return fields
+
+    first = [(":method", "POST"), (":path", "/a"), ("x-role", "one")]
+    assert both(encoder.encode(first))[b"x-role"] == b"one"  # adds the fields to the table
+    repeated = encoder.encode(first)  # every field indexed now: the same bytes each time
+    assert repeated == encoder.encode(first)
+    assert both(repeated) is blocks.decode(repeated)  # remembered
+    # A block that inserts a field moves the table's indexes: the same bytes name other fields now.
+    both(encoder.encode([("x-other", "two")]))
+    assert both(repeated) != {b":method": b"POST", b":path": b"/a", b"x-role": b"one"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["a", "b", "c", "d", ":path"]), st.sampled_from(["1", "22", "333"])),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(min_value=0, max_value=200),
+)
+def test_remembered_blocks_always_decode_like_a_plain_decoder(header_lists, table_size: int):
+    encoder = hpack.Encoder()
+    encoder.header_table_size = table_size  # small tables evict: entries move and disappear
+    remembering, plain = g._DecodedBlocks(hpack.Decoder()), hpack.Decoder()
+    for headers in header_lists:
+        block = encoder.encode(headers)
+        expected: dict[bytes, bytes] = {}
+        for name, value in plain.decode(block, raw=True):
+            expected[bytes(name)] = bytes(value)
+        assert remembering.decode(block) == expected

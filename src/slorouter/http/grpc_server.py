@@ -240,6 +240,42 @@ class GrpcServer:
             self._server = None
 
 
+class _DecodedBlocks:
+    """HPACK decoding with a memory of the header blocks that left the dynamic table as it was.
+
+    A data plane's gRPC client sends nearly the same header block for every stream; once its fields are
+    in the dynamic table, the block is the same bytes each time, and decoding it (Huffman included) was the
+    largest share of a stream's cost. Such a block means the same fields for as long as the table does not
+    change, so its fields are remembered until a block changes the table.
+    """
+
+    __slots__ = ("_decoder", "_known")
+    _LIMIT = 64
+
+    def __init__(self, decoder: hpack.Decoder) -> None:
+        self._decoder = decoder
+        self._known: dict[bytes, dict[bytes, bytes]] = {}
+
+    def decode(self, block: bytes) -> dict[bytes, bytes]:
+        """The block's fields by name (the last value of a repeated one); ``hpack.HPACKError`` if bad."""
+        known = self._known.get(block)
+        if known is not None:
+            return known
+        before = self._table_state()
+        fields = {bytes(name): bytes(value) for name, value in self._decoder.decode(block, raw=True)}
+        if self._table_state() != before:
+            self._known.clear()  # a remembered block may refer to entries that moved
+        elif len(self._known) < self._LIMIT:
+            self._known[block] = fields
+        return fields
+
+    def _table_state(self) -> tuple[int, int, int]:
+        """What changes whenever the dynamic table does: an insertion makes a new newest entry."""
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        return len(entries), id(entries[0]) if entries else 0, table.maxsize
+
+
 class GrpcConnection(asyncio.Protocol):
     """One HTTP/2 connection of a gRPC client."""
 
@@ -253,6 +289,7 @@ class GrpcConnection(asyncio.Protocol):
         self._streams: dict[int, _Stream] = {}
         self._last_stream_id = 0
         self._decoder = hpack.Decoder(max_header_list_size=self._settings.max_header_list_bytes)
+        self._decoded = _DecodedBlocks(self._decoder)
         self._continuation: tuple[int, int, bytearray] | None = None  # stream, flags, block so far
         self._peer_window = DEFAULT_WINDOW  # for each new stream
         self._peer_frame_size = DEFAULT_FRAME_SIZE
@@ -565,7 +602,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _header_block(self, flags: int, stream_id: int, block: bytes) -> None:
         try:
-            headers = self._decoder.decode(block, raw=True)
+            fields = self._decoded.decode(block)
         except hpack.HPACKError as exc:
             raise _ConnectionError(COMPRESSION_ERROR, f"the header block cannot be decoded: {exc}") from None
         stream = self._streams.get(stream_id)
@@ -595,7 +632,6 @@ class GrpcConnection(asyncio.Protocol):
         if len(self._streams) >= limit:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
-        fields = {bytes(name): bytes(value) for name, value in headers}
         stream = _Stream(stream_id, None, self._peer_window)
         self._streams[stream_id] = stream
         if fields.get(b":method") != b"POST":
