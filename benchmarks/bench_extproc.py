@@ -84,6 +84,10 @@ class Target:
         return [pid for pid in (self.router_pid, self.envoy_pid) if pid is not None]
 
 
+def epp_name(profile: str, path: str, args: argparse.Namespace) -> str:
+    return f"envoy + epp {profile}" + (f" ({path})" if len(args.response_paths) > 1 else "")
+
+
 def start_targets(
     stack: ExitStack, directory: Path, endpoints: list[str], args: argparse.Namespace, model: str
 ) -> dict[str, Target]:
@@ -108,15 +112,16 @@ def start_targets(
                "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
                "--log-level", "WARNING"]  # fmt: skip
         picker = stack.enter_context(process(epp, [grpc_port]))
-        setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", grpc_port, endpoints=tuple(endpoints),
-                           request_body_mode=args.body_mode)  # fmt: skip
-        proxy = stack.enter_context(envoy(setup, directory))
-        targets[f"envoy + epp {profile}"] = Target(
-            f"http://127.0.0.1:{setup.listen_port}",
-            picker.pid,
-            proxy.pid,
-            f"http://127.0.0.1:{metrics_port}/metrics",
-        )
+        for path in args.response_paths:
+            setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", grpc_port, endpoints=tuple(endpoints),
+                               request_body_mode=args.body_mode, response_path=path)  # fmt: skip
+            proxy = stack.enter_context(envoy(setup, directory))
+            targets[epp_name(profile, path, args)] = Target(
+                f"http://127.0.0.1:{setup.listen_port}",
+                picker.pid,
+                proxy.pid,
+                f"http://127.0.0.1:{metrics_port}/metrics",
+            )
     for target in targets.values():
         wait_for_port(int(target.url.rsplit(":", 1)[1]))
     return targets
@@ -177,13 +182,17 @@ def one_token(args: argparse.Namespace) -> None:
     print()
     ratio_rows = []
     for profile in PROFILES:
-        gw, epp = f"gateway {profile}", f"envoy + epp {profile}"
-        rps = med(epp, "throughput", "rps") / med(gw, "throughput", "rps")
-        added_gw = med(gw, "latency", "p50_ms") - base_p50
-        added_epp = med(epp, "latency", "p50_ms") - base_p50
-        ratio_rows.append([profile, f"{rps:.2f}×", f"{added_epp - added_gw:+.2f} ms"])
+        for path in args.response_paths:
+            gw, epp = f"gateway {profile}", epp_name(profile, path, args)
+            rps = med(epp, "throughput", "rps") / med(gw, "throughput", "rps")
+            added_gw = med(gw, "latency", "p50_ms") - base_p50
+            added_epp = med(epp, "latency", "p50_ms") - base_p50
+            ratio_rows.append([profile, path, f"{rps:.2f}×", f"{added_epp - added_gw:+.2f} ms"])
     print(
-        markdown_table(["profile", "Envoy + epp req/s ÷ gateway's", "added p50: epp − gateway"], ratio_rows)
+        markdown_table(
+            ["profile", "response path", "Envoy + epp req/s ÷ gateway's", "added p50: epp − gateway"],
+            ratio_rows,
+        )
     )
     errors = sum(r["non_2xx"] for rs in results.values() for r in rs)
     print(
@@ -338,13 +347,15 @@ def streamed(args: argparse.Namespace) -> None:
     print()
     ratio_rows = []
     for profile in PROFILES:
-        gw, epp = f"gateway {profile}", f"envoy + epp {profile}"
-        ratio = med(epp, "router_cpu_ms") / med(gw, "router_cpu_ms")
-        per_token = (med(epp, "router_cpu_ms") - med(gw, "router_cpu_ms")) / args.output_tokens * 1e3
-        ratio_rows.append([profile, f"{ratio:.2f}×", f"{per_token:+.1f} µs"])
+        for path in args.response_paths:
+            gw, epp = f"gateway {profile}", epp_name(profile, path, args)
+            ratio = med(epp, "router_cpu_ms") / med(gw, "router_cpu_ms")
+            per_token = (med(epp, "router_cpu_ms") - med(gw, "router_cpu_ms")) / args.output_tokens * 1e3
+            ratio_rows.append([profile, path, f"{ratio:.2f}×", f"{per_token:+.1f} µs"])
     print(
         markdown_table(
-            ["profile", "picker CPU ÷ gateway CPU per request", "difference per token"], ratio_rows
+            ["profile", "response path", "picker CPU ÷ gateway CPU per request", "difference per token"],
+            ratio_rows,
         )
     )
     print(
@@ -371,7 +382,16 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--body-mode", choices=["full-duplex", "buffered"], default="full-duplex")
+    parser.add_argument(
+        "--response-paths",
+        default="observed,in-band",
+        help="the Envoy + epp setups, one per response path: observed (a second ext_proc filter in "
+        "observability mode) and/or in-band (one filter, every response message answered)",
+    )
     args = parser.parse_args()
+    args.response_paths = [path.strip() for path in args.response_paths.split(",") if path.strip()]
+    if not args.response_paths or set(args.response_paths) - {"observed", "in-band"}:
+        parser.error("--response-paths takes observed, in-band or both, comma-separated")
     if args.case in ("one-token", "both"):
         one_token(args)
     if args.case in ("streamed", "both"):

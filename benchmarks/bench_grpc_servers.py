@@ -43,7 +43,7 @@ async def serve_lean(port: int) -> None:
         def on_close(self, reason: str | None) -> None:
             pass
 
-    server = GrpcServer({METHOD: Handler})
+    server = GrpcServer({METHOD: lambda fields: Handler()})
     await server.start("127.0.0.1", port)
     await asyncio.Event().wait()
 

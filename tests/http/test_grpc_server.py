@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -61,7 +61,7 @@ async def _serve(make: type[Echo] | None = None, **echo: object) -> Served:
     served: Served
     closes: list[str | None] = []
 
-    def factory() -> Echo:
+    def factory(fields: Mapping[bytes, bytes]) -> Echo:
         handler = Echo(closes, **echo)  # type: ignore[arg-type]
         served.handlers.append(handler)
         return handler
@@ -270,7 +270,7 @@ class RawPeer:
 
     def __init__(self, settings: g.ServerSettings | None = None, **echo: object) -> None:
         self.closes: list[str | None] = []
-        self.server = g.GrpcServer({METHOD: lambda: Echo(self.closes, **echo)}, settings)  # type: ignore[arg-type]
+        self.server = g.GrpcServer({METHOD: lambda fields: Echo(self.closes, **echo)}, settings)  # type: ignore[arg-type]
         self.connection = g.GrpcConnection(self.server)
         self.transport = FakeTransport()
         self.connection.connection_made(self.transport)
@@ -439,7 +439,7 @@ def test_any_frame_sequence_is_handled_without_raising(frames, opens: int, split
     opened: list[Echo] = []
     closes: list[str | None] = []
 
-    def factory() -> Echo:
+    def factory(fields: Mapping[bytes, bytes]) -> Echo:
         opened.append(Echo(closes))
         return opened[-1]
 

@@ -61,6 +61,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --envoy: the upstream cluster (override_host retries the picker's fallbacks)",
     )
     parser.add_argument(
+        "--envoy-response-path",
+        choices=["observed", "in-band"],
+        default=None,
+        help="with --envoy: observed (a second ext_proc filter in observability mode streams the response "
+        "to the picker, nothing on the response's path waits for it; the default with one worker) or "
+        "in-band (the picking filter sends the response and waits for each answer; the default with "
+        "--workers, whose processes would not see each other's requests)",
+    )
+    parser.add_argument(
         "--envoy-fail-open",
         action="store_true",
         help="with --envoy: failure_mode_allow (requests go round robin when the picker is unreachable); "
@@ -101,6 +110,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.envoy_fail_open and args.envoy_body_mode != "buffered":
         raise ConfigError(
             "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"
+        )
+    if args.envoy_response_path is None:
+        args.envoy_response_path = "observed" if args.workers == 1 else "in-band"
+    elif args.envoy_response_path == "observed" and args.workers > 1:
+        raise ConfigError(
+            "--envoy-response-path observed needs one worker: a request's picking and observing streams can "
+            "reach different workers, and a worker cannot observe another's request"
         )
     supervising = args.workers > 1 and args.worker_index is None
     if supervising and (args.grpc_port == 0 or args.grpc_health_port == 0):
@@ -206,6 +222,7 @@ def _envoy_setup(config: Config, picker_host: str, picker_port: int, args: argpa
         request_body_mode=args.envoy_body_mode,
         cluster=args.envoy_cluster,
         failure_mode_allow=args.envoy_fail_open,
+        response_path=args.envoy_response_path,
         max_body_bytes=gateway.max_body_bytes,
         upstream_timeout_s=gateway.upstream_timeout_s,
         connect_timeout_s=gateway.connect_timeout_s,

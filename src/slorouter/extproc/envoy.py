@@ -9,6 +9,15 @@ Two upstream clusters are offered:
 - ``original_dst``: any address the picker names, read from the ``x-gateway-destination-endpoint`` header
   (one ``ip:port``: this cluster cannot parse a list, so a retry goes to the same endpoint), for pools whose
   endpoints Envoy does not know.
+
+Two response paths:
+
+- ``observed`` (the default): the picking ext_proc filter skips the response; a second ext_proc filter, in
+  observability mode, streams the response's headers (with the served address and the response flags as
+  attributes) and body to the picker without waiting for answers, and the route adds the picker's response
+  headers from the ``slorouter`` metadata the pick left. Nothing on the response's path waits for the picker.
+- ``in-band``: one filter, which sends the response to the picker and waits for each answer, as a data plane
+  with a single ext_proc filter does (GKE's gateway, a hand-written configuration).
 """
 
 from __future__ import annotations
@@ -25,12 +34,33 @@ from typing import Any, Literal
 
 import yaml
 
-from slorouter.extproc.messages import DESTINATION, LB_NAMESPACE, RESPONSE_FLAGS, SERVED, SUBSET_NAMESPACE
+from slorouter.extproc.messages import (
+    DESTINATION,
+    LB_NAMESPACE,
+    OBSERVED,
+    OBSERVED_NAMESPACE,
+    OBSERVER,
+    RESPONSE_FLAG_BITS,
+    RESPONSE_FLAGS,
+    RESPONSE_PATH,
+    SERVED,
+    SUBSET_NAMESPACE,
+    UPSTREAM_ADDRESS,
+)
+from slorouter.serving.headers import (
+    ENDPOINT_HEADER,
+    FALLBACK_REASON_HEADER,
+    PREDICTED_TPOT_HEADER,
+    PREDICTED_TTFT_HEADER,
+    ROUTE_HEADER,
+)
 
 log = logging.getLogger(__name__)
 
 RequestBodyMode = Literal["buffered", "full-duplex"]
 ClusterKind = Literal["override_host", "original_dst"]
+ResponsePath = Literal["observed", "in-band"]
+OBSERVER_CLOSE_S = 0.05
 _TYPE = "type.googleapis.com/envoy.extensions"
 
 
@@ -53,6 +83,7 @@ class EnvoySetup:
     message_timeout_s: float = 5.0
     # False: no ext_proc filter at all, the pool cluster round robin (the benchmark's baseline).
     ext_proc: bool = True
+    response_path: ResponsePath = "observed"
 
 
 def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
@@ -64,13 +95,14 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         raise ValueError(
             "failing open needs the buffered request body mode (Envoy answers 500 in full duplex)"
         )
+    observed = setup.response_path == "observed"
     processing_mode = {
         "request_header_mode": "SEND",
-        "response_header_mode": "SEND",
+        "response_header_mode": "SKIP" if observed else "SEND",
         "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
         # STREAMED, not full duplex, for the response: the picker can then tell Envoy (mode override) not
         # to send a body it does not read, and SSE chunks pass on unchanged.
-        "response_body_mode": "STREAMED",
+        "response_body_mode": "NONE" if observed else "STREAMED",
         # FULL_DUPLEX_STREAMED needs the trailers sent (they may end the body).
         "request_trailer_mode": "SEND" if duplex else "SKIP",
         "response_trailer_mode": "SKIP",
@@ -79,15 +111,42 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "slorouter-epp"}, "timeout": "10s"},
+            "grpc_service": _picker_service(OBSERVED if observed else None),
             "failure_mode_allow": setup.failure_mode_allow,
             "allow_mode_override": True,
             "message_timeout": _duration(setup.message_timeout_s),
             "processing_mode": processing_mode,
             "metadata_options": {
                 "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
-                "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+                "receiving_namespaces": {
+                    "untyped": [LB_NAMESPACE, *([OBSERVED_NAMESPACE] if observed else [])]
+                },
             },
+        },
+    }
+    # The response observed: nothing it sends waits for an answer, and a picker that is down fails nothing.
+    observer = {
+        "name": "slorouter.response_observer",
+        "typed_config": {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": _picker_service(OBSERVER),
+            "observability_mode": True,
+            "failure_mode_allow": True,
+            # Once the HTTP stream is over, its end reaches the picker this soon (messages already sent
+            # go first: Envoy's default of 5 s would keep a departed client's load that long).
+            "deferred_close_timeout": _duration(OBSERVER_CLOSE_S),
+            # The request headers too: they carry the pick's key, so the observer's stream spans the HTTP
+            # stream's life and its end tells a request whose client left before the response.
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SEND",
+                "request_body_mode": "NONE",
+                "response_body_mode": "STREAMED",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "metadata_options": {"forwarding_namespaces": {"untyped": [OBSERVED_NAMESPACE]}},
+            "response_attributes": [UPSTREAM_ADDRESS, RESPONSE_FLAG_BITS],
         },
     }
     retry_policy = {
@@ -96,15 +155,23 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
     }
     route = {"cluster": "pool", "timeout": _duration(setup.upstream_timeout_s), "retry_policy": retry_policy}
     pool_route: dict[str, Any] = {"match": {"prefix": "/"}, "route": route}
-    if setup.ext_proc:
+    if setup.ext_proc and observed:
+        # The picker's response headers, from what the pick left (a header with no value is not added);
+        # the endpoint is the one that served the request, after any retry.
+        added = [(ENDPOINT_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")]
+        added += [
+            (name, f"%DYNAMIC_METADATA({OBSERVED_NAMESPACE}:{name})%")
+            for name in (ROUTE_HEADER, FALLBACK_REASON_HEADER, PREDICTED_TTFT_HEADER, PREDICTED_TPOT_HEADER)
+        ]
+        pool_route["response_headers_to_add"] = _headers_to_add(added)
+    elif setup.ext_proc:
         # The endpoint that served the request (after a retry, a fallback): the picker moves its in-flight
         # load there and removes the header from the client's response.
         # With the response flags, an answer Envoy made itself after upstream failures is told apart from
         # the model server's own.
-        pool_route["response_headers_to_add"] = [
-            {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
-            for key, value in ((SERVED, "%UPSTREAM_REMOTE_ADDRESS%"), (RESPONSE_FLAGS, "%RESPONSE_FLAGS%"))
-        ]
+        pool_route["response_headers_to_add"] = _headers_to_add(
+            [(SERVED, "%UPSTREAM_REMOTE_ADDRESS%"), (RESPONSE_FLAGS, "%RESPONSE_FLAGS%")]
+        )
     connection_manager = {
         "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
@@ -112,6 +179,7 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [pool_route]}]},
         "http_filters": [
             *([ext_proc] if setup.ext_proc else []),
+            *([observer] if setup.ext_proc and observed else []),
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {"@type": f"{_TYPE}.filters.http.router.v3.Router"},
@@ -149,6 +217,20 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         "static_resources": {"listeners": [listener], "clusters": [_pool_cluster(setup), picker_cluster]},
         "admin": {"address": _address("127.0.0.1", setup.admin_port)},
     }
+
+
+def _picker_service(role: bytes | None) -> dict[str, Any]:
+    service: dict[str, Any] = {"envoy_grpc": {"cluster_name": "slorouter-epp"}, "timeout": "10s"}
+    if role is not None:  # the picker tells its streams apart by this gRPC metadata
+        service["initial_metadata"] = [{"key": RESPONSE_PATH.decode(), "value": role.decode()}]
+    return service
+
+
+def _headers_to_add(headers: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    return [
+        {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+        for key, value in headers
+    ]
 
 
 def _pool_cluster(setup: EnvoySetup) -> dict[str, Any]:

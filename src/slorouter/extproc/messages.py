@@ -22,6 +22,18 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED = "x-gateway-destination-endpoint-served"
 # Envoy's response flags (%RESPONSE_FLAGS%), as the generated bootstrap adds them to every response.
 RESPONSE_FLAGS = "x-slorouter-response-flags"
+# The observed response path: the gRPC metadata a data plane's ext_proc filters declare their role with
+# (the picking filter, which skips the response, and the observing one, in observability mode), and the
+# dynamic metadata the pick leaves for the observer and for the route's response headers.
+RESPONSE_PATH = b"x-slorouter-response-path"
+OBSERVED = b"observed"
+OBSERVER = b"observer"
+OBSERVED_NAMESPACE = "slorouter"
+REQUEST_KEY = "request"
+# The ext_proc filter's attributes (``response_attributes``) the observer reads.
+_ATTRIBUTES = "envoy.filters.http.ext_proc"
+UPSTREAM_ADDRESS = "upstream.address"
+RESPONSE_FLAG_BITS = "response.flags"
 
 ProcessingRequest = ext_proc.ProcessingRequest
 ProcessingResponse = ext_proc.ProcessingResponse
@@ -108,6 +120,34 @@ def served_metadata(request: ext_proc.ProcessingRequest) -> str | None:
     return str(value.string_value)
 
 
+def observation_key(request: ext_proc.ProcessingRequest) -> str | None:
+    """The request key the pick left in the ``slorouter`` dynamic metadata, if the message carries it."""
+    namespaces = request.metadata_context.filter_metadata
+    if OBSERVED_NAMESPACE not in namespaces:
+        return None
+    value = namespaces[OBSERVED_NAMESPACE].fields.get(REQUEST_KEY)
+    if value is None or value.WhichOneof("kind") != "string_value":
+        return None
+    return str(value.string_value)
+
+
+def response_attributes(request: ext_proc.ProcessingRequest) -> tuple[str | None, int]:
+    """The upstream address that served the response (None if there was none) and Envoy's response flag
+    bits, from the filter's ``response_attributes``."""
+    if _ATTRIBUTES not in request.attributes:
+        return None, 0
+    fields = request.attributes[_ATTRIBUTES].fields
+    address = fields.get(UPSTREAM_ADDRESS)
+    served = (
+        str(address.string_value)
+        if address is not None and address.WhichOneof("kind") == "string_value"
+        else None
+    )
+    flags = fields.get(RESPONSE_FLAG_BITS)
+    bits = int(flags.number_value) if flags is not None and flags.WhichOneof("kind") == "number_value" else 0
+    return served or None, bits
+
+
 def _header_options(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderValueOption]:
     return [
         base_pb2.HeaderValueOption(
@@ -118,9 +158,16 @@ def _header_options(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderV
     ]
 
 
-def _destination_metadata(endpoints: list[str]) -> struct_pb2.Struct:
+def _destination_metadata(
+    endpoints: list[str], observed: Iterable[tuple[str, str]] = ()
+) -> struct_pb2.Struct:
     metadata = struct_pb2.Struct()
     metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = ",".join(endpoints)
+    fields = None
+    for key, value in observed:
+        if fields is None:
+            fields = metadata.fields[OBSERVED_NAMESPACE].struct_value.fields
+        fields[key].string_value = value
     return metadata
 
 
@@ -129,9 +176,12 @@ def routed_headers(
     set_headers: Iterable[tuple[str, str]] = (),
     remove_headers: Iterable[str] = (),
     response_mode: ext_proc.ProcessingMode | None = None,
+    observed: Iterable[tuple[str, str]] = (),
 ) -> ext_proc.ProcessingResponse:
     """The answer to the request headers once the pick is made: the destination header (the pick only,
-    which an ``ORIGINAL_DST`` cluster can parse) and ``envoy.lb`` metadata with the ordered list."""
+    which an ``ORIGINAL_DST`` cluster can parse) and ``envoy.lb`` metadata with the ordered list; with an
+    observed response path, ``observed`` (the request key, the routing response headers) as ``slorouter``
+    metadata."""
     common = ext_proc.CommonResponse(
         header_mutation=ext_proc.HeaderMutation(
             set_headers=_header_options([(DESTINATION, endpoints[0]), *set_headers]),
@@ -140,7 +190,7 @@ def routed_headers(
     )
     response = ProcessingResponse(
         request_headers=ext_proc.HeadersResponse(response=common),
-        dynamic_metadata=_destination_metadata(endpoints),
+        dynamic_metadata=_destination_metadata(endpoints, observed),
     )
     if response_mode is not None:
         response.mode_override.CopyFrom(response_mode)
@@ -148,7 +198,10 @@ def routed_headers(
 
 
 def routed_body(
-    endpoints: list[str], set_headers: Iterable[tuple[str, str]] = (), remove_headers: Iterable[str] = ()
+    endpoints: list[str],
+    set_headers: Iterable[tuple[str, str]] = (),
+    remove_headers: Iterable[str] = (),
+    observed: Iterable[tuple[str, str]] = (),
 ) -> ext_proc.ProcessingResponse:
     """The answer to a buffered request body: the same destination, as a header mutation of the body
     response (Envoy still holds the headers in buffered mode)."""
@@ -159,7 +212,8 @@ def routed_body(
         ),
     )
     return ProcessingResponse(
-        request_body=ext_proc.BodyResponse(response=common), dynamic_metadata=_destination_metadata(endpoints)
+        request_body=ext_proc.BodyResponse(response=common),
+        dynamic_metadata=_destination_metadata(endpoints, observed),
     )
 
 

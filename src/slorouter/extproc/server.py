@@ -7,8 +7,8 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -18,7 +18,7 @@ from grpc_health.v1.health import aio as health_aio
 from slorouter.director import Director
 from slorouter.eager import Pending, start_eagerly
 from slorouter.extproc import messages
-from slorouter.extproc.stream import Picker, PickerStream, ProtocolError
+from slorouter.extproc.stream import Picker, PickerStream, ProtocolError, ResponseObserver
 from slorouter.http.grpc_server import (
     INTERNAL,
     INVALID_ARGUMENT,
@@ -71,12 +71,20 @@ class ExternalProcessor:
     def methods(self) -> dict[str, HandlerFactory]:
         return {PROCESS_METHOD: self.open_stream}
 
-    def open_stream(self) -> RpcHandler:
+    def open_stream(self, fields: Mapping[bytes, bytes]) -> RpcHandler:
+        """A stream's handler, by the role the data plane's filter declares in its gRPC metadata: picking
+        (answering the request, and the response unless it is observed), or observing a response."""
         if not self.accepting:
             raise RpcError(UNAVAILABLE, "the endpoint picker is shutting down")
         self.active += 1
         self._idle.clear()
-        return _ProcessStream(self, PickerStream(self._picker))
+        role = fields.get(messages.RESPONSE_PATH)
+        stream: _Stream
+        if role == messages.OBSERVER:
+            stream = ResponseObserver(self._picker)
+        else:
+            stream = PickerStream(self._picker, observed=role == messages.OBSERVED)
+        return _ProcessStream(self, stream)
 
     def stream_closed(self) -> None:
         self.active -= 1
@@ -92,12 +100,21 @@ class ExternalProcessor:
         return True
 
 
+class _Stream(Protocol):
+    closed: bool
+
+    def step(self, message: Any) -> list[Any] | Awaitable[list[Any]]: ...
+
+    def close(self, reason: str) -> None: ...
+
+
 class _ProcessStream:
-    """One ``Process`` RPC: Envoy's messages parsed, answered by the ``PickerStream``, answers serialized."""
+    """One ``Process`` RPC: Envoy's messages parsed, answered by the ``PickerStream`` (or observed by the
+    ``ResponseObserver``), answers serialized."""
 
     __slots__ = ("_error", "_processor", "_stream")
 
-    def __init__(self, processor: ExternalProcessor, stream: PickerStream) -> None:
+    def __init__(self, processor: ExternalProcessor, stream: _Stream) -> None:
         self._processor = processor
         self._stream = stream
         self._error: str | None = None  # why this side ended the stream with an error status

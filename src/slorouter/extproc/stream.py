@@ -7,11 +7,20 @@ feed the same ``RequestLifecycle`` hooks the gateway's relay feeds (``api.stream
 TPOT, training samples and the in-flight release happen the same way. Requests that cannot be routed get an
 ``ImmediateResponse`` with the gateway's status, headers and JSON error body; a message that breaks the
 protocol raises ``ProtocolError``, which the server turns into a gRPC INVALID_ARGUMENT status.
+
+On an observed response path (a data plane whose picking filter skips the response and whose second filter,
+in observability mode, streams the response to the picker without waiting for answers), the pick leaves a
+request key in ``slorouter`` dynamic metadata, and a ``ResponseObserver`` stream claims the request by it and
+feeds the same hooks: no exchange with the picker is left on the response's path.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import enum
+import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -27,14 +36,19 @@ from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTo
 from slorouter.http.errors import RequestError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import SchedulingError
-from slorouter.serving.headers import routing_response_headers
+from slorouter.serving.headers import ENDPOINT_HEADER, routing_response_headers
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS, RequestIds, inference_request
+
+log = logging.getLogger(__name__)
 
 Response = Any  # an envoy.service.ext_proc.v3.ProcessingResponse (the generated modules are untyped)
 MODELS_PATH = "/v1/models"
 # A non-streaming response body is kept for the reply-text hooks only up to this size.
 _MAX_KEPT_RESPONSE_BYTES = 4 << 20
+# On an observed response path, how long a routed request waits for its observer to claim it once its
+# picking stream ended (the data plane ends that stream as soon as it has nothing more to send on it).
+OBSERVER_CLAIM_S = 2.0
 _MODE_NAMES = {
     messages.NONE: "NONE",
     messages.STREAMED: "STREAMED",
@@ -69,13 +83,24 @@ class Picker:
         self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
         self.ids = RequestIds()
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
+        # Observed response path: the routed requests whose observer has not claimed them yet, by key.
+        self.awaiting_observer: dict[str, PickerStream] = {}
+        self.observations = ObservationQueue()
+        self._keys = itertools.count(1)
+
+    def next_key(self) -> str:
+        return format(next(self._keys), "x")
 
 
 class PickerStream:
     """The state of one stream; ``handle`` answers each message Envoy sends, in order."""
 
-    def __init__(self, picker: Picker) -> None:
+    def __init__(self, picker: Picker, *, observed: bool = False) -> None:
         self._picker = picker
+        # The response is not sent on this stream: a ResponseObserver stream claims it by ``_key``.
+        self._observed = observed
+        self._key: str | None = None
+        self._observer_claimed = False
         self._phase = _Phase.REQUEST_HEADERS
         self._request_mode = messages.BUFFERED
         self._response_mode: int | None = None  # unknown until Envoy says (protocol_config)
@@ -117,7 +142,23 @@ class PickerStream:
         raise ProtocolError(f"a ProcessingRequest without a request, response or trailers part ({kind})")
 
     def close(self, reason: str) -> None:
-        """The gRPC stream ended: a request still in flight is completed (and its load released) now."""
+        """The gRPC stream ended: a request still in flight is completed (and its load released) now;
+        on an observed path the observer's stream tells when the request ends, once it has claimed it."""
+        if self._key is not None and not self._observer_claimed:
+            lifecycle = self._lifecycle
+            if lifecycle is not None and not lifecycle.finished:
+                asyncio.get_running_loop().call_later(OBSERVER_CLAIM_S, self._unclaimed, reason)
+                return
+        if not self._observer_claimed:
+            self.abandon(reason)
+
+    def _unclaimed(self, reason: str) -> None:
+        if self._picker.awaiting_observer.pop(self._key or "", None) is not None:
+            self._picker.metrics.unobserved_requests.inc()
+            self.abandon(f"{reason}; no observer claimed its response")
+
+    def abandon(self, reason: str) -> None:
+        """The request ended without a whole response: completed with ``reason`` as its error."""
         lifecycle = self._lifecycle
         if lifecycle is not None and not lifecycle.finished:
             self._picker.metrics.client_disconnects.inc()
@@ -245,16 +286,23 @@ class PickerStream:
         except SchedulingError as exc:
             return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
         picker.metrics.scheduling_duration.observe(time.perf_counter() - started)
-        self._lifecycle = picker.director.dispatch(request, result)
+        lifecycle = self._lifecycle = picker.director.dispatch(request, result)
         self._phase = _Phase.ROUTED
         endpoints = [target.address for target in result.primary.targets]
         remove = ["authorization"] if picker.api_keys else []  # the gateway's key, not the model server's
+        observed: list[tuple[str, str]] = []
+        if self._observed:
+            self._key = picker.next_key()
+            picker.awaiting_observer[self._key] = self
+            # The route adds these to the response (the endpoint: the address that served it, from Envoy).
+            observed = [(messages.REQUEST_KEY, self._key)]
+            observed += [(k, v) for k, v in routing_response_headers(lifecycle) if k != ENDPOINT_HEADER]
         if self._request_mode == messages.FULL_DUPLEX_STREAMED:
             return [
-                messages.routed_headers(endpoints, set_headers, remove, self._mode_override()),
+                messages.routed_headers(endpoints, set_headers, remove, self._mode_override(), observed),
                 *messages.streamed_body(body, request=True),
             ]
-        return [messages.routed_body(endpoints, set_headers, remove)]
+        return [messages.routed_body(endpoints, set_headers, remove, observed)]
 
     def _excluded(self) -> list[str] | None:
         """The healthy endpoints outside the subset hint (None: the subset leaves none)."""
@@ -283,7 +331,11 @@ class PickerStream:
 
     def _mode_override(self) -> Any:
         """Ask for the response body when Envoy's filter was not configured to send it (or did not say)."""
-        if self._response_mode in (messages.STREAMED, messages.FULL_DUPLEX_STREAMED, messages.BUFFERED):
+        if self._observed or self._response_mode in (
+            messages.STREAMED,
+            messages.FULL_DUPLEX_STREAMED,
+            messages.BUFFERED,
+        ):
             return None
         return messages.response_mode(self._request_mode, messages.STREAMED)
 
@@ -312,23 +364,23 @@ class PickerStream:
             self._phase = _Phase.RESPONSE_BODY
             return [messages.response_headers([])]
         headers = messages.header_map(message)
-        remove = self._data_plane_report(request, headers, lifecycle)
-        try:
-            self._status = int(headers.get(":status", ""))
-        except ValueError:
-            raise ProtocolError(f"response headers with a bad :status {headers.get(':status')!r}") from None
-        streaming = "text/event-stream" in headers.get("content-type", "")
-        lifecycle.on_headers(self._status, streaming)
-        if streaming and self._status == 200:
-            self._observer = StreamObserver(lifecycle, lifecycle.request.history_form)
-        elif self._status < 400 and lifecycle.request.history_form and lifecycle.reply_chars_wanted > 0:
-            self._kept = bytearray()
-        self._phase = _Phase.RESPONSE_BODY
+        # Where the data plane says it served the request (a response header or envoy.lb metadata), and
+        # its response flags: both headers are the generated bootstrap's, removed from the client's response.
+        served = headers.get(messages.SERVED)
+        flags = headers.get(messages.RESPONSE_FLAGS)
+        remove = [
+            name for name, value in ((messages.SERVED, served), (messages.RESPONSE_FLAGS, flags)) if value
+        ]
+        self._account_data_plane(
+            lifecycle,
+            served if served is not None else messages.served_metadata(request),
+            _failure_phase(flags) if flags else None,
+        )
+        body_follows = self._start_response(lifecycle, headers, message.end_of_stream)
         own = routing_response_headers(lifecycle)
-        if message.end_of_stream:
-            self._finish(None)
-        elif (
-            self._observer is None
+        if (
+            body_follows
+            and self._observer is None
             and self._kept is None
             and self._response_mode != messages.FULL_DUPLEX_STREAMED
         ):
@@ -340,29 +392,58 @@ class PickerStream:
             return [messages.response_headers(own, mode, remove=remove)]
         return [messages.response_headers(own, remove=remove)]
 
-    def _data_plane_report(
-        self, request: Any, headers: Mapping[str, str], lifecycle: RequestLifecycle
-    ) -> list[str]:
-        """Where the data plane says it served the request (``x-gateway-destination-endpoint-served``, as a
-        response header or ``envoy.lb`` metadata): after a retry on a fallback, the load and the samples
-        follow. Envoy's response flags tell its own answer to upstream failures from the model server's.
-        Returns the data plane's headers to remove from the client's response."""
-        served = headers.get(messages.SERVED)
-        flags = headers.get(messages.RESPONSE_FLAGS)
-        remove = [
-            name for name, value in ((messages.SERVED, served), (messages.RESPONSE_FLAGS, flags)) if value
-        ]
-        if served is None:
-            served = messages.served_metadata(request)
+    def observe_response_headers(self, request: Any) -> None:
+        """The response's headers as the observer saw them (served address and flags as attributes)."""
+        lifecycle = self._lifecycle
+        if self._phase is not _Phase.ROUTED or lifecycle is None:
+            raise ProtocolError(f"observed response headers at an unexpected point ({self._phase.value})")
+        served, flag_bits = messages.response_attributes(request)
+        self._account_data_plane(lifecycle, served, _failure_phase_of_bits(flag_bits))
+        message = request.response_headers
+        body_follows = self._start_response(lifecycle, messages.header_map(message), message.end_of_stream)
+        if body_follows and self._observer is None and self._kept is None:
+            self._finish(None)  # no hook reads the body: done, as the gateway's relay is
+
+    def observe_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
+        if self._phase is _Phase.RESPONSE_BODY:
+            self._take_body(chunk, end_of_stream)
+
+    @property
+    def response_observed(self) -> bool:
+        """The observed response is over for the picker (nothing more to read)."""
+        return self._phase is _Phase.DONE
+
+    def claimed_by_observer(self) -> None:
+        self._observer_claimed = True
+        self._key = None
+
+    def _start_response(self, lifecycle: RequestLifecycle, headers: Mapping[str, str], ended: bool) -> bool:
+        """The response's status and kind given to the hooks; True if its body follows."""
+        try:
+            self._status = int(headers.get(":status", ""))
+        except ValueError:
+            raise ProtocolError(f"response headers with a bad :status {headers.get(':status')!r}") from None
+        streaming = "text/event-stream" in headers.get("content-type", "")
+        lifecycle.on_headers(self._status, streaming)
+        if streaming and self._status == 200:
+            self._observer = StreamObserver(lifecycle, lifecycle.request.history_form)
+        elif self._status < 400 and lifecycle.request.history_form and lifecycle.reply_chars_wanted > 0:
+            self._kept = bytearray()
+        self._phase = _Phase.RESPONSE_BODY
+        if ended:
+            self._finish(None)
+        return not ended
+
+    def _account_data_plane(self, lifecycle: RequestLifecycle, served: str | None, phase: str | None) -> None:
+        """After a retry on a fallback, the load and the samples follow the endpoint that served the
+        request; Envoy's own answers to upstream failures are counted by phase."""
         metrics = self._picker.metrics
         picked = lifecycle.target.address
         if served and lifecycle.served_by(served.strip()):
             metrics.upstream_retries.inc()
             metrics.upstream_failures.labels(picked, "connect").inc()
-        phase = _failure_phase(flags) if flags else None
         if phase is not None:
             metrics.upstream_failures.labels(lifecycle.target.address, phase).inc()
-        return remove
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._phase is not _Phase.RESPONSE_BODY:
@@ -371,6 +452,10 @@ class PickerStream:
             if self._phase is _Phase.DONE:
                 raise ProtocolError("a response body arrived after the response ended")
             raise ProtocolError(f"a response body arrived before the response headers ({self._phase.value})")
+        self._take_body(chunk, end_of_stream)
+        return self._pass_body(chunk, end_of_stream)
+
+    def _take_body(self, chunk: bytes, end_of_stream: bool) -> None:
         if self._observer is not None:
             self._observer.feed(chunk)
         elif self._kept is not None:
@@ -380,7 +465,6 @@ class PickerStream:
                 self._kept = None
         if end_of_stream:
             self._finish(None)
-        return self._pass_body(chunk, end_of_stream)
 
     def _pass_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._response_mode == messages.FULL_DUPLEX_STREAMED:
@@ -409,6 +493,18 @@ _FAILURE_PHASES = {"UF": "connect", "URX": "connect", "UH": "connect", "UO": "co
                    "UC": "stream", "UR": "stream"}  # fmt: skip
 
 
+# The same flags as Envoy's response flag bits (its CoreResponseFlag order), lowest first as in its string.
+_FAILURE_PHASE_BITS = ((1, "connect"), (2, "timeout"), (4, "stream"), (5, "connect"), (6, "stream"),
+                       (7, "connect"), (15, "connect"))  # fmt: skip
+
+
+def _failure_phase_of_bits(bits: int) -> str | None:
+    for bit, phase in _FAILURE_PHASE_BITS:
+        if bits >> bit & 1:
+            return phase
+    return None
+
+
 def _failure_phase(flags: str) -> str | None:
     """The phase of the upstream failure Envoy's flags name (comma-separated, "-" for none), if any."""
     for flag in flags.split(","):
@@ -416,6 +512,103 @@ def _failure_phase(flags: str) -> str | None:
         if phase is not None:
             return phase
     return None
+
+
+class ResponseObserver:
+    """A data plane's observing stream (observability mode: nothing it is sent is answered): a request the
+    picker routed on another stream, claimed at its request headers by the key the pick left in the
+    ``slorouter`` metadata, its response fed to that request's hooks; the stream's end (the HTTP stream's)
+    ends a request whose response did not."""
+
+    def __init__(self, picker: Picker) -> None:
+        self._picker = picker
+        self._owner: PickerStream | None = None
+        # Nothing more to observe (the response ended, or it is not a request of this picker's): the RPC
+        # ends, and the data plane stops sending.
+        self.closed = False
+
+    def step(self, message: Any) -> list[Response]:
+        owner = self._owner
+        if owner is None:
+            owner = self._claim(message)
+            if owner is None:
+                self.closed = True
+                return []
+        if message.WhichOneof("request") in _OBSERVED_KINDS:
+            self._picker.observations.add(_observe, owner, message)
+        return []
+
+    def _claim(self, message: Any) -> PickerStream | None:
+        key = messages.observation_key(message)
+        if key is None:  # a response the picker did not route (a local reply, GET /v1/models)
+            return None
+        owner = self._picker.awaiting_observer.pop(key, None)
+        if owner is None:
+            # Routed by another process (several pickers behind one data plane connection pool), or given
+            # up on already: its hooks cannot be fed from here.
+            self._picker.metrics.unmatched_observations.inc()
+            return None
+        owner.claimed_by_observer()
+        self._owner = owner
+        return owner
+
+    def close(self, reason: str) -> None:
+        owner = self._owner
+        if owner is not None:
+            self._picker.observations.add(_abandon_unless_observed, owner, reason)
+        self.closed = True
+
+
+_OBSERVED_KINDS = frozenset(("response_headers", "response_body", "response_trailers"))
+
+
+def _observe(owner: PickerStream, message: Any) -> None:
+    kind = message.WhichOneof("request")
+    try:
+        if kind == "response_headers":
+            owner.observe_response_headers(message)
+        elif kind == "response_body":
+            owner.observe_response_body(message.response_body.body, message.response_body.end_of_stream)
+        else:
+            owner.observe_response_body(b"", True)
+    except ProtocolError as exc:
+        log.warning("ext_proc observer: %s", exc)
+        owner.abandon(f"ext_proc protocol error: {exc}")
+
+
+def _abandon_unless_observed(owner: PickerStream, reason: str) -> None:
+    if not owner.response_observed:
+        owner.abandon(reason)
+
+
+class ObservationQueue:
+    """Observed responses applied after the picks read with them.
+
+    An observation reaches the picker as the client gets the response, so the client's next request often
+    comes in the same read: routing it first keeps the completion hooks (training samples, the load-latency
+    fit) off its path. The queue is drained once per turn of the event loop, in arrival order."""
+
+    __slots__ = ("_queue", "_scheduled")
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._scheduled = False
+
+    def add(self, apply: Callable[..., None], *args: Any) -> None:
+        self._queue.append((apply, args))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        queue = self._queue
+        while queue:
+            apply, args = queue.popleft()
+            try:
+                apply(*args)
+            except Exception:
+                log.exception("applying an observed response failed")
 
 
 def _host(address: str) -> str:

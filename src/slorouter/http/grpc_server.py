@@ -25,7 +25,7 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -106,7 +106,9 @@ class RpcHandler(Protocol):
         ...
 
 
-HandlerFactory = Callable[[], RpcHandler]
+# Makes the handler of a new RPC from its request header fields (custom metadata included: a data plane can
+# say there what role the RPC plays).
+HandlerFactory = Callable[[Mapping[bytes, bytes]], RpcHandler]
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -653,7 +655,7 @@ class GrpcConnection(asyncio.Protocol):
             self._end_rpc(stream, UNIMPLEMENTED, f"unknown method {path}")
             return
         try:
-            stream.handler = factory()
+            stream.handler = factory(fields)
         except RpcError as exc:
             self._end_rpc(stream, exc.code, exc.message)
             return
