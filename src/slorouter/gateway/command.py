@@ -48,10 +48,12 @@ def _run(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
     if args.config and config.pool is None:
         raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
-    return uvloop.run(_serve(config, embedded=not args.config))
+    return uvloop.run(_serve(config, args.config))
 
 
-async def _serve(config: Config, embedded: bool) -> int:
+async def _serve(config: Config, config_path: str | None) -> int:
+    """``config_path`` None: the embedded default."""
+    embedded = config_path is None
     cluster = None
     if embedded:
         from slorouter.sim.server import start_pods
@@ -65,7 +67,7 @@ async def _serve(config: Config, embedded: bool) -> int:
         log.info(
             "embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses
         )
-    router = Router.build(config)
+    router = Router.build(config, config_path=config_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
