@@ -2,7 +2,9 @@
 
 Every ``import`` in ``src/slorouter`` (``TYPE_CHECKING`` ones included) is checked against the layer order
 below: a module may import its own component and components of lower layers only. Components in one layer
-(the front-ends) do not import each other.
+(the front-ends) do not import each other. The simulator is imported by the benchmark and the CLI only: the
+router's components (the predictor, the front-ends) run against real model servers, and what they share with
+the simulator (fault injection, ``faults``) lives below both.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "slorouter"
 LAYERS: list[set[str]] = [
     {"clock", "eager", "validation", "tokenizer", "yamlfile"},  # ground
     {"http"},  # HTTP/1.1 server, upstream client, OpenAI-style error bodies
+    {"faults"},  # fault injection: fault kinds and descriptions, plans, the /admin/faults API
     {"api"},  # the OpenAI API: request parsing, routing headers, reading responses
     {"kvevents"},  # vLLM's KV-event wire format and publisher, the simulated block hash chain
     {"pool"},  # endpoints, scraping, in-flight accounting
@@ -34,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
 ]
 LAYER_OF = {component: i for i, layer in enumerate(LAYERS) for component in layer}
+SIM_IMPORTERS = {"sim", "bench", "cli"}
 
 
 def _component(module: str) -> str | None:
@@ -81,6 +85,10 @@ def _violations(text: str, module: str, is_package: bool = False) -> list[str]:
             continue
         if component not in LAYER_OF or LAYER_OF[component] >= LAYER_OF[own]:
             found.append(f"line {line}: {own} imports {target} ({component} is not below it)")
+        elif component == "sim" and own not in SIM_IMPORTERS:
+            found.append(
+                f"line {line}: {own} imports {target} (only sim, bench and cli import the simulator)"
+            )
     return found
 
 
@@ -108,3 +116,15 @@ def test_the_check_catches_upward_and_relative_imports():
     ]
     assert _violations("import slorouter.predictor.features\n", "slorouter.scheduling.types") == []
     assert _violations("from . import state\n", "slorouter.pool.scraper") == []
+
+
+def test_only_the_benchmark_and_the_cli_import_the_simulator():
+    assert _violations("from slorouter.sim.faults import FAULTS\n", "slorouter.predictor.faults") == [
+        "line 1: predictor imports slorouter.sim.faults (only sim, bench and cli import the simulator)"
+    ]
+    assert _violations("from ..sim import server\n", "slorouter.gateway.command") == [
+        "line 1: gateway imports slorouter.sim (only sim, bench and cli import the simulator)"
+    ]
+    assert _violations("from slorouter.sim.server import start_pods\n", "slorouter.cli") == []
+    assert _violations("from slorouter.sim.engine import Engine\n", "slorouter.bench.cluster") == []
+    assert _violations("from slorouter.faults.plan import FaultPlan\n", "slorouter.sim.server") == []

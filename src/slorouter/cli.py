@@ -1,7 +1,8 @@
 """The ``slorouter`` command.
 
 Each subcommand lives in its own module, which exposes ``register(subparsers)``: it adds its parser and sets
-``func`` (a callable taking the parsed ``argparse.Namespace`` and returning an exit code).
+``func`` (a callable taking the parsed ``argparse.Namespace`` and returning an exit code). A command that
+needs a layer it may not import gets it here, as a keyword of ``register`` (``COMMAND_NEEDS``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slorouter.sim.server import SimCluster
 
 SUBCOMMAND_MODULES = (
     "slorouter.gateway.command",  # serve
@@ -19,13 +24,26 @@ SUBCOMMAND_MODULES = (
 )
 
 
+async def start_simulated_pods(count: int, profile: str) -> SimCluster:
+    """``count`` simulated pods of ``profile`` on free ports: the pool of ``slorouter serve``'s embedded
+    default."""
+    from slorouter.sim.server import start_pods  # imported when used: the other commands start faster
+
+    return await start_pods(count, 0, profile)
+
+
+COMMAND_NEEDS: dict[str, dict[str, Any]] = {
+    "slorouter.gateway.command": {"start_pods": start_simulated_pods},
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slorouter", description="Predicted-latency router for LLM inference pools."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+        importlib.import_module(module_name).register(subparsers, **COMMAND_NEEDS.get(module_name, {}))
     return parser
 
 

@@ -127,8 +127,8 @@ class EmbeddedPredictorConfig(StrictModel):
     state_dir: str | None = Field(
         default=None,
         min_length=1,
-        description="models and sample window; default $XDG_STATE_HOME/slorouter/serve or "
-        "~/.local/state/slorouter/serve",
+        description="models and sample window; default <state>/slorouter/serve/<key> (epp: .../epp/<key>), "
+        "<state> $XDG_STATE_HOME or ~/.local/state, <key> the config file's name and a hash of its path",
     )
     save_interval_s: float = Field(default=60.0, gt=0, description="how often the sample window is saved")
     retrain_interval_s: float = Field(default=5.0, gt=0)

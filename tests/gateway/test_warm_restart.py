@@ -1,5 +1,6 @@
 """``slorouter serve`` restarted on a state directory that holds a previous run's models: it routes by
-prediction at once, and refuses (and counts) models of another pool."""
+prediction at once, and refuses (and counts) models of another pool; routers of two configurations keep
+their state apart."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slorouter.config import ConfigError, parse_config
+from slorouter.config import ConfigError, load_config, parse_config
 from slorouter.gateway.runtime import Router
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.pool_shape import PoolShape
@@ -83,7 +84,7 @@ def metrics(address: str) -> str:
 
 
 async def test_a_restarted_router_routes_by_prediction_within_a_second(state_home: Path) -> None:
-    state_dir = default_state_dir("serve")  # the per-user default, under this test's XDG_STATE_HOME
+    state_dir = default_state_dir("serve", "embedded")  # the default's, under this test's XDG_STATE_HOME
     assert state_dir.is_relative_to(state_home)
     versions = await previous_run(state_dir, EMBEDDED_POOL)
     process, address, listening = start_serve()
@@ -103,7 +104,7 @@ async def test_a_restarted_router_routes_by_prediction_within_a_second(state_hom
 
 
 async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None:
-    await previous_run(default_state_dir("serve"), OTHER_POOL)
+    await previous_run(default_state_dir("serve", "embedded"), OTHER_POOL)
     process, address, _ = start_serve()
     try:
         route, _ = complete(address)
@@ -113,8 +114,34 @@ async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None
         assert 'slorouter_predictor_warm_start_refused_total{item="samples",reason="pool_shape"} 1.0' in text
     finally:
         stderr = stop(process)
-    assert "refused the saved ttft model (pool_shape)" in stderr
+    assert stderr.count("refused the saved ttft model (pool_shape)") == 1, stderr
+    assert "requests are routed by heuristics until a TTFT model is trained" in stderr
     assert "learnt on a pool of 1234 blocks of 16 tokens, but this pool also has 29205 blocks" in stderr
+    assert " ERROR " not in stderr, stderr
+
+
+async def test_routers_of_two_config_files_keep_apart_state(
+    tmp_path: Path, state_home: Path, cluster: SimCluster
+) -> None:
+    """Two configurations (two pools, or two policies on one) each get a state directory of their own: both
+    start, and neither sees the other's models."""
+    paths = []
+    for name in ("pool-a", "pool-b"):
+        path = tmp_path / f"{name}.yaml"
+        config = {"gateway": {"port": 0}, "pool": {"endpoints": list(cluster.addresses)}, "predictor": {}}
+        path.write_text(json.dumps(config))  # JSON is YAML
+        paths.append(path)
+    routers = [Router.build(load_config(path), config_path=path) for path in paths]
+    try:
+        for router in routers:
+            await router.start()  # a shared directory would be in use by the first: a configuration error
+        state_dirs = [router.core.predictor.state_dir for router in routers]  # type: ignore[union-attr]
+        assert state_dirs[0] != state_dirs[1]
+        assert [d.parent for d in state_dirs] == [state_home / "slorouter" / "serve"] * 2
+        assert [d.name[:7] for d in state_dirs] == ["pool-a-", "pool-b-"]
+    finally:
+        for router in routers:
+            await router.stop()
 
 
 async def test_a_state_directory_in_use_is_a_configuration_error(tmp_path: Path, cluster: SimCluster) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from slorouter.predictor.features import DEFAULT_SCHEMA
 from slorouter.predictor.model_store import decode_model_file
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.sample_sink import TrainingSampleSink
@@ -87,15 +88,15 @@ BAD_BODIES = [
     ),
     pytest.param([1, 2], "must be a JSON object", id="body-list"),
     pytest.param({"schema": SAMPLES_SCHEMA, "entries": []}, '"samples" must be a list', id="no-samples"),
-    pytest.param({"samples": _valid()}, '"schema" must be the feature schema', id="no-schema"),
+    pytest.param({"samples": _valid()}, '"schema" is required: the feature schema', id="no-schema"),
     pytest.param(
         {"schema": {**SAMPLES_SCHEMA, "version": 1}, "samples": _valid()},
-        "got {'version': 1, 'pod_class': False}",
+        '"schema.version" is 1, but this server\'s feature schema is version 2',
         id="other-schema-version",
     ),
     pytest.param(
         {"schema": {**SAMPLES_SCHEMA, "pod_class": True}, "samples": _valid()},
-        '"schema" must be the feature schema',
+        '"schema.pod_class" is true, but this server\'s is false',
         id="other-pod-class",
     ),
     pytest.param(samples_request(_valid(), pool_shape=[16]), '"pool_shape": invalid pool shape', id="shape"),
@@ -162,6 +163,55 @@ async def test_invalid_samples_are_rejected_whole(
     assert error["error"]["type"] == "BadRequestError"
     # All or nothing: the valid samples before and after the bad one were not stored either.
     assert server.store.count("ttft") == 0 and server.store.count("tpot") == 0
+
+
+FULL_SCHEMA = DEFAULT_SCHEMA.to_dict()
+
+BAD_SCHEMAS = [
+    pytest.param([2, False], "schema", '"schema" must be an object', id="list"),
+    pytest.param({**FULL_SCHEMA, "columns": []}, "schema", "no member 'columns'", id="unknown-member"),
+    pytest.param({"pod_class": False}, "schema.version", '"schema.version" is required', id="no-version"),
+    pytest.param({"version": 2}, "schema.pod_class", '"schema.pod_class" is required', id="no-pod-class"),
+    pytest.param(
+        {**SAMPLES_SCHEMA, "version": "2"}, "schema.version", "must be an integer", id="version-str"
+    ),
+    pytest.param({**SAMPLES_SCHEMA, "pod_class": 0}, "schema.pod_class", "true or false", id="pod-class-int"),
+    pytest.param(
+        {k: v for k, v in FULL_SCHEMA.items() if k != "tpot"},
+        "schema.tpot",
+        '"schema.tpot" is required with "schema.ttft"',
+        id="one-list",
+    ),
+    pytest.param(
+        {**FULL_SCHEMA, "ttft": FULL_SCHEMA["ttft"][:-1]},
+        "schema.ttft",
+        '"schema.ttft" must list this server\'s ttft features',
+        id="other-ttft-list",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "param", "message"), BAD_SCHEMAS)
+async def test_bad_schemas_are_400_naming_the_problem(
+    server: TrainingServer, http: aiohttp.ClientSession, schema: Any, param: str, message: str
+) -> None:
+    status, error = await post_samples(http, server.url, {"schema": schema, "samples": _valid()})
+    assert status == 400 and error["error"]["param"] == param, error
+    assert message in error["error"]["message"], error
+    assert server.store.count("ttft") == 0
+
+
+async def test_the_schema_of_the_status_is_accepted_back(
+    server: TrainingServer, http: aiohttp.ClientSession
+) -> None:
+    """A client posts the schema object /v1/status reported, as well as its short form."""
+    async with http.get(server.url + "/v1/status") as r:
+        schema = (await r.json())["schema"]
+    assert schema == FULL_SCHEMA and set(schema) > set(SAMPLES_SCHEMA)
+    for claimed in (schema, SAMPLES_SCHEMA):
+        status, body = await post_samples(http, server.url, {"schema": claimed, "samples": _valid()})
+        assert (status, body) == (202, {"accepted": 4})
+    assert server.store.count("ttft") == 4
 
 
 async def test_request_limits(server: TrainingServer, http: aiohttp.ClientSession) -> None:

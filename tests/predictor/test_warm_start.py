@@ -24,7 +24,7 @@ from slorouter.predictor.sample_window import (
     read_window,
     save_window,
 )
-from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirBusyError, default_state_dir
+from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirBusyError, default_state_dir, state_key
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.warm_start import StatePersistence
 from tests.predictor.conftest import synthetic
@@ -232,7 +232,7 @@ async def test_models_and_window_of_another_pool_shape_are_refused(
 ) -> None:
     await run_and_stop(tmp_path / "state", H100)
     registry = CollectorRegistry()
-    with caplog.at_level(logging.WARNING, "slorouter.predictor.warm_start"):
+    with caplog.at_level(logging.WARNING, "slorouter"):
         embedded = start_on(tmp_path / "state", H100_AND_A100, registry)
     try:
         assert not embedded.ready and embedded.store.count("ttft") == 0
@@ -242,8 +242,21 @@ async def test_models_and_window_of_another_pool_shape_are_refused(
             ("model", "tpot", "pool_shape"),
             ("samples", "all", "pool_shape"),
         ]
-        assert "refused the saved sample window (pool_shape)" in caplog.text
+        # An expected refusal: once per item, a warning that says what follows, no error.
+        assert [(r.levelname, r.getMessage().split(":")[1]) for r in caplog.records] == [
+            ("WARNING", " refused the saved ttft model (pool_shape)"),
+            ("WARNING", " refused the saved tpot model (pool_shape)"),
+            ("WARNING", " refused the saved sample window (pool_shape)"),
+        ]
+        assert (
+            caplog.records[0]
+            .getMessage()
+            .endswith(
+                "; requests are routed by heuristics until a TTFT model is trained on this pool's samples"
+            )
+        )
         assert "but this pool also has 17187 blocks of 16 tokens" in caplog.text
+        assert embedded.predictor.errors.keys() == {"ttft", "tpot"}  # recorded, though not logged again
         text = generate_latest(registry).decode()
         assert 'slorouter_predictor_warm_start_refused_total{item="model",reason="pool_shape"} 2.0' in text
         assert 'slorouter_predictor_warm_start_refused_total{item="samples",reason="pool_shape"} 1.0' in text
@@ -376,3 +389,16 @@ def test_default_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert default_state_dir("serve") == tmp_path / "home" / ".local" / "state" / "slorouter" / "serve"
     monkeypatch.delenv("XDG_STATE_HOME")
     assert default_state_dir("training-server") == tmp_path / "home/.local/state/slorouter/training-server"
+    assert default_state_dir("serve", "embedded") == tmp_path / "home/.local/state/slorouter/serve/embedded"
+
+
+def test_a_routers_state_key_is_its_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b").mkdir()
+    assert state_key(None) == "embedded"
+    key = state_key("pool.yaml")
+    assert key.startswith("pool-") and len(key) == len("pool-") + 8
+    assert state_key(tmp_path / "pool.yaml") == key  # the same file, however it is named
+    assert state_key("b/../pool.yaml") == key
+    assert state_key("b/pool.yaml") not in (key, "embedded")  # another file of the same name
+    assert state_key("a config (copy).yaml").startswith("a_config_copy-")  # a safe directory name

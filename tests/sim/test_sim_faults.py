@@ -8,8 +8,10 @@ import json
 import aiohttp
 import pytest
 
+from slorouter.faults.kinds import FaultError, parse_fault, parse_fault_flag
+from slorouter.faults.plan import FaultPlan
 from slorouter.sim import command
-from slorouter.sim.faults import FaultError, FaultPlan, parse_fault, parse_fault_flag
+from slorouter.sim.faults import FAULTS
 from slorouter.sim.server import start_pods
 
 BODY = {"model": "sim-llama3-8b", "prompt": "Hello there", "max_tokens": 4}
@@ -59,30 +61,30 @@ async def inject(http, pod, **fault):
 )
 def test_bad_faults_are_refused_with_a_message_naming_the_key(data, needle):
     with pytest.raises(FaultError, match=needle):
-        parse_fault(data)
+        parse_fault(data, FAULTS)
 
 
 def test_defaults_and_flag_forms():
-    fault = parse_fault({"fault": "kill-mid-stream"})
+    fault = parse_fault({"fault": "kill-mid-stream"}, FAULTS)
     assert (fault.probability, fault.count, fault.params) == (1.0, None, {"after_tokens": 1})
-    assert parse_fault_flag("hang,after_tokens=2,count=3").describe() == {
+    assert parse_fault_flag("hang,after_tokens=2,count=3", FAULTS).describe() == {
         "fault": "hang",
         "probability": 1.0,
         "count": 3,
         "after_tokens": 2,
         "hits": 0,
     }
-    assert parse_fault_flag('{"fault": "status", "status": 503}').params == {"status": 503}
+    assert parse_fault_flag('{"fault": "status", "status": 503}', FAULTS).params == {"status": 503}
     with pytest.raises(FaultError, match="not key=value"):
-        parse_fault_flag("hang,after_tokens")
+        parse_fault_flag("hang,after_tokens", FAULTS)
 
 
 def test_count_and_probability_decide_who_is_hit():
     plan = FaultPlan(seed=3)
-    plan.add(parse_fault({"fault": "status", "count": 2}))
+    plan.add(parse_fault({"fault": "status", "count": 2}, FAULTS))
     assert [plan.draw("inference") is not None for _ in range(4)] == [True, True, False, False]
     assert not plan
-    plan.add(parse_fault({"fault": "status", "probability": 0.25}))
+    plan.add(parse_fault({"fault": "status", "probability": 0.25}, FAULTS))
     hits = sum(plan.draw("inference") is not None for _ in range(2000))
     assert 400 < hits < 600
     assert plan.draw("metrics") is None

@@ -173,7 +173,10 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
     worker = args.worker_index
     # Workers keep their own embedded predictor state: one directory each.
     picker = EndpointPicker.build(
-        config, ports, state_name="epp" if worker is None else f"epp-worker-{worker}"
+        config,
+        ports,
+        state_name="epp" if worker is None else f"epp-worker-{worker}",
+        config_path=args.config,
     )
     if worker is not None and args.share_inflight:
         core = picker.core

@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
@@ -51,9 +52,15 @@ class EndpointPicker:
 
     @classmethod
     def build(
-        cls, config: Config, ports: PickerPorts, clock: Clock | None = None, *, state_name: str = "epp"
+        cls,
+        config: Config,
+        ports: PickerPorts,
+        clock: Clock | None = None,
+        *,
+        state_name: str = "epp",
+        config_path: str | Path | None = None,
     ) -> EndpointPicker:
-        core = RouterCore.build(config, clock, state_name=state_name)
+        core = RouterCore.build(config, clock, state_name=state_name, config_path=config_path)
         picker = Picker(
             core.director,
             core.metrics,

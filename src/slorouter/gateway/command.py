@@ -1,12 +1,18 @@
-"""``slorouter serve``: run the gateway for a configured pool, or the embedded default."""
+"""``slorouter serve``: run the gateway for a configured pool, or the embedded default.
+
+The embedded default's pods are simulated; the gateway does not import the simulator (a higher layer), so
+the CLI, which may, hands ``register`` the function that starts them."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import uvloop
 
@@ -21,7 +27,24 @@ EMBEDDED_PODS = 4
 EMBEDDED_PROFILE = "llama3-8b-h100"
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+class EmbeddedPool(Protocol):
+    """The embedded default's pods, started in-process."""
+
+    @property
+    def addresses(self) -> list[str]: ...
+
+    @property
+    def model(self) -> str: ...
+
+    async def close(self) -> None: ...
+
+
+StartPods = Callable[[int, str], Awaitable[EmbeddedPool]]  # (count, profile name) -> pods on free ports
+
+
+def register(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], *, start_pods: StartPods
+) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the gateway",
@@ -34,29 +57,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--host", help="listen address (overrides gateway.host)")
     parser.add_argument("--port", type=port, help="listen port (overrides gateway.port)")
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=functools.partial(run, start_pods=start_pods))
 
 
-def run(args: argparse.Namespace) -> int:
-    return run_command(args.log_level, lambda: _run(args))
+def run(args: argparse.Namespace, *, start_pods: StartPods) -> int:
+    return run_command(args.log_level, lambda: _run(args, start_pods))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, start_pods: StartPods) -> int:
     config = load_config(args.config) if args.config else Config()
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
     if args.config and config.pool is None:
         raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
-    return uvloop.run(_serve(config, embedded=not args.config))
+    return uvloop.run(_serve(config, args.config, start_pods))
 
 
-async def _serve(config: Config, embedded: bool) -> int:
+async def _serve(config: Config, config_path: str | None, start_pods: StartPods) -> int:
+    """``config_path`` None: the embedded default."""
+    embedded = config_path is None
     cluster = None
     if embedded:
-        from slorouter.sim.server import start_pods
-
-        cluster = await start_pods(EMBEDDED_PODS, 0, EMBEDDED_PROFILE)
+        cluster = await start_pods(EMBEDDED_PODS, EMBEDDED_PROFILE)
         update: dict[str, object] = {"pool": PoolConfig(endpoints=list(cluster.addresses))}
         if config.predictor is None:
             # The embedded default routes by predicted latency (heuristics until the first model is trained).
@@ -65,7 +88,7 @@ async def _serve(config: Config, embedded: bool) -> int:
         log.info(
             "embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses
         )
-    router = Router.build(config)
+    router = Router.build(config, config_path=config_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

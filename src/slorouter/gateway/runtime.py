@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from slorouter.clock import Clock
 from slorouter.config import Config, GatewayConfig
@@ -31,8 +32,12 @@ class Router:
     address: str = ""
 
     @classmethod
-    def build(cls, config: Config, clock: Clock | None = None) -> Router:
-        core = RouterCore.build(config, clock)
+    def build(
+        cls, config: Config, clock: Clock | None = None, *, config_path: str | Path | None = None
+    ) -> Router:
+        """``config_path``: the file ``config`` was read from (None: the embedded default), which keys the
+        embedded predictor's default state directory."""
+        core = RouterCore.build(config, clock, config_path=config_path)
         gateway = Gateway(
             config.gateway,
             core.director,

@@ -1,7 +1,7 @@
 """Faults a prediction server can inject (``--enable-fault-injection``), so tests and users can play the
 failures the router's ``PredictionClient`` must survive.
 
-The faults are played like the simulator's (``slorouter.sim.faults``: the same JSON object, ``probability``
+The faults are played like the simulator's (``slorouter.faults``: the same JSON object, ``probability``
 and ``count``), through ``GET``/``POST``/``DELETE /admin/faults``, which exist only when the server was
 started with the flag: a production server exposes no way to break it.
 
@@ -11,7 +11,7 @@ They strike the prediction endpoints (``POST /v1/predict/bulk`` and ``/v1/predic
 
 from __future__ import annotations
 
-from slorouter.sim.faults import FaultKind, FaultParam
+from slorouter.faults.kinds import FaultKind, FaultParam
 
 PREDICT = "predict"
 

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from slorouter.faults.admin import FaultAdmin
+from slorouter.faults.kinds import Fault
+from slorouter.faults.plan import FaultPlan
 from slorouter.http.auth import BearerTokens, check_bind, lean_auth
 from slorouter.http.errors import RequestError
 from slorouter.http.json_bodies import lean_body, lean_error, lean_json, parse_json
@@ -42,8 +45,6 @@ from slorouter.predictor.wire import (
     encode_binary_predictions,
     encode_predictions,
 )
-from slorouter.sim.fault_admin import FaultAdmin
-from slorouter.sim.faults import Fault, FaultPlan
 
 log = logging.getLogger("slorouter.predictor.prediction_server")
 

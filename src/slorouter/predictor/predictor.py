@@ -238,6 +238,12 @@ class Predictor:
             self._install(prepared)
         return bool(prepared)
 
+    def pass_over(self, kind: ModelKind, version: str, error: str) -> None:
+        """Treat ``version`` as refused for ``error``, which its caller has logged: ``refresh`` does not load
+        it (nor log it again) until the store's version moves."""
+        self._refused[check_kind(kind)] = version
+        self.errors[kind] = error
+
     def load_raw(self, kind: ModelKind, raw: bytes, metadata: ModelMetadata) -> None:
         """Load booster bytes and their metadata (e.g. downloaded from a training server); make them current.
 

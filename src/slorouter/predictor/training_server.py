@@ -40,6 +40,7 @@ from slorouter.predictor.features import (
 )
 from slorouter.predictor.model_store import ModelMetadata, ModelStore, decode_model_file
 from slorouter.predictor.pool_shape import PoolShape, PoolShapeMismatchError
+from slorouter.predictor.sample_schema import check_sample_schema
 from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirLock
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import Trainer, TrainerConfig, TrainingReport
@@ -65,22 +66,15 @@ class SampleBatch:
 def parse_samples(
     data: Any, *, max_samples: int = MAX_SAMPLES_PER_REQUEST, schema: FeatureSchema
 ) -> SampleBatch:
-    """Validate a ``POST /v1/samples`` body: its feature schema (which must be ``schema``), its pool shape
-    (optional) and its samples.
+    """Validate a ``POST /v1/samples`` body: its feature schema (which must be ``schema``, see
+    ``sample_schema``), its pool shape (optional) and its samples.
 
     Raises ``RequestError`` naming the first bad member or sample, before anything is returned (so before
     anything is stored).
     """
     if not isinstance(data, dict):
         raise RequestError('body must be a JSON object {"schema": {...}, "samples": [...]}')
-    expected = schema.key()
-    if data.get("schema") != expected:
-        got = "missing" if "schema" not in data else f"{data['schema']!r}"
-        raise RequestError(
-            f'"schema" must be the feature schema the samples were measured with, {json.dumps(expected)} on '
-            f"this server (samples of another one are refused: one window never mixes two); got {got}",
-            param="schema",
-        )
+    check_sample_schema(data.get("schema"), schema)
     pool_shape = None
     if data.get("pool_shape") is not None:
         shape = data["pool_shape"]

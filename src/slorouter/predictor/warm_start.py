@@ -3,9 +3,10 @@
 At start, ``StatePersistence.restore`` takes the models already in the model store and the saved sample
 window, refusing what does not fit, for one of three reasons: state of another feature schema (``schema``),
 learnt on a pool this one does not fit (``pool_shape``, see ``pool_shape.py``), or a damaged file
-(``damaged``). A refusal is logged with its reason and counted; the refused part then warms up as from
-scratch (no model until the first training; an empty window). Nothing refused is deleted: it is replaced
-by the next training or save.
+(``damaged``). A refusal is expected (another pool, an upgrade): it is logged once, at WARNING, with its
+reason and what follows, and counted; the refused part then warms up as from scratch (no model until the
+first training, so heuristic routing meanwhile; an empty window). Nothing refused is deleted: it is
+replaced by the next training or save.
 
 While running, ``maybe_save`` (called from the owner's training thread) rewrites the window every
 ``save_interval_s`` when samples arrived since the last save, and ``save_pending`` does so at shutdown.
@@ -69,6 +70,19 @@ class WarmStartReport:
         }
 
 
+def _refusal_words(item: str, kind: str) -> tuple[str, str]:
+    """What was refused, and what follows from it."""
+    if item != "model":
+        return "the saved sample window", "the window starts empty"
+    if kind == "ttft":
+        return (
+            "the saved ttft model",
+            "requests are routed by heuristics until a TTFT model is trained on this pool's samples",
+        )
+    then = f"no {kind.upper()} prediction until one is trained on this pool's samples"
+    return f"the saved {kind} model", then
+
+
 class StatePersistence:
     """Restores a trainer's models and sample window at start; saves the window while running and at stop."""
 
@@ -106,6 +120,10 @@ class StatePersistence:
             self._refuse(report, "model", kind, exc)
         if predictor is not None:
             predictor.pool_shape = pool_shape
+            for kind, exc in refused_models.items():  # refused and logged once, here: not loaded again
+                version = trainer.model_store.latest_version(kind)
+                if version is not None:
+                    predictor.pass_over(kind, version, str(exc))
             predictor.refresh()
         known: list[dict[str, Any] | None] = []
         for kind in MODEL_KINDS:
@@ -175,8 +193,8 @@ class StatePersistence:
         report.refused.append({"item": item, "kind": kind, "reason": reason, "error": str(exc)})
         if self._refused is not None:
             self._refused.labels(item, reason).inc()
-        what = f"the saved {kind} model" if item == "model" else "the saved sample window"
-        log.warning("warm start: refused %s (%s): %s; warming up from scratch", what, reason, exc)
+        what, then = _refusal_words(item, kind)
+        log.warning("warm start: refused %s (%s): %s; %s", what, reason, exc, then)
 
     def _added(self) -> int:
         return sum(self.store.total_added(kind) for kind in MODEL_KINDS)

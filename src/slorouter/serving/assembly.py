@@ -34,7 +34,7 @@ from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.prediction_client import PredictionClient
 from slorouter.predictor.remote import RemotePredictor
 from slorouter.predictor.sample_sink import TrainingSampleSink
-from slorouter.predictor.state_dir import StateDirBusyError, default_state_dir
+from slorouter.predictor.state_dir import StateDirBusyError, default_state_dir, state_key
 from slorouter.predictor.store import StoreConfig
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
@@ -61,9 +61,18 @@ class RouterCore:
     discovery_metrics: DiscoveryMetrics | None = None
 
     @classmethod
-    def build(cls, config: Config, clock: Clock | None = None, *, state_name: str = "serve") -> RouterCore:
-        """``state_name`` names the embedded predictor's default state directory (one per front-end, so
-        that a gateway and a picker on one machine do not contend for it)."""
+    def build(
+        cls,
+        config: Config,
+        clock: Clock | None = None,
+        *,
+        state_name: str = "serve",
+        config_path: str | Path | None = None,
+    ) -> RouterCore:
+        """The embedded predictor's default state directory is ``<state_name>/<key>``: ``state_name`` per
+        front-end (a gateway and a picker on one machine do not contend for it), the key from
+        ``config_path``, the file ``config`` was read from (None: the embedded default), so that routers of
+        two configurations do not either."""
         if config.pool is None:
             raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
         clock = clock or MonotonicClock()
@@ -82,7 +91,8 @@ class RouterCore:
         scheduler_config = config.scheduler
         predictor = None
         if config.predictor is not None and config.predictor.mode != "off":
-            predictor = _build_predictor(config.predictor, clock, metrics, pool, state_name)
+            state_dir = default_state_dir(state_name, state_key(config_path))
+            predictor = _build_predictor(config.predictor, clock, metrics, pool, state_dir)
             ctx.predictor = predictor
             ctx.metrics = LatencyMetrics(metrics.registry, metrics.model_labels)
             metrics.registry.register(PredictorCollector(predictor))
@@ -159,7 +169,7 @@ def _breaker_config(remote: RemotePredictorConfig) -> BreakerConfig:
 
 
 def _build_predictor(
-    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, state_name: str
+    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, default_state: Path
 ) -> LatencyPredictorBackend:
     if config.mode == "remote":
         assert config.remote is not None
@@ -193,9 +203,7 @@ def _build_predictor(
     )
     state_dir = None
     if embedded.persist:
-        state_dir = (
-            Path(embedded.state_dir).expanduser() if embedded.state_dir else default_state_dir(state_name)
-        )
+        state_dir = Path(embedded.state_dir).expanduser() if embedded.state_dir else default_state
     return EmbeddedPredictor(
         state_dir,
         store_config=StoreConfig(per_bucket=embedded.per_bucket),

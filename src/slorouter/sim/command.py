@@ -10,7 +10,8 @@ import sys
 import uvloop
 import zmq
 
-from slorouter.sim.faults import FaultError, parse_fault_flag
+from slorouter.faults.kinds import FaultError, parse_fault_flag
+from slorouter.sim.faults import FAULTS
 from slorouter.sim.profiles import PROFILES, get_profile
 from slorouter.sim.server import start_pods
 from slorouter.sim.variants import VariantError, apply_variant
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"slorouter sim: error: --engine-variant: {exc}", file=sys.stderr)
         return 2
     try:
-        args.faults = [parse_fault_flag(spec) for spec in args.fault]
+        args.faults = [parse_fault_flag(spec, FAULTS) for spec in args.fault]
     except FaultError as exc:
         print(f"slorouter sim: error: --fault: {exc}", file=sys.stderr)
         return 2

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slorouter.clock import Clock, MonotonicClock
+from slorouter.faults.admin import FaultAdmin
+from slorouter.faults.kinds import Fault
+from slorouter.faults.plan import FaultPlan
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
 from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
-from slorouter.sim.fault_admin import FaultAdmin
-from slorouter.sim.faults import INFERENCE, LISTENER, METRICS, Fault, FaultPlan
+from slorouter.sim.faults import FAULTS, INFERENCE, LISTENER, METRICS
 from slorouter.sim.kv_events import PodKVEvents
 from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
@@ -124,7 +126,7 @@ class SimPod:
         self.http.add_route("GET", "/v1/models", self._models)
         self.http.add_route("GET", "/health", self._health)
         self.http.add_route("GET", "/metrics", self._metrics)
-        FaultAdmin(self.faults, activate=self._activate_fault).add_routes(self.http)
+        FaultAdmin(self.faults, FAULTS, activate=self._activate_fault).add_routes(self.http)
         self.name = name
 
     @property

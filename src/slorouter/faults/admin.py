@@ -1,5 +1,5 @@
 """``GET``/``POST``/``DELETE /admin/faults``: the fault-injection API, shared by ``slorouter sim`` and the
-prediction server (``--enable-fault-injection``) over a ``FaultPlan`` of their own catalogue of faults."""
+prediction server (``--enable-fault-injection``), each over a ``FaultPlan`` of its own catalogue of faults."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import urllib.parse
 from collections.abc import Callable
 
+from slorouter.faults.kinds import Fault, FaultError, FaultKind, parse_fault
+from slorouter.faults.plan import FaultPlan
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error
-from slorouter.sim.faults import FAULTS, Fault, FaultError, FaultKind, FaultPlan, parse_fault
 
 _JSON = b"application/json; charset=utf-8"
 
@@ -24,7 +25,7 @@ class FaultAdmin:
     def __init__(
         self,
         plan: FaultPlan,
-        catalogue: dict[str, FaultKind] = FAULTS,
+        catalogue: dict[str, FaultKind],
         activate: Callable[[Fault, HttpRequest], None] | None = None,
     ) -> None:
         self.plan = plan
