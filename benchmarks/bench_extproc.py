@@ -4,7 +4,9 @@ serve`) and Envoy alone (round robin to the same pods), heuristic and predicted-
 Two cases:
 
 - ``one-token``: `slorouter sim --profile instant` (no model cost) answers one-token, non-streamed
-  replies, so what is measured is the data plane and the picker. Added latency with one connection
+  replies, so what is measured is the data plane and the picker. Beside the picker runs a null picker
+  (``_null_picker.py``: constant answers on the same gRPC server, every request to the first pod): Envoy +
+  it is the floor of any picker behind the ext_proc filter on the machine. Added latency with one connection
   (unloaded), throughput with 64 connections (wrk). The rounds alternate the setups; the table reports the
   median of the rounds, and each process's user+system CPU per request (from /proc).
 - ``streamed``: the shape users send. Simulated `llama3-8b-h100` pods stream chat replies of
@@ -122,6 +124,16 @@ def start_targets(
                 proxy.pid,
                 f"http://127.0.0.1:{metrics_port}/metrics",
             )
+    if args.null_picker:
+        null_port = free_port()
+        null_picker = [sys.executable, str(HERE / "_null_picker.py"), str(null_port), endpoints[0]]
+        null = stack.enter_context(process(null_picker, [null_port]))
+        for path in args.response_paths:
+            setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", null_port, endpoints=tuple(endpoints),
+                               request_body_mode=args.body_mode, response_path=path)  # fmt: skip
+            proxy = stack.enter_context(envoy(setup, directory))
+            name = "envoy + null picker" + (f" ({path})" if len(args.response_paths) > 1 else "")
+            targets[name] = Target(f"http://127.0.0.1:{setup.listen_port}", null.pid, proxy.pid, None)
     for target in targets.values():
         wait_for_port(int(target.url.rsplit(":", 1)[1]))
     return targets
@@ -138,6 +150,7 @@ def one_token(args: argparse.Namespace) -> None:
         sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", "instant",
                "--model", "sim-instant"]  # fmt: skip
         stack.enter_context(process(sim, [sim_port + i for i in range(args.pods)]))
+        args.null_picker = True
         targets = start_targets(stack, directory, endpoints, args, "sim-instant")
         for target in targets.values():  # warm up connections, code paths, and train the predictors
             run_wrk(f"{target.url}/v1/completions", BODY, connections=8, seconds=3)
@@ -187,13 +200,18 @@ def one_token(args: argparse.Namespace) -> None:
             rps = med(epp, "throughput", "rps") / med(gw, "throughput", "rps")
             added_gw = med(gw, "latency", "p50_ms") - base_p50
             added_epp = med(epp, "latency", "p50_ms") - base_p50
-            ratio_rows.append([profile, path, f"{rps:.2f}×", f"{added_epp - added_gw:+.2f} ms"])
+            null = "envoy + null picker" + (f" ({path})" if len(args.response_paths) > 1 else "")
+            floor = med(null, "latency", "p50_ms") - base_p50 - added_gw
+            null_rps = med(null, "throughput", "rps") / med(gw, "throughput", "rps")
+            ratio_rows.append([profile, path, f"{rps:.2f}×", f"{null_rps:.2f}×", f"{added_epp - added_gw:+.2f} ms",
+                               f"{floor:+.2f} ms"])  # fmt: skip
     print(
         markdown_table(
-            ["profile", "response path", "Envoy + epp req/s ÷ gateway's", "added p50: epp − gateway"],
+            ["profile", "response path", "Envoy + epp req/s ÷ gateway's", "null picker's",
+             "added p50: epp − gateway", "null picker − gateway"],
             ratio_rows,
         )
-    )
+    )  # fmt: skip
     errors = sum(r["non_2xx"] for rs in results.values() for r in rs)
     print(
         f"\nmedian of {args.rounds} rounds of {args.seconds:g} s; ext_proc body mode {args.body_mode}; "
@@ -252,6 +270,7 @@ def streamed(args: argparse.Namespace) -> None:
         sim = [*SLOROUTER, "sim", "--pods", str(pods), "--port", str(sim_port), "--profile", "llama3-8b-h100",
                "--model", "sim-llama3-8b"]  # fmt: skip
         stack.enter_context(process(sim, [sim_port + i for i in range(pods)]))
+        args.null_picker = False  # it routes every request to one pod: no load of the shape users send
         targets = start_targets(stack, directory, endpoints, args, "sim-llama3-8b")
         for name, target in targets.items():  # warm up, and train the predictors
             print(f"warming up {name}", file=sys.stderr, flush=True)
