@@ -3,12 +3,14 @@
     .venv/bin/python benchmarks/headline.py run OUT_DIR [--seeds 0,1,2] [--points NAME,...]
     .venv/bin/python benchmarks/headline.py table OUT_DIR
     .venv/bin/python benchmarks/headline.py plot OUT_DIR docs/img/headline-ttft-p90.png
+    .venv/bin/python benchmarks/headline.py accuracy OUT_DIR
 
 ``run`` calls ``slorouter bench`` once per point (a workload, a pool and one load below saturation), every
 built-in policy on the same arrivals, and writes ``OUT_DIR/NAME/results.json``. ``table`` prints the
 Markdown table of the results page (TTFT p90 of every policy, the median over the seeds with their range,
-and each point's best policy); ``plot`` draws it, TTFT p90 relative to the best policy at each point. The
-runs are deterministic: the same command gives the same figures on any machine.
+and each point's best policy); ``plot`` draws it, TTFT p90 relative to the best policy at each point;
+``accuracy`` prints predicted-latency's prediction quality at each point. The runs are deterministic: the
+same command gives the same figures on any machine.
 """
 
 from __future__ import annotations
@@ -140,6 +142,25 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def accuracy(out: Path) -> str:
+    """predicted-latency's MAPE (point prediction) and served-p90 coverage per point (seed medians)."""
+    lines = [
+        "| workload, pool, load | TTFT MAPE | TTFT p90 coverage | TPOT MAPE | TPOT p90 coverage |",
+        "|---|---:|---:|---:|---:|",
+    ]
+
+    def cell(value: float | None) -> str:
+        return "–" if value is None or math.isnan(value) else f"{value:.2f}"
+
+    for point, runs in load(out):
+        run = runs.get("predicted-latency")
+        if run is None:
+            continue
+        keys = ("ttft_mape", "ttft_p90_coverage", "tpot_mape", "tpot_p90_coverage")
+        lines.append(f"| {label(point)} | " + " | ".join(cell(run.get(k)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
 def plot(out: Path, image: Path) -> None:
     import matplotlib
 
@@ -196,6 +217,8 @@ def main() -> None:
     plot_p = sub.add_parser("plot", help="draw the plot")
     plot_p.add_argument("out", type=Path)
     plot_p.add_argument("image", type=Path)
+    accuracy_p = sub.add_parser("accuracy", help="print predicted-latency's prediction quality")
+    accuracy_p.add_argument("out", type=Path)
     args = parser.parse_args()
 
     if args.command == "run":
@@ -208,6 +231,8 @@ def main() -> None:
             subprocess.run(command, check=True)
     elif args.command == "table":
         print(table(args.out))
+    elif args.command == "accuracy":
+        print(accuracy(args.out))
     else:
         plot(args.out, args.image)
 

@@ -26,7 +26,9 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     # "session 7", "sessions 8–9", "Session-3"; a workload's prompt tag "[session 40 turn 3]" is not one
     "session number": re.compile(r"(?<!\[)\bsessions?[-\s]\d+", re.IGNORECASE),
     # "#42" as a tracker reference; "PR #1651", "pull request #1827", "owner/repo#12" and "&#123;" are not
-    "issue reference": re.compile(r"(?<![\w/&#])(?<!PR )(?<!pull request )#\d{1,5}\b(?![\w-])", re.IGNORECASE),
+    "issue reference": re.compile(
+        r"(?<![\w/&#])(?<!PR )(?<!pull request )#\d{1,5}\b(?![\w-])", re.IGNORECASE
+    ),
     "work-log phrasing": re.compile(
         rf"\b(?:in|during|of|from|since|until|before|after|for) {_LOG_SESSION} session\b"
         r"|\b(?:last|previous|next) session\b"
