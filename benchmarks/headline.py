@@ -176,7 +176,7 @@ def plot(out: Path, image: Path) -> None:
         best = min(p90.values())
         rows.append((point, {name: value / best for name, value in p90.items()}))
 
-    fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(11, 0.55 * len(rows) + 1.8))
     height = 0.8 / len(POLICIES)
     colours = plt.get_cmap("tab10")
     for k, name in enumerate(POLICIES):
@@ -187,7 +187,9 @@ def plot(out: Path, image: Path) -> None:
             if x > 4.0:
                 ax.text(4.02, y, f"{x:.0f}×", va="center", fontsize=6)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([label(point).replace(", ", "\n", 1) for point, _ in rows], fontsize=7)
+    ax.set_yticklabels(
+        [label(point).replace(", ", "\n", 1).replace(" + ", " +\n") for point, _ in rows], fontsize=7
+    )
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xlim(0.9, 4.4)
@@ -195,8 +197,10 @@ def plot(out: Path, image: Path) -> None:
     ax.set_xticks([1, 1.25, 1.5, 2, 3, 4])
     ax.set_xticklabels(["1× (best)", "1.25×", "1.5×", "2×", "3×", "≥ 4×"])
     ax.set_xlabel("TTFT p90 relative to the best policy at that point (lower is better; median of the seeds)")
-    ax.legend(loc="lower right", fontsize=7, ncol=2)
-    ax.set_title("Every built-in policy on every workload, virtual time (slorouter bench)", fontsize=10)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, ncol=len(POLICIES), frameon=False)
+    ax.set_title(
+        "Every built-in policy on every workload, virtual time (slorouter bench)", fontsize=10, pad=22
+    )
     fig.tight_layout()
     image.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(image, dpi=110)
