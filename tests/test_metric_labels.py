@@ -1,4 +1,5 @@
-"""The client's model name labels series; their number is bounded (docs/reliability.md, "Metric label cardinality")."""
+"""The client's model name labels series; their number is bounded (docs/reliability.md, "Metric label
+cardinality")."""
 
 from __future__ import annotations
 

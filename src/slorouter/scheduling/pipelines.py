@@ -1,8 +1,8 @@
 """The built-in scheduler configurations: the original's default, the predicted-latency pipeline (the
 load-core one) and the ranking pipeline it replaced.
 
-Why the predicted-latency pipeline is shaped as it is, setting by setting, is in docs/plugins.md ("The built-in
-predicted-latency pipeline"), and the measurements behind each choice in docs/design/.
+Why the predicted-latency pipeline is shaped as it is, setting by setting, is in docs/plugins.md ("The
+built-in predicted-latency pipeline"), and the measurements behind each choice in docs/design/.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def _warm_up_profile() -> dict[str, Any]:
     }
 
 
-# The ranking pipeline (built in before the load-core one, opt-in now: examples/predicted-ranking.yaml), after the
-# original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier filter →
+# The ranking pipeline (built in before the load-core one, opt-in now: examples/predicted-ranking.yaml), after
+# the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier filter →
 # loose 0.80 gate → latency-scorer ranking by the XGBoost TTFT prediction → picker, with the producer and the
 # SLO admitter; requests without predictions run the token-aware default profile. Its five differences from
 # the original, and why it is no longer the default, are in docs/plugins.md ("The ranking pipeline").
