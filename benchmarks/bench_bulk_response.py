@@ -1,8 +1,8 @@
 """The prediction server's JSON bulk response, ``{"predictions": [{"ttft_ms": x, "tpot_ms": y}, ...],
 "model_versions": {...}}``, written two ways for the same predictions (the same bytes):
 
-- byte replacement (shipped until issue 11, kept here for the comparison): one orjson array of [ttft, tpot]
-  pairs from numpy, turned into the objects by replacing ``],[`` and ``,`` (no Python object per row);
+- byte replacement (what the server did before, kept here for the comparison): one orjson array of [ttft,
+  tpot] pairs from numpy, turned into the objects by replacing ``],[`` and ``,`` (no Python object per row);
 - plain (what ``slorouter.predictor.wire.encode_predictions`` does): orjson of a list of dicts (rounded
   values from ``tolist()``; orjson writes a NaN TPOT as null).
 

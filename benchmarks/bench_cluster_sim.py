@@ -1,4 +1,4 @@
-"""Speed of the discrete-event cluster simulator (issue 5): wall time for a given pool, load and duration.
+"""Speed of the discrete-event cluster simulator: wall time for a given pool, load and duration.
 
 Cases (each run once per policy, single process, single thread for XGBoost):
 

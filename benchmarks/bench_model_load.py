@@ -10,8 +10,8 @@ turn (median ms of ``--repeats`` calls after a warm-up), for each model:
 - and, for both models at once, ``Predictor.refresh`` of a fresh predictor (load, compile, combine): the
   reload after a training round.
 
-Until issue 11 the compiler read the stored UBJSON bytes with a reader of its own; this script's version in
-commit 0486fa3 compares both readings (docs/benchmarks.md, "Micro-optimisations kept or removed").
+The compiler once read the stored UBJSON bytes with a reader of its own; this script's version in commit
+0486fa3 compares both readings (docs/design/ubjson-reader.md).
 
     .venv/bin/python benchmarks/bench_model_load.py [--repeats 30]
 """

@@ -1,6 +1,6 @@
 """What ``load-latency-producer``'s per-pod speeds cost per first token: one observation (a pod's speed
 equations updated, winsorised against its current estimate) and the next read of every pod's speeds (all
-pods re-solved in one vectorised pass, issue 12 session 11), on pools of 8 and 100 pods.
+pods re-solved in one vectorised pass, docs/design/pod-speeds.md), on pools of 8 and 100 pods.
 
     .venv/bin/python benchmarks/bench_pod_speeds.py [--pods 8,100] [--rounds 3000]
 """

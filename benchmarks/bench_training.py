@@ -1,4 +1,4 @@
-"""Training time for 200k samples, side by side for the trainer's objectives (issue 3: ≤ 5 s).
+"""Training time for 200k samples, side by side for the trainer's objectives (target: ≤ 5 s).
 
 Rows: simulator TTFT samples (``slorouter.bench.samples``), resampled to ``--rows`` with jittered KV usage
 and latency so that they spread over the store's buckets like a long-running pool's. Each objective trains

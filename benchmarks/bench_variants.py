@@ -1,4 +1,4 @@
-"""The routing policies on engines they were not tuned on: one table per engine variant (issue 12).
+"""The routing policies on engines they were not tuned on: one table per engine variant.
 
 Every variant is a pool of simulated pods (``slorouter bench``'s pool spec with engine variants, see
 docs/simulator.md); every policy runs on it through the same discrete-event runner ``slorouter bench`` uses

@@ -1,5 +1,5 @@
 """Where the predicted-latency pipeline's TTFT error is, and how it spreads load: one `slorouter bench` run
-in virtual time, broken down by request class and by pod (issue 12, docs/benchmarks.md session 9).
+in virtual time, broken down by request class and by pod (docs/benchmarks.md, "The predictor").
 
 For the chosen pod of every predicted request it compares the actual TTFT with the XGBoost point prediction
 and with ``load-latency-producer``'s expected TTFT (the linear load model the scorer ranks by), per class

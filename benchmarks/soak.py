@@ -1,5 +1,5 @@
 """Soak and overload: the gateway with the predicted-latency pipeline for a long run while model servers
-and the predictor are killed and restarted, or at twice the pool's capacity (issue 14 §4).
+and the predictor are killed and restarted, or at twice the pool's capacity (docs/reliability.md).
 
 Every process is real and on 127.0.0.1: one ``slorouter sim`` process per pod (so one pod can be SIGKILLed
 and started again on its port), the predictor as sidecars (``slorouter predictor training-server`` and

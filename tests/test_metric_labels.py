@@ -1,4 +1,5 @@
-"""The client's model name labels series; their number is bounded (issue 14, "Limits")."""
+"""The client's model name labels series; their number is bounded (docs/reliability.md, "Metric label
+cardinality")."""
 
 from __future__ import annotations
 

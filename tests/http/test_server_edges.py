@@ -1,9 +1,10 @@
 """Edge cases of the lean HTTP/1.1 server, over raw sockets on 127.0.0.1.
 
-Each defect of issue 11 has its regression test here: 100 Continue inside a streamed response, Upgrade
-offers, slow heads and bodies, the connection and buffered-bytes caps, CR/LF in response headers, and a
-parse error in a pipelined request killing the response in flight. Timeouts are configured small (tenths
-of a second) and every wait is bounded generously, so the tests do not depend on the machine's speed.
+Each defect found while hardening the server has its regression test here: 100 Continue inside a streamed
+response, Upgrade offers, slow heads and bodies, the connection and buffered-bytes caps, CR/LF in response
+headers, and a parse error in a pipelined request killing the response in flight. Timeouts are configured
+small (tenths of a second) and every wait is bounded generously, so the tests do not depend on the machine's
+speed.
 """
 
 from __future__ import annotations

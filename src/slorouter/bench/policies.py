@@ -7,9 +7,9 @@ prefill tokens, max-score picker — llm-d's current default, "Sticky Until Satu
 and ``predicted-latency`` (the shipped pipeline, with streaming-mode training since the benchmark streams).
 ``heuristic-precise``, ``heuristic-tuned-precise``, ``token-aware-precise`` and ``predicted-latency-precise``
 are those pipelines with ``precise-prefix-cache-producer`` reading the engines' KV events;
-``predicted-ranking`` is the pipeline that was built in before issue 12
+``predicted-ranking`` is the pipeline that was built in before the load-core one
 (``PREDICTION_RANKING_SCHEDULER_CONFIG``, ranking by the XGBoost TTFT prediction) and ``predicted-load-core``
-the name issue 12's measurements gave the shipped one (both with streaming-mode training, named only, not run
+an older name of the built-in one (both with streaming-mode training, named only, not run
 by default).
 The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
 as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
@@ -136,7 +136,7 @@ def _precise(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-# The KV-event variants, the ranking pipeline and the shipped one under its issue-12 name, by name only: not
+# The KV-event variants, the ranking pipeline and the built-in one under its older name, by name only: not
 # in POLICY_NAMES, so a default run is unchanged.
 NAMED_POLICIES: dict[str, dict[str, Any]] = {
     f"{name}-precise": _precise(BUILTIN_POLICIES[name])

@@ -1,8 +1,8 @@
 """The built-in scheduler configurations: the original's default, the predicted-latency pipeline (the
 load-core one) and the ranking pipeline it replaced.
 
-Why the predicted-latency pipeline is shaped as it is, setting by setting and with the measurements behind
-each choice, is in docs/plugins.md ("The built-in predicted-latency pipeline").
+Why the predicted-latency pipeline is shaped as it is, setting by setting, is in docs/plugins.md ("The
+built-in predicted-latency pipeline"), and the measurements behind each choice in docs/design/.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def _warm_up_profile() -> dict[str, Any]:
     }
 
 
-# The ranking pipeline (issue 5's built-in; opt-in since issue 12: examples/predicted-ranking.yaml), after the
-# original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier filter →
+# The ranking pipeline (built in before the load-core one, opt-in now: examples/predicted-ranking.yaml), after
+# the original's Helm pipeline (latencyPredictor.enabled=true): strict 0.99 affinity gate → SLO tier filter →
 # loose 0.80 gate → latency-scorer ranking by the XGBoost TTFT prediction → picker, with the producer and the
 # SLO admitter; requests without predictions run the token-aware default profile. Its five differences from
 # the original, and why it is no longer the default, are in docs/plugins.md ("The ranking pipeline").
@@ -106,7 +106,7 @@ PREDICTION_RANKING_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
-# The built-in predicted-latency pipeline (issue 12's load-core pipeline, spelled out in
+# The built-in predicted-latency pipeline (the load-core pipeline, spelled out in
 # examples/predicted-latency.yaml). Why each piece is there, with the measurements, is in docs/plugins.md
 # ("The built-in predicted-latency pipeline"). A deterministic load core — llm-d's token-aware
 # routing: prefix affinity, then the prefill work ahead of the request on each pod — turned into expected
@@ -116,7 +116,7 @@ PREDICTION_RANKING_SCHEDULER_CONFIG: dict[str, Any] = {
 # SLO (slo-headroom-tier-filter) and which sheddable requests to drop (latency-slo-admitter). Requests without
 # predictions (warm-up, predictor down, x-prediction-based-scheduling: false) run the token-aware default
 # profile.
-INTERFERENCE_WEIGHT = 0.1
+INTERFERENCE_WEIGHT = 0.1  # docs/design/interference-weight.md
 # llm-d's token-aware affinity ("Sticky Until Saturated"): 0.8, its throughput gate at 18 s, no exploration
 # (the token-aware benchmark policy).
 TOKEN_AWARE_AFFINITY: dict[str, Any] = {
@@ -140,7 +140,7 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         *_prediction_head(),
         {"type": "load-latency-producer"},
         # Prompts only: indexing replies as the next turn's prefix (slorouter's addition) cost this pipeline
-        # 10-20 % of TTFT p90 (docs/benchmarks.md, issue 12).
+        # 10-20 % of TTFT p90 (docs/design/prefix-index.md).
         {"type": "approx-prefix-cache-producer", "parameters": {"indexResponses": False}},
         _loose_affinity_filter(),
         {
@@ -150,10 +150,10 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         },
         # TTFT tiers only: pruning on the predicted TPOT (the pod's decode batch now, where the request's TPOT
         # is set by the batches of its whole stream, i.e. by routing yet to come) cost TTFT p90 and did not
-        # buy TPOT (docs/benchmarks.md, issue 12 session 8).
+        # buy TPOT (docs/design/slo-tier-ttft-only.md).
         {"type": "slo-headroom-tier-filter", "parameters": {"dimensions": ["ttft"]}},
         # No decode term (decodeWeight, opt-in): it won on every engine variant of new-user and realtime-mix
-        # and lost 2-3x TTFT p90 on maas-mix (docs/benchmarks.md, issue 12 session 10).
+        # and lost 2-3x TTFT p90 on maas-mix (docs/design/decode-term.md).
         {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
     ],
     "schedulingProfiles": [

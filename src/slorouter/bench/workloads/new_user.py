@@ -1,10 +1,10 @@
 """``new-user``: multi-turn chat under shared system prompts, streaming beside long single prompts.
 
-The issue-12 scenario: a fleet serving chat (users in groups that share a system prompt, conversations
-whose history hits the prefix cache) while new users paste a 4k–16k-token document as their first and
-only prompt. A long prompt is a prefill that delays every decode and every first token on its pod; where
-it lands is what separates the routers. Each arrival is a long prompt with probability ``long_share``,
-otherwise the next turn of a chat user (users visited round-robin in a seeded order, as in the
+The scenario the load-core pipeline was designed on: a fleet serving chat (users in groups that share a system
+prompt, conversations whose history hits the prefix cache) while new users paste a 4k–16k-token document as
+their first and only prompt. A long prompt is a prefill that delays every decode and every first token on its
+pod; where it lands is what separates the routers. Each arrival is a long prompt with probability
+``long_share``, otherwise the next turn of a chat user (users visited round-robin in a seeded order, as in the
 shared-prefix family).
 """
 

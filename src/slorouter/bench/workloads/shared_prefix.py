@@ -2,11 +2,11 @@
 
 ``shared-prefix-a`` … ``-d`` are the four scenarios of llm-d's predicted-latency benchmark (llm-d blog
 2026-03-13; peers-and-anchors.md §8): every user is a multi-turn conversation under its group's system
-prompt, with 30% variance on question and output lengths. ``b2b-saas`` is llm-d's "KV-cache wins"
-workload (2025-09-24; §1.3): 150 customers' 6,000-token system prompts × 5 users, single 1,200-token
-queries, 1,000-token answers. ``high-churn`` is that shape under KV pressure (issue 12): 160 documents of
-20,000 tokens × 5 users, 300-token questions, 200-token answers; the documents (3.2M tokens) are more
-than the pods' KV holds (8 × qwen3-32b-h100-tp2: 2.2M), so the pods keep evicting them.
+prompt, with 30% variance on question and output lengths. ``b2b-saas`` is llm-d's "KV-cache wins" workload
+(2025-09-24; §1.3): 150 customers' 6,000-token system prompts × 5 users, single 1,200-token queries,
+1,000-token answers. ``high-churn`` is that shape under KV pressure (for precise prefix routing): 160
+documents of 20,000 tokens × 5 users, 300-token questions, 200-token answers; the documents (3.2M tokens) are
+more than the pods' KV holds (8 × qwen3-32b-h100-tp2: 2.2M), so the pods keep evicting them.
 
 Users are visited round-robin in a seeded shuffled order, as inference-perf's shared_prefix generator
 with ``enable_multi_turn_chat`` does: arrival ``i`` is user ``i mod users``'s next turn, so a user's turns

@@ -225,7 +225,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if self.coverage is not None:
             # Served to the client and checked against its outcome; the routing below (tiers, admission,
             # scorers) keeps the models' own calibrated quantile: with the factor in it the TTFT tiers were
-            # stricter and cost SLO attainment at 75 % load (docs/benchmarks.md, issue 12 session 11).
+            # stricter and cost SLO attainment at 75 % load (docs/design/live-coverage.md).
             state.ttft_coverage_factor = self.coverage.factor("ttft")
             if self.params.streaming_mode:
                 state.tpot_coverage_factor = self.coverage.factor("tpot")
