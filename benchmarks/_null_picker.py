@@ -28,6 +28,7 @@ class NullStream:
     def __init__(self, endpoint: str) -> None:
         self._endpoint = endpoint
         self._duplex = False
+        self._body = b""
 
     def on_message(self, payload: bytes) -> list[bytes]:
         message = messages.ProcessingRequest.FromString(payload)
@@ -39,9 +40,12 @@ class NullStream:
             return [] if self._duplex else [messages.serialized(messages.continue_request_headers())]
         if kind == "request_body":
             if self._duplex:
+                self._body += message.request_body.body
+                if not message.request_body.end_of_stream:
+                    return []
                 answers = [
                     messages.routed_headers([self._endpoint]),
-                    *messages.streamed_body(message.request_body.body, request=True),
+                    *messages.streamed_body(self._body, request=True),
                 ]
             else:
                 answers = [messages.routed_body([self._endpoint])]
