@@ -23,7 +23,8 @@ from slorouter.clock import Clock
 from slorouter.flowcontrol.metrics import FlowControlMetrics
 from slorouter.flowcontrol.queue import FlowQueues
 from slorouter.flowcontrol.saturation import SaturationDetector
-from slorouter.flowcontrol.types import Outcome, QueuedRequest, Rejection
+from slorouter.flowcontrol.types import FlowKey, Outcome, QueuedRequest, Rejection
+from slorouter.scheduling.types import InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,13 @@ class FlowController:
         clock: Clock,
         *,
         poll_interval_s: float = 0.02,
+        request_ttl_s: float | None = None,
+        fairness_header: str = "x-llm-d-inference-fairness-id",
         metrics: FlowControlMetrics | None = None,
     ) -> None:
         self.queues = queues
+        self.request_ttl_s = request_ttl_s
+        self.fairness_header = fairness_header
         self.detector = detector
         self.clock = clock
         self.poll_interval_s = poll_interval_s
@@ -70,6 +75,22 @@ class FlowController:
 
     def __len__(self) -> int:
         return len(self.queues)
+
+    def queued_request(self, request: InferenceRequest) -> QueuedRequest:
+        """A request as flow control sees it: its flow (fairness header, priority), its SLO deadline
+        (received + TTFT SLO), its TTL from now; its size is its prompt's, its cost its prompt tokens."""
+        now = self.clock.now()
+        slo = request.slo_ttft_ms
+        return QueuedRequest(
+            request.request_id,
+            FlowKey(request.headers.get(self.fairness_header, ""), request.priority),
+            now,
+            size_bytes=len(request.prompt_text),
+            cost_tokens=request.prompt_tokens,
+            sheddable=request.sheddable,
+            slo_deadline=None if slo is None else request.received_at + slo / 1000.0,
+            ttl_deadline=None if self.request_ttl_s is None else now + self.request_ttl_s,
+        )
 
     def submit(self, item: QueuedRequest, on_outcome: Callable[[Ticket], None] | None = None) -> Ticket:
         """Queue a request and pump. The ticket is DISPATCHED at once when there was room, rejected (its
