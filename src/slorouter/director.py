@@ -27,6 +27,7 @@ from slorouter.pool.state import Endpoint, PoolState
 from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.loader import SchedulerSetup
 from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction
+from slorouter.scheduling.plugins.latency import DROPPED_REASON_HEADER
 from slorouter.scheduling.types import (
     AdmissionDeniedError,
     Candidates,
@@ -147,13 +148,20 @@ class Director:
     def admitted(self, ticket: Ticket) -> Admission:
         """The admission of a ticket that left flow control; raises for any outcome but DISPATCHED."""
         if ticket.rejection is not None:
-            raise QueueRejectedError(ticket.rejection.message, headers={"Retry-After": "1"})
+            raise QueueRejectedError(ticket.rejection.message, headers=_dropped("queue-full"))
         if ticket.outcome is Outcome.EVICTED:
-            why = "its TTFT SLO can no longer be met" if ticket.reason == "slo" else "room was needed"
-            raise QueueRejectedError(f"evicted from the queue: {why}", headers={"Retry-After": "1"})
+            if ticket.reason == "slo":
+                raise QueueRejectedError(
+                    "evicted from the queue: its TTFT SLO can no longer be met",
+                    headers=_dropped("slo-unattainable"),
+                )
+            raise QueueRejectedError(
+                "evicted from the queue: room was needed for a request of higher priority",
+                headers=_dropped("queue-full"),
+            )
         if ticket.outcome is Outcome.EXPIRED:
             raise QueueTimeoutError(
-                "the request waited in the queue longer than its time-to-live", headers={"Retry-After": "1"}
+                "the request waited in the queue longer than its time-to-live", headers=_dropped("queue-ttl")
             )
         assert ticket.outcome is Outcome.DISPATCHED, ticket.outcome
         return Admission(self.flow_control, ticket)
@@ -267,6 +275,10 @@ class Director:
         log.warning("data producer %r skipped: %s", producer, why)
         if self.latency_metrics is not None:
             self.latency_metrics.producer_skips.labels(repr(producer)).inc()
+
+
+def _dropped(reason: str) -> dict[str, str]:
+    return {"Retry-After": "1", DROPPED_REASON_HEADER: reason}
 
 
 def _discard(pending: Awaitable[None]) -> None:

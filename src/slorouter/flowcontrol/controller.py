@@ -107,7 +107,9 @@ class FlowController:
         self._tickets[id(item)] = ticket
         for victim in result.evicted:
             self._finish(victim, Outcome.EVICTED, "room")
-        self.service()
+        # Pump before the deadlines: a request that finds room goes on to scheduling even if its SLO is out
+        # of reach already (the admitters judge that, with predictions); only waiting makes it miss.
+        self._pump(self.clock.now())
         return ticket
 
     def cancel(self, ticket: Ticket) -> bool:
@@ -136,6 +138,10 @@ class FlowController:
         queues = self.queues
         for item, outcome in queues.due(now):
             self._finish(item, outcome, "ttl" if outcome is Outcome.EXPIRED else "slo")
+        self._pump(now)
+
+    def _pump(self, now: float) -> None:
+        queues = self.queues
         if not len(queues):
             return
         room = self.detector.room() - self.reserved
@@ -155,9 +161,9 @@ class FlowController:
         """Start the pump task if requests are queued and it is not running (needs a running loop)."""
         if len(self.queues) and (self._task is None or self._task.done()):
             self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._pump(), name="flow-control pump")
+            self._task = asyncio.get_running_loop().create_task(self._pump_loop(), name="flow-control pump")
 
-    async def _pump(self) -> None:
+    async def _pump_loop(self) -> None:
         try:
             while len(self.queues):
                 now = self.clock.now()
