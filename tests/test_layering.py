@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {"predictor"},  # features, samples, training, models, prediction, servers, client
     {"metrics"},  # the router's Prometheus series (the pool's, the predictor's, the pipeline's)
     {"scheduling"},  # framework and plugins
+    {"flowcontrol"},  # queues held while the pool is saturated: bands, fair flows, saturation detection
     {"config"},  # the router's YAML
     {"director"},  # the request lifecycle
     {"serving"},  # what the front-ends share: the router's assembly, requests, outcome metrics

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
+from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.http.auth import check_token_text, read_token_env, read_token_file
 from slorouter.pool.config import PoolConfig
 from slorouter.validation import StrictModel, format_validation_error
@@ -243,10 +244,24 @@ class Config(StrictModel):
         default_factory=dict, description="x-gateway-inference-objective NAME → priority"
     )
     seed: int | None = Field(default=None, description="seeds the scheduler's RNG (random pickers)")
+    flow_control: FlowControlConfig = Field(
+        default_factory=FlowControlConfig,
+        alias="flowControl",
+        description="hold requests in the router while the pool is saturated (docs/configuration.md)",
+    )
 
     @property
     def prediction_enabled(self) -> bool:
         return self.predictor is not None and self.predictor.mode != "off"
+
+    @property
+    def flow_control_enabled(self) -> bool:
+        """``flowControl.enabled``, or by default: on with the built-in predicted-latency pipeline (a
+        predictor and no ``scheduler`` section), off with any other scheduler."""
+        enabled = self.flow_control.enabled
+        if enabled is not None:
+            return enabled
+        return self.prediction_enabled and self.scheduler is None
 
     def objective_priorities(self) -> dict[str, int]:
         return {name: objective.priority for name, objective in self.objectives.items()}

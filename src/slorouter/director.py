@@ -12,29 +12,73 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import numpy as np
 
 from slorouter.api.replies import history_text
 from slorouter.clock import Clock
+from slorouter.flowcontrol.controller import FlowController, Ticket
+from slorouter.flowcontrol.types import Outcome
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
 from slorouter.pool.state import Endpoint, PoolState
 from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.loader import SchedulerSetup
 from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction
+from slorouter.scheduling.plugins.latency import DROPPED_REASON_HEADER
 from slorouter.scheduling.types import (
     AdmissionDeniedError,
     Candidates,
     InferenceRequest,
     NoCandidatesError,
     Route,
+    SchedulingError,
     SchedulingResult,
 )
 
 log = logging.getLogger(__name__)
+
+
+class QueueRejectedError(SchedulingError):
+    """Flow control turned the request away (HTTP 429): a queue limit, or evicted while queued."""
+
+    status = 429
+    error_type = "rate_limit_exceeded"
+
+
+class QueueTimeoutError(SchedulingError):
+    """The request waited in the flow-control queue longer than its TTL (HTTP 503)."""
+
+    status = 503
+    error_type = "service_unavailable"
+
+
+class Admission:
+    """A request let through flow control (or with none configured): dispatch it, or ``release`` it when it
+    will not be dispatched after all (scheduling failed), so its reserved room is given back."""
+
+    __slots__ = ("_controller", "ticket")
+
+    def __init__(self, controller: FlowController | None = None, ticket: Ticket | None = None) -> None:
+        self._controller = controller
+        self.ticket = ticket
+
+    @property
+    def queued_s(self) -> float:
+        return 0.0 if self.ticket is None else self.ticket.queued_s
+
+    def release(self) -> None:
+        if self._controller is not None and self.ticket is not None:
+            self._controller.release(self.ticket)
+
+    def served(self, tokens: float) -> None:
+        if self._controller is not None and self.ticket is not None:
+            self._controller.served(self.ticket, tokens)
+
+
+NOT_QUEUED = Admission()
 
 
 class Director:
@@ -46,7 +90,9 @@ class Director:
         clock: Clock,
         *,
         latency_metrics: LatencyMetrics | None = None,
+        flow_control: FlowController | None = None,
     ) -> None:
+        self.flow_control = flow_control
         self.pool = pool
         self.setup = setup
         self.tracker = tracker
@@ -65,6 +111,60 @@ class Director:
             )
             candidates = candidates.subset(keep)
         return candidates
+
+    async def admit_async(self, request: InferenceRequest) -> Admission:
+        """Wait in flow control until the pool has room for the request (at once without flow control).
+
+        Raises ``QueueRejectedError`` (429: a limit, or evicted) or ``QueueTimeoutError`` (503: its TTL).
+        When the awaiting task is cancelled (the client went away), the request leaves the queue at once.
+        Then ``schedule_async`` picks on the load of that moment and ``dispatch`` takes the admission.
+        """
+        controller = self.flow_control
+        if controller is None:
+            return NOT_QUEUED
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(_ticket: Ticket) -> None:
+            if not future.done():
+                future.set_result(None)
+
+        ticket = controller.submit(controller.queued_request(request), settle)
+        if ticket.outcome is None and ticket.rejection is None:
+            controller.ensure_pump()
+            try:
+                await future
+            except asyncio.CancelledError:
+                controller.cancel(ticket)
+                raise
+        return self.admitted(ticket)
+
+    def admit(self, request: InferenceRequest, on_outcome: Callable[[Ticket], None]) -> Ticket:
+        """``admit_async`` for the discrete-event simulator: the ticket is DISPATCHED, rejected, or queued
+        (then ``on_outcome`` is called when it leaves the queue; pass the ticket to ``admitted``)."""
+        controller = self.flow_control
+        assert controller is not None, "no flow control configured"
+        return controller.submit(controller.queued_request(request), on_outcome)
+
+    def admitted(self, ticket: Ticket) -> Admission:
+        """The admission of a ticket that left flow control; raises for any outcome but DISPATCHED."""
+        if ticket.rejection is not None:
+            raise QueueRejectedError(ticket.rejection.message, headers=_dropped("queue-full"))
+        if ticket.outcome is Outcome.EVICTED:
+            if ticket.reason == "slo":
+                raise QueueRejectedError(
+                    "evicted from the queue: its TTFT SLO can no longer be met",
+                    headers=_dropped("slo-unattainable"),
+                )
+            raise QueueRejectedError(
+                "evicted from the queue: room was needed for a request of higher priority",
+                headers=_dropped("queue-full"),
+            )
+        if ticket.outcome is Outcome.EXPIRED:
+            raise QueueTimeoutError(
+                "the request waited in the queue longer than its time-to-live", headers=_dropped("queue-ttl")
+            )
+        assert ticket.outcome is Outcome.DISPATCHED, ticket.outcome
+        return Admission(self.flow_control, ticket)
 
     async def schedule_async(
         self, request: InferenceRequest, exclude: Collection[str] = ()
@@ -113,8 +213,11 @@ class Director:
                 )
         return self._admit_and_schedule(request, candidates)
 
-    def dispatch(self, request: InferenceRequest, result: SchedulingResult) -> RequestLifecycle:
-        """Run the pre-request hooks and account the request as in flight on its target."""
+    def dispatch(
+        self, request: InferenceRequest, result: SchedulingResult, admission: Admission = NOT_QUEUED
+    ) -> RequestLifecycle:
+        """Run the pre-request hooks and account the request as in flight on its target (which ends its
+        admission's reservation)."""
         cached = 0
         prediction: TargetPrediction | None = None
         for plugin in self.setup.pre_request:
@@ -141,7 +244,9 @@ class Director:
         handle = self.tracker.dispatch(
             target.address, prompt_tokens, request.max_tokens, min(cached, prompt_tokens)
         )
-        return RequestLifecycle(self, request, result, handle, prediction, reply_chars)
+        lifecycle = RequestLifecycle(self, request, result, handle, prediction, reply_chars, admission)
+        admission.release()
+        return lifecycle
 
     # --- internals -----------------------------------------------------------------------------------
     def _candidates_or_raise(self, exclude: Collection[str]) -> Candidates:
@@ -172,6 +277,10 @@ class Director:
             self.latency_metrics.producer_skips.labels(repr(producer)).inc()
 
 
+def _dropped(reason: str) -> dict[str, str]:
+    return {"Retry-After": "1", DROPPED_REASON_HEADER: reason}
+
+
 def _discard(pending: Awaitable[None]) -> None:
     if inspect.iscoroutine(pending):
         pending.close()  # never started: close it so that it is not reported as never awaited
@@ -187,7 +296,16 @@ class RequestLifecycle:
     ``on_complete`` once at the end (also on failure; later calls are ignored).
     """
 
-    __slots__ = ("_director", "_handle", "prediction", "reply_chars_wanted", "request", "response", "result")
+    __slots__ = (
+        "_director",
+        "_handle",
+        "admission",
+        "prediction",
+        "reply_chars_wanted",
+        "request",
+        "response",
+        "result",
+    )
 
     def __init__(
         self,
@@ -197,8 +315,10 @@ class RequestLifecycle:
         handle: InFlightHandle,
         prediction: TargetPrediction | None,
         reply_chars_wanted: int,
+        admission: Admission = NOT_QUEUED,
     ) -> None:
         self._director = director
+        self.admission = admission
         self._handle = handle
         self.request = request
         self.result = result
@@ -214,6 +334,11 @@ class RequestLifecycle:
     @property
     def route(self) -> Route:
         return self.result.route
+
+    @property
+    def queued_s(self) -> float:
+        """Time the request waited in flow control before it was scheduled."""
+        return self.admission.queued_s
 
     @property
     def fallback_reason(self) -> str | None:
@@ -257,6 +382,7 @@ class RequestLifecycle:
         if first:
             response.first_token_at = self._director.clock.now()
             self._handle.first_token()
+            self._room_changed()
         response.tokens += count
         for plugin in self._director.setup.response_body_processors:
             self._call(
@@ -291,10 +417,17 @@ class RequestLifecycle:
         if start:
             response.first_token_at = now
         self._handle.finish()
+        self.admission.served(2 * response.tokens)  # the original weighs output tokens 2x
+        self._room_changed()
         for plugin in self._director.setup.response_body_processors:
             self._call(
                 plugin.on_response_body, self.request, response, start_of_stream=start, end_of_stream=True
             )
+
+    def _room_changed(self) -> None:
+        controller = self._director.flow_control
+        if controller is not None and len(controller):
+            controller.service()  # work-conserving: a freed slot takes the next queued request now
 
     @staticmethod
     def _call(fn: Any, *args: Any, **kwargs: Any) -> None:

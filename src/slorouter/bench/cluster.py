@@ -55,7 +55,10 @@ import numpy as np
 from slorouter.api.replies import TEXT
 from slorouter.bench.workloads import BenchRequest
 from slorouter.clock import ManualClock
-from slorouter.director import Director, RequestLifecycle
+from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
+from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
+from slorouter.flowcontrol.config import FlowControlConfig
+from slorouter.flowcontrol.controller import Ticket
 from slorouter.kvevents.wire import KVEventBatch
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.kv_index import KVBlockIndex
@@ -94,7 +97,8 @@ UNFINISHED = -1
     _PUBLISH,
     _PUBLISH_CHANGE,
     _DELIVER,
-) = range(11)
+    _FLOW,
+) = range(12)
 
 PICKER_ASSIGNMENTS = ("random", "round-robin")
 SHARED_INFLIGHT_PUBLISHING = ("on-change", "periodic")
@@ -216,6 +220,7 @@ class ClusterSimulator:
         seed: int = 0,
         trainer_config: TrainerConfig | None = None,
         kv_events: bool = False,
+        flow_control: FlowControlConfig | None = None,
     ) -> None:
         if not profiles:
             raise ValueError("the pool needs at least one pod")
@@ -241,6 +246,7 @@ class ClusterSimulator:
         self._model_dir: tempfile.TemporaryDirectory[str] | None = None
         if use_predictor:
             self._model_dir = tempfile.TemporaryDirectory(prefix="slorouter-bench-models-")
+        self._flow_control = flow_control
         self._kv_recorders: list[KVEventRecorder] = []
         if kv_events:
             self._kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
@@ -312,7 +318,9 @@ class ClusterSimulator:
         )
         setup = build_scheduler_setup(dict(scheduler_config) if scheduler_config else None, ctx)
         tracker = InFlightTracker(pool)
-        director = Director(pool, setup, tracker, self.clock)
+        flow = self._flow_control
+        controller = flow.build(pool, self.clock) if flow is not None else None
+        director = Director(pool, setup, tracker, self.clock, flow_control=controller)
         return RouterStack(pool, tracker, director, predictor, kv_index)
 
     def close(self) -> None:
@@ -416,6 +424,33 @@ class ClusterSimulator:
             for k in range(len(pickers)):
                 push(heap, (publish_every * (k + 1) / len(pickers), next(seq), _PUBLISH, k))
         next_progress = 0.0
+        # Flow control: requests that left a queue (the controller's callback), routed after each event.
+        released: list[tuple[int, InferenceRequest, Ticket]] = []
+        flow_timer = [math.inf] * len(pickers)
+
+        def route(k: int, i: int, inference: InferenceRequest, admission: Admission, now: float) -> None:
+            self._route(pickers[k], i, inference, admission, now, rec, lifecycles, kick)
+            if on_change:
+                changed(k, now)
+
+        def after_event(now: float) -> None:
+            while released:
+                i, inference, ticket = released.pop(0)
+                k = int(rec.picker[i])
+                try:
+                    admission = pickers[k].director.admitted(ticket)
+                except SchedulingError as exc:
+                    rec.status[i] = exc.status
+                    continue
+                route(k, i, inference, admission, now)
+            for k, stack in enumerate(pickers):
+                controller = stack.director.flow_control
+                if controller is None or not len(controller):
+                    continue
+                wake = controller.next_wakeup()
+                if wake is not None and wake < flow_timer[k]:
+                    flow_timer[k] = wake
+                    push(heap, (wake, next(seq), _FLOW, k))
 
         while heap:
             now, _, kind, arg = pop(heap)
@@ -475,9 +510,15 @@ class ClusterSimulator:
             elif kind == _ARRIVAL:
                 i = arg
                 arrivals_left -= 1
-                self._arrive(pickers[rec.picker[i]], i, requests[i], now, model, rec, lifecycles, kick)
-                if on_change:
-                    changed(int(rec.picker[i]), now)
+                k = int(rec.picker[i])
+                inference = self._arrive(i, requests[i], now, model, rec)
+                director = pickers[k].director
+                if director.flow_control is None:
+                    route(k, i, inference, NOT_QUEUED, now)
+                else:
+                    ticket = director.admit(inference, _releaser(released, i, inference))
+                    if ticket.rejection is not None:
+                        rec.status[i] = SHED
                 if progress is not None and now >= next_progress:
                     progress(now)
                     next_progress = now + 1.0
@@ -486,8 +527,16 @@ class ClusterSimulator:
                 if wake_at[pod] == now:
                     wake_at[pod] = math.inf
                     kick(pod, now)
+            elif kind == _FLOW:
+                flow_timer[arg] = math.inf
+                controller = pickers[arg].director.flow_control
+                assert controller is not None
+                controller.service()
             elif kind == _SCRAPE:
                 self._scrape_all(now)
+                for stack in pickers:  # new engine signals: maybe room
+                    if stack.director.flow_control is not None:
+                        stack.director.flow_control.service()
                 if arrivals_left:  # after the last arrival no routing decision reads them
                     push(heap, (now + settings.scrape_interval_s, next(seq), _SCRAPE, None))
             elif kind == _KV_EVENTS:
@@ -519,6 +568,7 @@ class ClusterSimulator:
                     for stack in pickers:
                         if stack.shared is not None and stack.shared.picker != arg.picker:
                             stack.shared.refresh(board)
+            after_event(now)
 
         for lifecycle in lifecycles.values():  # still running at the end: release their in-flight load
             lifecycle.on_complete(error="the simulation ended before the request finished")
@@ -543,20 +593,11 @@ class ClusterSimulator:
         return self._assignment_rng.integers(0, count, size=n).astype(np.int32)
 
     def _arrive(
-        self,
-        stack: RouterStack,
-        i: int,
-        request: BenchRequest,
-        now: float,
-        model: str,
-        rec: RunRecords,
-        lifecycles: dict[int, RequestLifecycle],
-        kick: Callable[[int, float], None],
-    ) -> None:
-        prompt = encode_bytes(request.prompt)  # what the HTTP simulator's tokenizer gives the engine
-        prompt_tokens = len(prompt) // BYTES_PER_TOKEN
+        self, i: int, request: BenchRequest, now: float, model: str, rec: RunRecords
+    ) -> InferenceRequest:
+        prompt_tokens = len(encode_bytes(request.prompt)) // BYTES_PER_TOKEN
         rec.prompt_tokens[i] = prompt_tokens
-        inference = InferenceRequest(
+        return InferenceRequest(
             request_id=str(i),
             model=model,
             prompt_text=request.prompt,
@@ -568,14 +609,29 @@ class ClusterSimulator:
             slo_tpot_ms=request.slo_tpot_ms,
             received_at=now,
             history_form=TEXT,  # completions: the next turn's prompt is this prompt followed by the reply
+            headers={FAIRNESS_HEADER: request.tenant} if request.tenant else {},
         )
+
+    def _route(
+        self,
+        stack: RouterStack,
+        i: int,
+        inference: InferenceRequest,
+        admission: Admission,
+        now: float,
+        rec: RunRecords,
+        lifecycles: dict[int, RequestLifecycle],
+        kick: Callable[[int, float], None],
+    ) -> None:
+        """Schedule (on the load of ``now``: after the queue, when there is one), dispatch, and send."""
         director = stack.director
         try:
             result = director.schedule(inference)
         except SchedulingError as exc:
+            admission.release()
             rec.status[i] = exc.status
             return
-        lifecycle = director.dispatch(inference, result)
+        lifecycle = director.dispatch(inference, result, admission)
         pod = self._pod_of[result.target.address]
         rec.pod[i] = pod
         prediction = lifecycle.prediction
@@ -589,8 +645,9 @@ class ClusterSimulator:
             if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
                 rec.predicted_tpot_ms[i] = tpot
                 rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
+        prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
         try:
-            self.engines[pod].add_request(i, prompt, request.max_tokens, now + self.settings.network_s)
+            self.engines[pod].add_request(i, prompt, inference.max_tokens, now + self.settings.network_s)
         except RequestRejected as exc:
             lifecycle.on_complete(error=str(exc))
             rec.status[i] = REJECTED
@@ -629,6 +686,17 @@ class ClusterSimulator:
                 for kind, status in self.predictor.trainer.status()["models"].items()
             }
         return facts
+
+
+def _releaser(
+    released: list[tuple[int, InferenceRequest, Ticket]], i: int, inference: InferenceRequest
+) -> Callable[[Ticket], None]:
+    """Flow control's callback for request ``i``: noted, and routed once the current event is done."""
+
+    def on_outcome(ticket: Ticket) -> None:
+        released.append((i, inference, ticket))
+
+    return on_outcome
 
 
 def _index(request_id: RequestId) -> int:

@@ -280,13 +280,23 @@ class PickerStream:
                 f"({self._subset_text()})",
                 headers={"Retry-After": "1"},
             )
-        started = time.perf_counter()
+        director = picker.director
         try:
-            result = await picker.director.schedule_async(request, exclude=exclude)
+            # Flow control: the Envoy stream is held here while the pool is saturated; a cancelled stream
+            # cancels this coroutine, which takes the request out of the queue.
+            admission = await director.admit_async(request)
         except SchedulingError as exc:
             return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
+        started = time.perf_counter()
+        try:
+            result = await director.schedule_async(request, exclude=exclude)
+        except BaseException as exc:
+            admission.release()  # the room reserved for it goes back
+            if isinstance(exc, SchedulingError):
+                return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
+            raise
         picker.metrics.scheduling_duration.observe(time.perf_counter() - started)
-        lifecycle = self._lifecycle = picker.director.dispatch(request, result)
+        lifecycle = self._lifecycle = director.dispatch(request, result, admission)
         self._phase = _Phase.ROUTED
         endpoints = [target.address for target in result.primary.targets]
         remove = ["authorization"] if picker.api_keys else []  # the gateway's key, not the model server's

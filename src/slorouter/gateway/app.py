@@ -19,7 +19,7 @@ from slorouter.api.requests import ParsedRequest, parse_chat_completion, parse_c
 from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
-from slorouter.director import Director
+from slorouter.director import Admission, Director
 from slorouter.gateway.relay import (
     NOT_FORWARDED,
     Relay,
@@ -32,7 +32,7 @@ from slorouter.http.headers import connection_listed, drop_listed
 from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
 from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
-from slorouter.scheduling.types import SchedulingError
+from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.requests import RequestIds, inference_request
 
@@ -183,8 +183,32 @@ class Gateway:
         forward.append(b"X-Request-Id: %s\r\n" % request_id.encode("latin-1"))
         forward_head = b"".join(forward)
         request = inference_request(parsed, hints, headers, request_id, self.clock.now())
-        assert self._relay is not None
         attempts = 2 if self.config.retry_on_upstream_failure else 1
+        try:
+            # Flow control: waits here while the pool is saturated (at once without it).
+            admission = await self.director.admit_async(request)
+        except asyncio.CancelledError:
+            self.metrics.client_disconnects.inc()
+            raise
+        except SchedulingError as exc:
+            self.metrics.count_request("none", exc.status)
+            return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
+        try:
+            return await self._attempts(http, request, admission, path, raw, forward_head, attempts)
+        finally:
+            admission.release()  # a no-op once dispatched
+
+    async def _attempts(
+        self,
+        http: HttpRequest,
+        request: InferenceRequest,
+        admission: Admission,
+        path: str,
+        raw: bytes,
+        forward_head: bytes,
+        attempts: int,
+    ) -> Response | None:
+        assert self._relay is not None
         tried: list[str] = []
         last_failure = ""
         status = 502
@@ -204,7 +228,7 @@ class Gateway:
             self.metrics.scheduling_duration.observe(time.perf_counter() - started)
             if attempt:
                 self.metrics.upstream_retries.inc()
-            lifecycle = self.director.dispatch(request, result)
+            lifecycle = self.director.dispatch(request, result, admission)
             address = result.target.address
             try:
                 return await self._relay.relay(http, lifecycle, path, raw, forward_head)

@@ -28,12 +28,14 @@ from slorouter.serving.headers import (
     FALLBACK_REASON_HEADER,
     PREDICTED_TPOT_HEADER,
     PREDICTED_TTFT_HEADER,
+    QUEUED_HEADER,
     ROUTE_HEADER,
 )
 from slorouter.serving.outcome import OutcomeRecorder
 
 PREDICTED_TTFT = PREDICTED_TTFT_HEADER.encode()
 PREDICTED_TPOT = PREDICTED_TPOT_HEADER.encode()
+QUEUED = QUEUED_HEADER.encode()
 # Hop-by-hop headers and those computed per hop are never copied across (nor those Connection names).
 NOT_FORWARDED = HOP_BY_HOP | {
     b"host",
@@ -225,6 +227,8 @@ class Relay:
             parts.append(b"%s: %.1f\r\n" % (PREDICTED_TTFT, predicted.ttft_ms))
             if predicted.tpot_ms is not None:
                 parts.append(b"%s: %.2f\r\n" % (PREDICTED_TPOT, predicted.tpot_ms))
+        if lifecycle.admission.ticket is not None:
+            parts.append(b"%s: %.1f\r\n" % (QUEUED, lifecycle.queued_s * 1000))
         return b"".join(parts)
 
 

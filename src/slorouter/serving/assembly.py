@@ -14,6 +14,7 @@ from slorouter.clock import Clock, MonotonicClock
 from slorouter.config import Config, ConfigError, PredictorConfig, RemotePredictorConfig
 from slorouter.director import Director
 from slorouter.discovery.start import DiscoveryHandle, KubernetesConfigError, start_discovery
+from slorouter.flowcontrol.metrics import FlowControlMetrics
 from slorouter.metrics import (
     DiscoveryMetrics,
     GatewayMetrics,
@@ -100,7 +101,12 @@ class RouterCore:
                 scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
         setup = build_scheduler_setup(scheduler_config, ctx)
         tracker = InFlightTracker(pool)
-        director = Director(pool, setup, tracker, clock, latency_metrics=ctx.metrics)
+        flow_control = None
+        if config.flow_control_enabled:
+            flow_control = config.flow_control.build(pool, clock, FlowControlMetrics(metrics.registry))
+        director = Director(
+            pool, setup, tracker, clock, latency_metrics=ctx.metrics, flow_control=flow_control
+        )
         tracker.register_metrics(metrics.registry)
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
         return cls(
@@ -145,6 +151,8 @@ class RouterCore:
                 raise ConfigError(f"predictor.embedded.state_dir: {exc}") from None
 
     async def stop(self) -> None:
+        if self.director.flow_control is not None:
+            await self.director.flow_control.stop()
         if self.discovery is not None:
             await self.discovery.stop()
         await self.scraper.stop()

@@ -11,10 +11,13 @@ ROUTE_HEADER = "x-slorouter-route"
 FALLBACK_REASON_HEADER = "x-slorouter-fallback-reason"
 PREDICTED_TTFT_HEADER = "x-slorouter-predicted-ttft-ms"
 PREDICTED_TPOT_HEADER = "x-slorouter-predicted-tpot-ms"
+QUEUED_HEADER = "x-slorouter-queued-ms"  # time held by flow control (with flow control on)
 
 
 def routing_response_headers(lifecycle: RequestLifecycle) -> list[tuple[str, str]]:
     headers = [(ENDPOINT_HEADER, lifecycle.target.address), (ROUTE_HEADER, str(lifecycle.route))]
+    if lifecycle.admission.ticket is not None:
+        headers.append((QUEUED_HEADER, f"{lifecycle.queued_s * 1000:.1f}"))
     reason = lifecycle.fallback_reason
     if reason is not None:
         headers.append((FALLBACK_REASON_HEADER, reason))

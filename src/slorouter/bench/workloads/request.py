@@ -17,6 +17,9 @@ class BenchRequest:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     priority: int = 0  # < 0 means sheddable
+    tenant: str = (
+        ""  # the fairness id flow control sees (x-llm-d-inference-fairness-id); "": the default flow
+    )
 
 
 class WorkloadRequests(list[BenchRequest]):

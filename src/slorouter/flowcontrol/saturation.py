@@ -1,0 +1,96 @@
+"""How many more requests the pool can take now: the gate of the dispatch pump.
+
+Per healthy endpoint, from the router's own fresh in-flight counts and the scraped engine signals:
+
+- its KV cache at or above ``kv_cache_util_threshold`` (scraped): full;
+- with ``max_inflight_prefill_tokens`` set, that many uncached prompt tokens in flight (fresh): full;
+- otherwise it has room for ``limit − in-flight requests`` more, where ``limit`` is
+  ``max_inflight_requests`` if set, else derived from the pool: the endpoint's batch-slot cap (the most
+  requests it was seen running while others waited, as the load-latency producer learns it) plus
+  ``queue_depth_threshold`` waiting in its engine. An endpoint whose cap is not known yet (it never queued)
+  is unbounded unless its scraped engine queue has reached ``queue_depth_threshold``.
+
+The pool's room is the sum. Requests the pump released and the front-end has not dispatched yet are counted
+by the controller, not here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from slorouter.pool.state import PoolState
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationThresholds:
+    queue_depth_threshold: int = 5
+    kv_cache_util_threshold: float = 0.8
+    max_inflight_requests: int | None = None  # per endpoint; None: learned cap + queue_depth_threshold
+    max_inflight_prefill_tokens: int | None = None  # per endpoint; None: no bound
+
+    def __post_init__(self) -> None:
+        if self.queue_depth_threshold < 0:
+            raise ValueError("queue_depth_threshold must be >= 0")
+        if not 0 < self.kv_cache_util_threshold <= 1:
+            raise ValueError("kv_cache_util_threshold must be in (0, 1]")
+
+
+class SaturationDetector:
+    __slots__ = ("_caps", "pool", "thresholds")
+
+    def __init__(self, pool: PoolState, thresholds: SaturationThresholds | None = None) -> None:
+        self.pool = pool
+        self.thresholds = thresholds or SaturationThresholds()
+        self._caps: dict[str, int] = {}  # address -> most requests seen running while others waited
+
+    def learn(self) -> None:
+        """Read the latest scrape into the learned batch-slot caps (cheap; called before each decision)."""
+        pool = self.pool
+        columns = pool.columns
+        waiting = columns["waiting"]
+        running = columns["running"]
+        for position in np.flatnonzero(waiting > 0).tolist():
+            address = pool.endpoints[position].address
+            seen = int(running[position])
+            if seen > self._caps.get(address, 0):
+                self._caps[address] = seen
+
+    def cap(self, address: str) -> int | None:
+        return self._caps.get(address)
+
+    def room(self) -> float:
+        """More requests the pool can take now (``math.inf``: no bound applies)."""
+        self.learn()
+        return sum(self._endpoint_room(p) for p in self.pool.healthy_positions().tolist())
+
+    def saturation(self) -> float:
+        """The share of healthy endpoints without room (1.0 when none is healthy)."""
+        healthy = self.pool.healthy_positions()
+        if not len(healthy):
+            return 1.0
+        full = 0
+        for position in healthy.tolist():
+            if self._endpoint_room(position) <= 0:
+                full += 1
+        return full / len(healthy)
+
+    def _endpoint_room(self, position: int) -> float:
+        pool = self.pool
+        t = self.thresholds
+        columns = pool.columns
+        if columns["kv_usage"][position] >= t.kv_cache_util_threshold:
+            return 0.0
+        if (
+            t.max_inflight_prefill_tokens is not None
+            and columns["inflight_prefill_tokens"][position] >= t.max_inflight_prefill_tokens
+        ):
+            return 0.0
+        if t.max_inflight_requests is not None:
+            return max(0.0, t.max_inflight_requests - float(columns["inflight_requests"][position]))
+        cap = self._caps.get(pool.endpoints[position].address)
+        if cap is None:
+            return 0.0 if columns["waiting"][position] >= max(1, t.queue_depth_threshold) else math.inf
+        return max(0.0, cap + t.queue_depth_threshold - float(columns["inflight_requests"][position]))

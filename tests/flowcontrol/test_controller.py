@@ -1,0 +1,81 @@
+"""The controller (tickets, reservations, the pump) and the saturation detector."""
+
+from __future__ import annotations
+
+import math
+
+from slorouter.clock import ManualClock
+from slorouter.flowcontrol.controller import FlowController, Ticket
+from slorouter.flowcontrol.policies import RoundRobin
+from slorouter.flowcontrol.queue import FlowQueues
+from slorouter.flowcontrol.saturation import SaturationDetector, SaturationThresholds
+from slorouter.flowcontrol.types import FlowKey, Limits, Outcome, QueuedRequest
+from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
+
+
+def _pool(n: int = 1) -> PoolState:
+    return PoolState([Endpoint(f"pod-{i}:8000") for i in range(n)])
+
+
+def _controller(pool: PoolState, clock: ManualClock, **thresholds: object) -> FlowController:
+    detector = SaturationDetector(pool, SaturationThresholds(**thresholds))  # type: ignore[arg-type]
+    queues = FlowQueues(fairness=RoundRobin, limits=Limits(max_requests=3))
+    return FlowController(queues, detector, clock)
+
+
+def _item(rid: str, clock: ManualClock, priority: int = 0, **kw: object) -> QueuedRequest:
+    return QueuedRequest(rid, FlowKey("t", priority), clock.now(), sheddable=priority < 0, **kw)  # type: ignore[arg-type]
+
+
+def test_detector_room_from_configured_and_learned_limits() -> None:
+    pool = _pool(2)
+    detector = SaturationDetector(pool, SaturationThresholds(queue_depth_threshold=2))
+    assert detector.room() == math.inf  # caps unknown, no engine queue
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=3, running=4), 0.0)
+    pool.add_inflight("pod-0:8000", 5, 0, 0, 0)
+    pool.set_metrics("pod-1:8000", MetricsSnapshot(kv_usage=0.9), 0.0)
+    assert detector.room() == 1  # pod-0: cap 4 + 2 − 5 in flight; pod-1: KV full
+    assert detector.cap("pod-0:8000") == 4
+    assert detector.saturation() == 0.5
+    configured = SaturationDetector(
+        pool, SaturationThresholds(max_inflight_requests=8, kv_cache_util_threshold=1)
+    )
+    assert configured.room() == 3 + 8
+
+
+def test_work_conserving_dispatch_and_reservations() -> None:
+    pool, clock = _pool(), ManualClock()
+    fc = _controller(pool, clock, max_inflight_requests=1)
+    first = fc.submit(_item("1", clock))
+    assert first.outcome is Outcome.DISPATCHED and fc.reserved == 1
+    second = fc.submit(_item("2", clock))
+    assert second.outcome is None and len(fc) == 1  # the first's reservation holds the only slot
+    pool.add_inflight("pod-0:8000", 1, 0, 0, 0)  # the first is dispatched: counted in flight
+    fc.release(first)
+    assert second.outcome is None
+    clock.advance(0.5)
+    pool.add_inflight("pod-0:8000", -1, 0, 0, 0)  # it finished
+    fc.service()
+    assert second.outcome is Outcome.DISPATCHED and second.queued_s == 0.5
+
+
+def test_each_ticket_gets_one_outcome_through_its_callback() -> None:
+    pool, clock = _pool(), ManualClock()
+    fc = _controller(pool, clock, max_inflight_requests=0)
+    seen: list[tuple[str, Outcome | None]] = []
+
+    def record(ticket: Ticket) -> None:
+        seen.append((ticket.item.request_id, ticket.outcome))
+
+    shed = fc.submit(_item("shed", clock, priority=-1, slo_deadline=1.0), record)
+    ttl = fc.submit(_item("ttl", clock, ttl_deadline=2.0), record)
+    gone = fc.submit(_item("gone", clock), record)
+    full = fc.submit(_item("full", clock, priority=-1), record)  # no lower priority to evict
+    assert full.rejection is not None and full.outcome is None
+    assert fc.cancel(gone) and not fc.cancel(gone)
+    clock.set(1.0)
+    fc.service()
+    clock.set(2.0)
+    fc.service()
+    assert seen == [("gone", Outcome.CANCELLED), ("shed", Outcome.EVICTED), ("ttl", Outcome.EXPIRED)]
+    assert shed.reason == "slo" and ttl.reason == "ttl" and len(fc) == 0 and fc.reserved == 0
