@@ -256,12 +256,9 @@ class Config(StrictModel):
 
     @property
     def flow_control_enabled(self) -> bool:
-        """``flowControl.enabled``, or by default: on with the built-in predicted-latency pipeline (a
-        predictor and no ``scheduler`` section), off with any other scheduler."""
-        enabled = self.flow_control.enabled
-        if enabled is not None:
-            return enabled
-        return self.prediction_enabled and self.scheduler is None
+        """``flowControl.enabled`` (off by default: the default detector does not yet gate prefill-bound
+        overload, docs/design/flow-control.md)."""
+        return self.flow_control.enabled
 
     def objective_priorities(self) -> dict[str, int]:
         return {name: objective.priority for name, objective in self.objectives.items()}

@@ -74,10 +74,7 @@ class SaturationDetectorConfig(_CamelModel):
 
 
 class FlowControlConfig(_CamelModel):
-    enabled: bool | None = Field(
-        default=None,
-        description="default: on with the built-in predicted-latency pipeline, off with any other scheduler",
-    )
+    enabled: bool = Field(default=False, description="off by default (docs/design/flow-control.md)")
     max_requests: int | None = Field(default=None, ge=1, alias="maxRequests")
     max_bytes: int | None = Field(default=1 << 30, ge=1, alias="maxBytes")
     default_request_ttl_s: float | None = Field(
