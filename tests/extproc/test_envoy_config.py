@@ -79,6 +79,7 @@ def test_the_observed_response_path_skips_the_response_in_the_picking_filter_and
         "x-slorouter-fallback-reason": "%DYNAMIC_METADATA(slorouter:x-slorouter-fallback-reason)%",
         "x-slorouter-predicted-ttft-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-predicted-ttft-ms)%",
         "x-slorouter-predicted-tpot-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-predicted-tpot-ms)%",
+        "x-slorouter-queued-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-queued-ms)%",
     }
     policy = _cluster(config, "pool")["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"

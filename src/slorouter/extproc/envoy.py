@@ -52,6 +52,7 @@ from slorouter.serving.headers import (
     FALLBACK_REASON_HEADER,
     PREDICTED_TPOT_HEADER,
     PREDICTED_TTFT_HEADER,
+    QUEUED_HEADER,
     ROUTE_HEADER,
 )
 
@@ -161,7 +162,13 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         added = [(ENDPOINT_HEADER, "%UPSTREAM_REMOTE_ADDRESS%")]
         added += [
             (name, f"%DYNAMIC_METADATA({OBSERVED_NAMESPACE}:{name})%")
-            for name in (ROUTE_HEADER, FALLBACK_REASON_HEADER, PREDICTED_TTFT_HEADER, PREDICTED_TPOT_HEADER)
+            for name in (
+                ROUTE_HEADER,
+                FALLBACK_REASON_HEADER,
+                PREDICTED_TTFT_HEADER,
+                PREDICTED_TPOT_HEADER,
+                QUEUED_HEADER,
+            )
         ]
         pool_route["response_headers_to_add"] = _headers_to_add(added)
     elif setup.ext_proc:
