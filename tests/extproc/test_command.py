@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from slorouter.cli import build_parser, main
+from slorouter.config import parse_config
+from slorouter.extproc.command import message_timeout_s
 
 
 def test_the_defaults():
@@ -53,3 +55,19 @@ def test_a_bad_port_is_refused(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["epp", "--config", "x", "--grpc-port", "70000"])
     assert "a port must be between 0 and 65535, got 70000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flow_control", "expected"),
+    [
+        ({}, 5.0),
+        ({"flowControl": {"enabled": True}}, 35.0),  # the default TTL of 30 s
+        ({"flowControl": {"enabled": True, "defaultRequestTTL": "2m"}}, 125.0),
+        ({"flowControl": {"enabled": True, "defaultRequestTTL": None}}, 600.0),  # the upstream timeout
+    ],
+)
+def test_envoys_message_timeout_covers_the_queue(flow_control: dict[str, object], expected: float):
+    """A request held in the flow-control queue is answered when it leaves it: the generated Envoy waits
+    that long for the answer (in BUFFERED mode it would answer 504 first)."""
+    config = parse_config({"pool": {"endpoints": ["10.0.0.1:8000"]}, **flow_control})
+    assert message_timeout_s(config) == pytest.approx(expected)

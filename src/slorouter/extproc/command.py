@@ -229,4 +229,19 @@ def _envoy_setup(config: Config, picker_host: str, picker_port: int, args: argpa
         max_body_bytes=gateway.max_body_bytes,
         upstream_timeout_s=gateway.upstream_timeout_s,
         connect_timeout_s=gateway.connect_timeout_s,
+        message_timeout_s=message_timeout_s(config),
     )
+
+
+def message_timeout_s(config: Config) -> float:
+    """How long Envoy waits for each picker answer. With flow control on, a queued request's answer comes
+    when it leaves the queue: in BUFFERED mode Envoy answers 504 past this timeout (measured with Envoy
+    1.40; a FULL_DUPLEX_STREAMED filter applies none while the request body is held), so it covers the
+    queue's TTL, or the upstream timeout when queued requests never expire."""
+    scheduling = EnvoySetup.message_timeout_s
+    if not config.flow_control_enabled:
+        return scheduling
+    ttl = config.flow_control.default_request_ttl_s
+    if ttl is None:
+        return max(scheduling, config.gateway.upstream_timeout_s)
+    return scheduling + ttl
