@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import shlex
 import textwrap
 from dataclasses import dataclass
@@ -14,8 +15,15 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from slorouter.config import parse_config
+from slorouter.flowcontrol.config import (
+    BandLimitsConfig,
+    FlowControlConfig,
+    PriorityBandConfig,
+    SaturationDetectorConfig,
+)
 from slorouter.gateway.runtime import Router
 from tests.deploy.conftest import (
     CHART,
@@ -63,6 +71,17 @@ MATCH = "inferencePool.modelServers.matchLabels.app"
 LP = "inferenceExtension.latencyPredictor"
 LP_PATH = "/inferenceExtension/latencyPredictor"
 ISTIO_POOL = "provider.istio.destinationRule.trafficPolicy.connectionPool"
+FC = "inferenceExtension.flowControl"
+FLOW_CONTROL = {
+    f"{FC}.enabled": "true",
+    f"{FC}.maxRequests": "500",
+    f"{FC}.defaultRequestTTL": "10s",
+    f"{FC}.pollInterval": "0.05",
+    f"{FC}.fairnessPolicy": "program-aware-fairness",
+    f"{FC}.priorityBands[0].priority": "5",
+    f"{FC}.priorityBands[0].maxRequests": "100",
+    f"{FC}.saturationDetector.maxInflightRequestsPerEndpoint": "8",
+}
 
 
 @dataclass(frozen=True)
@@ -125,6 +144,7 @@ CASES: dict[str, Case] = {
         },
         ("ServiceMonitor",),
     ),
+    "flow-control": Case(FLOW_CONTROL, ()),
     "gke-monitoring-istio": Case(
         {
             "provider.name": "istio",
@@ -418,6 +438,34 @@ def test_plugins_objectives_and_router_overrides_reach_the_config(render: Render
     assert _containers(manifests)[0]["args"][-2:] == ["--log-level", "DEBUG"]
 
 
+def test_flow_control_reaches_the_config(render: Render):
+    config = parse_config(_router_config(render_case(render, "flow-control")), "configmap config.yaml")
+    fc = config.flow_control
+    assert config.flow_control_enabled
+    assert (fc.max_requests, fc.default_request_ttl_s, fc.poll_interval_s) == (500, 10.0, 0.05)
+    assert fc.fairness_policy == "program-aware-fairness"
+    assert [(b.priority, b.max_requests) for b in fc.priority_bands] == [(5, 100)]
+    assert fc.saturation_detector.max_inflight_requests == 8
+    default = parse_config(_router_config(render_case(render, "default")), "configmap config.yaml")
+    assert "flowControl" not in _router_config(render_case(render, "default"))
+    assert not default.flow_control_enabled
+
+
+def test_the_flow_control_schema_has_the_config_sections_keys():
+    """values.schema.json spells out flowControl for clear errors: exactly the keys the router takes."""
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    section = schema["properties"]["inferenceExtension"]["properties"]["flowControl"]
+
+    def aliases(model: type[BaseModel]) -> set[str]:
+        return {field.alias or name for name, field in model.model_fields.items()}
+
+    properties = section["properties"]
+    assert set(properties) == aliases(FlowControlConfig)
+    assert set(properties["saturationDetector"]["properties"]) == aliases(SaturationDetectorConfig)
+    assert set(properties["priorityBands"]["items"]["properties"]) == aliases(PriorityBandConfig)
+    assert set(properties["defaultPriorityBand"]["properties"]) == aliases(BandLimitsConfig)
+
+
 @pytest.mark.parametrize("case", ["default", "seed"])
 async def test_the_router_config_builds_a_router(render: Render, case):
     """Beyond the schema: the plugins and the predictor client are built from it (nothing is started)."""
@@ -443,6 +491,15 @@ async def test_the_router_config_builds_a_router(render: Render, case):
         ({"inferencePool.modelServerType": "triton-tensorrt-llm"}, "at '/inferencePool/modelServerType'"),
         ({"inferenceExtension.failureMode": "Open"}, "at '/inferenceExtension/failureMode'"),
         ({"inferenceExtension.workers": "0"}, "at '/inferenceExtension/workers': minimum"),
+        (
+            {f"{FC}.maxRequest": "5"},
+            "at '/inferenceExtension/flowControl': additional properties 'maxRequest'",
+        ),
+        ({f"{FC}.maxRequests": "0"}, "at '/inferenceExtension/flowControl/maxRequests': minimum: got 0"),
+        ({f"{FC}.fairnessPolicy": "fifo"}, "flowControl/fairnessPolicy': value must be one of 'round-robin'"),
+        ({f"{FC}.defaultRequestTTL": "soon"}, "'soon' does not match pattern"),
+        ({f"{FC}.saturationDetector.kvCacheUtilThreshold": "2"}, "kvCacheUtilThreshold': maximum: got 2"),
+        ({f"{FC}.priorityBands[0].maxRequests": "3"}, "priorityBands/0': missing property 'priority'"),
         ({"inferenceExtension.workers": "65"}, "at '/inferenceExtension/workers': maximum"),
         ({"inferencePool.modelServers.matchLabels.app": "-bad"}, "matchLabels/app"),
         ({"inferenceExtension.monitoring.gke.enable": "true"}, "additional properties 'enable' not allowed"),

@@ -79,6 +79,9 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if $plugins -}}
 {{- $_ := set $config "scheduler" (fromYaml $plugins) -}}
 {{- end -}}
+{{- if $ie.flowControl -}}
+{{- $_ := set $config "flowControl" (deepCopy $ie.flowControl) -}}
+{{- end -}}
 {{- if .Values.inferenceObjectives -}}
 {{- $objectives := dict -}}
 {{- range .Values.inferenceObjectives -}}
