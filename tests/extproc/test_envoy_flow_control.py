@@ -234,34 +234,52 @@ async def test_a_client_that_leaves_while_queued_is_removed_and_never_sent(
 
 @pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("path", PATHS)
-async def test_queue_limit_429_and_ttl_503_through_envoy(
+async def test_a_full_queue_answers_429_through_envoy(
     flow_world: FlowWorld, http: aiohttp.ClientSession, path: str
 ) -> None:
-    fp = flow_world.expiring
+    fp = flow_world.held
     url = fp.envoys[path]
     model = flow_world.sim.model
     holder = await _hold(http, flow_world, fp, path)
+    queued = asyncio.create_task(http.post(f"{url}/v1/completions", json=_body(model, "queued")))
     try:
-        queued = asyncio.create_task(http.post(f"{url}/v1/completions", json=_body(model, "expire")))
         await _wait_metric(http, fp.picker, QUEUE_SIZE, 1)
         async with http.post(f"{url}/v1/completions", json=_body(model, "full")) as full:
             assert full.status == 429
             assert full.headers["x-slorouter-dropped-reason"] == "queue-full"
             assert full.headers["retry-after"] == "1"
             assert full.headers["content-type"] == "application/json"
+            assert "x-slorouter-endpoint" not in full.headers
             error = (await full.json())["error"]
             assert error["type"] == "RateLimitError" and "queue is full" in error["message"]
-        expired = await queued
-        try:
+        assert await _hang_hits(http, fp.pod) == 1
+    finally:
+        await _hang(http, fp.pod, on=False)
+        await holder.leave()
+    response = await queued  # the queued one is still served
+    assert response.status == 200
+    response.release()
+    metrics = await _idle(http, fp.picker)
+    assert _value(metrics, 'slorouter_flow_control_requests_total{outcome="rejected"') >= 1
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize("path", PATHS)
+async def test_the_queue_ttl_answers_503_through_envoy(
+    flow_world: FlowWorld, http: aiohttp.ClientSession, path: str
+) -> None:
+    fp = flow_world.expiring
+    url = fp.envoys[path]
+    holder = await _hold(http, flow_world, fp, path)
+    try:
+        async with http.post(f"{url}/v1/completions", json=_body(flow_world.sim.model, "expire")) as expired:
             assert expired.status == 503
             assert expired.headers["x-slorouter-dropped-reason"] == "queue-ttl"
+            assert expired.headers["retry-after"] == "1"
             error = (await expired.json())["error"]
             assert error["type"] == "ServiceUnavailableError" and "time-to-live" in error["message"]
-        finally:
-            expired.release()
-        assert await _hang_hits(http, fp.pod) == 1
+        assert await _hang_hits(http, fp.pod) == 1  # it waited in the picker, never on the pod
     finally:
         await holder.leave()
     metrics = await _idle(http, fp.picker)
     assert _value(metrics, 'slorouter_flow_control_requests_total{outcome="expired"') >= 1
-    assert _value(metrics, 'slorouter_flow_control_requests_total{outcome="rejected"') >= 1
