@@ -1,5 +1,6 @@
 """``slorouter epp --workers N``: the merged metrics page, and the supervised workers for real (shared ports,
-connections spread across them, a killed worker restarted, SIGTERM drains and exits 0)."""
+connections spread across them, a killed worker restarted, SIGTERM drains and exits 0); picker replicas
+sharing their in-flight counts over UDP (``--replica-peers``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slorouter.extproc.workers import merge_expositions
+from slorouter.pool.inflight_sharing import parse_peers
 from tests.extproc.conftest import (
     DUPLEX,
     body_message,
@@ -183,3 +185,110 @@ def test_workers_need_fixed_shared_ports(tmp_path: Path):
 
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_replicas_share_their_in_flight_counts_over_udp_and_drop_a_dead_ones(tmp_path: Path):
+    """Two pickers (as two pods' replicas would) list each other (and themselves) as peers: each routes
+    on both's load; a replica killed is dropped from the other's view after the TTL."""
+    sim = start_sim(2)
+    config = {"pool": {"endpoints": sim.addresses, "scrape_interval_ms": 50}, "seed": 3}
+    path = tmp_path / "epp.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    udp = [_free_udp_port(), _free_udp_port()]
+    peers = ",".join(f"127.0.0.1:{port}" for port in udp)
+    replicas = []
+    for port in udp:
+        grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+        process = spawn(
+            "epp", "--config", str(path), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
+            "--metrics-port", str(metrics_port), "--replica-peers", peers, "--replica-port", str(port),
+            "--drain-timeout", "2", "--log-level", "WARNING",
+        )  # fmt: skip
+        replicas.append((process, grpc_port, f"http://127.0.0.1:{metrics_port}/metrics"))
+    try:
+        for process, _, _ in replicas:
+            wait_for_lines(process, ["slorouter epp listening on"], timeout_s=60)
+        (first, first_grpc, first_url), (second, second_grpc, second_url) = replicas
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for port in (first_grpc, second_grpc)]
+        calls = []
+        for channel, count in zip(channels, (3, 5), strict=True):
+            for _ in range(count):
+                call = open_call(channel)
+                await call.send(
+                    headers_message(request_headers(), request_mode=DUPLEX, response_mode=DUPLEX),
+                    body_message(completion(sim.model), end_of_stream=True),
+                )
+                await call.receive(2)  # routed: in flight until its response ends
+                calls.append(call)
+
+        async def shared() -> bool:
+            pages = [await _page(first_url), await _page(second_url)]
+            own = [_value(page, "slorouter_extproc_streams") for page in pages]
+            seen = [_value(page, "slorouter_inflight_requests") for page in pages]
+            return own == [3, 5] and seen == [8, 8]  # each sees its own requests and the other's
+
+        await _until(shared)
+        stop(second, signal.SIGKILL)  # no empty publication: the first drops its load after the TTL
+
+        async def dropped() -> bool:
+            return _value(await _page(first_url), "slorouter_inflight_requests") == 3
+
+        await _until(dropped)
+        for call in calls[:3]:
+            call.call.cancel()
+
+        async def idle() -> bool:
+            return _value(await _page(first_url), "slorouter_inflight_requests") == 0
+
+        await _until(idle)
+        for channel in channels:
+            await channel.close()
+        assert stop(first, signal.SIGTERM) == 0
+    finally:
+        for process, _, _ in replicas:
+            stop(process, signal.SIGKILL)
+        stop(sim.process)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("10.0.0.1", (("10.0.0.1", 9004),)),
+        ("epp-peers.ns.svc:7000, 10.0.0.2", (("epp-peers.ns.svc", 7000), ("10.0.0.2", 9004))),
+        ("[fd00::1]:7001,[fd00::2]", (("fd00::1", 7001), ("fd00::2", 9004))),
+    ],
+)
+def test_replica_peers_are_parsed_with_their_ports(value: str, expected: tuple[tuple[str, int], ...]):
+    assert parse_peers(value, 9004) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("", "no peer host"), ("host:0", "port must be 1-65535"), ("host:http", "port must be"),
+     ("[fd00::1", "closing"), (":7000", "no host"), ("[fd00::1]7000", "':PORT'")],
+)  # fmt: skip
+def test_bad_replica_peers_are_refused_naming_the_entry(value: str, needle: str):
+    with pytest.raises(ValueError, match=needle):
+        parse_peers(value, 9004)
+
+
+def test_bad_replica_peers_stop_the_command_naming_the_flag(tmp_path: Path):
+    path = tmp_path / "epp.yaml"
+    path.write_text(yaml.safe_dump({"pool": {"endpoints": ["127.0.0.1:1"]}}), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "slorouter.cli", "epp", "--config", str(path), "--replica-peers", "host:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--replica-peers" in result.stderr and "1-65535" in result.stderr

@@ -15,7 +15,7 @@ from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, bootstrap
 from slorouter.extproc.runtime import EndpointPicker, PickerPorts
 from slorouter.extproc.workers import READY_LINE, WorkerPool
 from slorouter.http.running import wait_for_signal
-from slorouter.pool.inflight_sharing import InFlightSharing
+from slorouter.pool.inflight_sharing import InFlightSharing, ReplicaPeers, parse_peers
 from slorouter.serving.command_line import LOG_LEVELS, port, run_command
 
 log = logging.getLogger("slorouter")
@@ -83,6 +83,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="picker processes sharing the ext_proc and health ports (SO_REUSEPORT), one core each; the "
         "command supervises them and serves their merged /metrics (default 1: one process)",
     )
+    parser.add_argument(
+        "--replica-peers",
+        metavar="HOST[:PORT],...",
+        default=None,
+        help="picker replicas to share in-flight counts with over UDP: IP addresses or DNS names (a headless "
+        "Service of the picker pods; resolved again every 5 s), each with its base port (default "
+        "--replica-port); this picker's own address may be listed",
+    )
+    parser.add_argument(
+        "--replica-port",
+        type=port,
+        default=9004,
+        help="with --replica-peers: the UDP base port; worker i listens on it + i (default 9004)",
+    )
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--share-inflight", metavar="DIR", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
@@ -118,6 +132,11 @@ def _run(args: argparse.Namespace) -> int:
             "--envoy-response-path observed needs one worker: a request's picking and observing streams can "
             "reach different workers, and a worker cannot observe another's request"
         )
+    if args.replica_peers is not None:
+        try:
+            parse_peers(args.replica_peers, args.replica_port)
+        except ValueError as exc:
+            raise ConfigError(f"--replica-peers: {exc}") from None
     supervising = args.workers > 1 and args.worker_index is None
     if supervising and (args.grpc_port == 0 or args.grpc_health_port == 0):
         raise ConfigError("--workers needs fixed --grpc-port and --grpc-health-port (the workers share them)")
@@ -144,6 +163,8 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
     argv = ["epp", "--config", args.config, "--host", args.host, "--grpc-port", str(args.grpc_port),
             "--grpc-health-port", str(args.grpc_health_port), "--drain-timeout", str(args.drain_timeout),
             "--workers", str(args.workers), "--log-level", args.log_level]  # fmt: skip
+    if args.replica_peers is not None:
+        argv += ["--replica-peers", args.replica_peers, "--replica-port", str(args.replica_port)]
     # The workers' shared in-flight view: a Unix socket each, in a directory of the supervisor's.
     sharing = tempfile.TemporaryDirectory(prefix="slorouter-epp-")
     argv += ["--share-inflight", sharing.name]
@@ -178,10 +199,20 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
         state_name="epp" if worker is None else f"epp-worker-{worker}",
         config_path=args.config,
     )
-    if worker is not None and args.share_inflight:
+    replicas = None
+    if args.replica_peers is not None:
+        hosts = parse_peers(args.replica_peers, args.replica_port)
+        replicas = ReplicaPeers(args.host, args.replica_port, hosts, args.workers)
+    workers_directory = Path(args.share_inflight) if worker is not None and args.share_inflight else None
+    if workers_directory is not None or replicas is not None:
         core = picker.core
         picker.sharing = InFlightSharing(
-            core.director.tracker, core.director.clock, Path(args.share_inflight), worker, args.workers
+            core.director.tracker,
+            core.director.clock,
+            workers_directory,
+            worker or 0,
+            args.workers,
+            replicas=replicas,
         )
     envoy = None
     try:

@@ -45,7 +45,7 @@ class EndpointPicker:
     health: Health
     ports: PickerPorts
     bound: PickerPorts | None = None  # the ports actually bound (0 picks free ones)
-    sharing: InFlightSharing | None = None  # a worker's shared in-flight view with the pod's other workers
+    sharing: InFlightSharing | None = None  # the in-flight view shared with other workers and replicas
     _grpc: GrpcServer | None = field(default=None, repr=False)
     _health_server: grpc.aio.Server | None = field(default=None, repr=False)
     _http: HttpServer | None = field(default=None, repr=False)
