@@ -206,9 +206,9 @@ async def test_replicas_share_their_in_flight_counts_over_udp_and_drop_a_dead_on
     peers = ",".join(f"127.0.0.1:{port}" for port in udp)
     replicas = []
     for port in udp:
-        grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+        grpc_port, health, metrics_port = free_port(), free_port(), free_port()
         process = spawn(
-            "epp", "--config", str(path), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
+            "epp", "--config", str(path), "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
             "--metrics-port", str(metrics_port), "--replica-peers", peers, "--replica-port", str(port),
             "--drain-timeout", "2", "--log-level", "WARNING",
         )  # fmt: skip
