@@ -145,6 +145,7 @@ CASES: dict[str, Case] = {
         ("ServiceMonitor",),
     ),
     "flow-control": Case(FLOW_CONTROL, ()),
+    "replicas": Case({"inferenceExtension.replicas": "3", "inferenceExtension.workers": "2"}, ("Service",)),
     "gke-monitoring-istio": Case(
         {
             "provider.name": "istio",
@@ -379,6 +380,23 @@ def test_workers_become_the_pickers_workers_flag(render: Render):
     assert args[args.index("--workers") + 1] == "4"
 
 
+def test_replicas_find_each_other_through_a_headless_service_to_share_in_flight_counts(render: Render):
+    assert not [m for m in render({}) if m["metadata"]["name"].endswith("-peers")]
+    manifests = render({"inferenceExtension.replicas": "3", "inferenceExtension.workers": "2"})
+    (peers,) = [m for m in manifests if m["kind"] == "Service" and m["metadata"]["name"].endswith("-peers")]
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["publishNotReadyAddresses"] is True  # a starting replica is found at once
+    (deployment,) = [m for m in manifests if m["kind"] == "Deployment"]
+    assert peers["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (epp,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+    args = list(epp["args"])
+    meta = peers["metadata"]
+    assert args[args.index("--replica-peers") + 1] == f"{meta['name']}.{meta['namespace']}.svc"
+    assert args[args.index("--replica-port") + 1] == "9004"
+    udp = [(p["containerPort"], p["protocol"]) for p in epp["ports"] if p.get("protocol") == "UDP"]
+    assert udp == [(9004, "UDP"), (9005, "UDP")]  # one per worker
+
+
 def test_the_sidecars_and_the_router_share_a_token_from_a_secret(render: Render):
     manifests = render_case(render, "predictor-3")
     secret = one(manifests, "Secret")
@@ -501,6 +519,7 @@ async def test_the_router_config_builds_a_router(render: Render, case):
         ({f"{FC}.saturationDetector.kvCacheUtilThreshold": "2"}, "kvCacheUtilThreshold': maximum: got 2"),
         ({f"{FC}.priorityBands[0].maxRequests": "3"}, "priorityBands/0': missing property 'priority'"),
         ({"inferenceExtension.workers": "65"}, "at '/inferenceExtension/workers': maximum"),
+        ({"inferenceExtension.replicaPort": "0"}, "at '/inferenceExtension/replicaPort': minimum"),
         ({"inferencePool.modelServers.matchLabels.app": "-bad"}, "matchLabels/app"),
         ({"inferenceExtension.monitoring.gke.enable": "true"}, "additional properties 'enable' not allowed"),
         ({"inferenceExtension.monitoring.interval": "10"}, "at '/inferenceExtension/monitoring/interval'"),
