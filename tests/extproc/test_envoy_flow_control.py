@@ -32,6 +32,7 @@ from tests.extproc.test_envoy_integration import (
     start_envoy,
     start_epp,
     start_sim,
+    stop_all,
 )
 from tests.gateway.conftest import eventually
 
@@ -93,14 +94,7 @@ def flow_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowWorld]:
             pickers.append(FlowPicker(picker, pod, envoys))
         yield FlowWorld(sim, *pickers)
     finally:
-        for process in reversed(processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
 
 
 @pytest.fixture

@@ -137,6 +137,18 @@ def start_envoy(setup: EnvoySetup, directory: Path, response_body_mode: str | No
     return Envoy(process, f"http://127.0.0.1:{setup.listen_port}")
 
 
+def stop_all(processes: list[subprocess.Popen[Any]]) -> None:
+    """Terminate the processes, the last started first, and wait for each (killed if it will not stop)."""
+    for process in reversed(processes):
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 @dataclass
 class World:
     pods: Sim
@@ -198,14 +210,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         envoys["no-response-body"] = envoy.url
         yield World(pods, victim, epp, failover_epp, envoys, processes)
     finally:
-        for process in reversed(processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
 
 
 @pytest.fixture
