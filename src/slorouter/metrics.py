@@ -17,7 +17,7 @@ from prometheus_client.utils import floatToGoString as _untyped_float_to_go_stri
 
 from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.pool.kv_index import KVBlockIndex
-from slorouter.pool.state import PoolState
+from slorouter.pool.state import MISSING_BITS, PoolState
 
 if TYPE_CHECKING:
     from slorouter.predictor.backend import LatencyPredictorBackend
@@ -307,9 +307,24 @@ class PoolCollector(Collector):
                 "Context tokens of in-flight requests past their first token.",
                 "inflight_decode_tokens",
             ),
-            ("slorouter_endpoint_waiting_requests", "Last scraped vllm:num_requests_waiting.", "waiting"),
-            ("slorouter_endpoint_running_requests", "Last scraped vllm:num_requests_running.", "running"),
-            ("slorouter_endpoint_kv_cache_usage", "Last scraped vllm:kv_cache_usage_perc.", "kv_usage"),
+            (
+                "slorouter_endpoint_waiting_requests",
+                "Queue depth last scraped (vllm:num_requests_waiting or its dialect's metric), or estimated "
+                "from in-flight requests when the page lacks it.",
+                "waiting",
+            ),
+            (
+                "slorouter_endpoint_running_requests",
+                "Running requests last scraped (vllm:num_requests_running or its dialect's metric), or "
+                "estimated from in-flight requests when the page lacks it.",
+                "running",
+            ),
+            (
+                "slorouter_endpoint_kv_cache_usage",
+                "KV-cache utilisation last scraped (vllm:kv_cache_usage_perc or its dialect's metric), or "
+                "estimated from in-flight tokens when the page lacks it.",
+                "kv_usage",
+            ),
         )
         addresses = [e.address for e in self.pool.endpoints]
         for name, doc, column in series:
@@ -317,6 +332,28 @@ class PoolCollector(Collector):
             for address, value in zip(addresses, self.pool.columns[column].tolist(), strict=True):
                 family.add_metric([address], float(value))
             yield family
+        dialects = GaugeMetricFamily(
+            "slorouter_endpoint_metrics_dialect",
+            "1 for the metric dialect the endpoint's /metrics page is read in (configured or detected).",
+            labels=["endpoint", "dialect"],
+        )
+        missing = GaugeMetricFamily(
+            "slorouter_endpoint_metric_missing",
+            "1 for each load signal the endpoint's /metrics page lacks (signal: waiting, running, kv_usage; "
+            "metric: what its dialect reads it from); the router's in-flight counts stand in for it.",
+            labels=["endpoint", "signal", "metric"],
+        )
+        masks = self.pool.columns["metrics_missing"].tolist()
+        for address, mask in zip(addresses, masks, strict=True):
+            dialect = self.pool.metric_dialects.get(address)
+            if dialect is None:
+                continue
+            dialects.add_metric([address, dialect.name], 1.0)
+            for signal, bit in MISSING_BITS.items():
+                if mask & bit:
+                    missing.add_metric([address, signal, dialect.describe(signal)], 1.0)
+        yield dialects
+        yield missing
 
 
 class KVEventsCollector(Collector):

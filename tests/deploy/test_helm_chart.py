@@ -506,7 +506,7 @@ async def test_the_router_config_builds_a_router(render: Render, case):
         ({f"{LP}.predictionServers.volumeSize": "10Gi"}, "additional properties 'volumeSize' not allowed"),
         ({f"{LP}.trainingServer.config.LATENCY_MODEL_TYPE": "xgboost"}, "properties 'config' not allowed"),
         ({f"{LP}.eppEnv.LATENCY_COALESCE_WINDOW_MS": "1"}, "additional properties 'eppEnv' not allowed"),
-        ({"inferencePool.modelServerType": "triton-tensorrt-llm"}, "at '/inferencePool/modelServerType'"),
+        ({"inferencePool.modelServerType": "ollama"}, "at '/inferencePool/modelServerType'"),
         ({"inferenceExtension.failureMode": "Open"}, "at '/inferenceExtension/failureMode'"),
         ({"inferenceExtension.workers": "0"}, "at '/inferenceExtension/workers': minimum"),
         (
@@ -555,3 +555,16 @@ def test_the_templates_check_values_even_without_the_schema(helm):
             "template", RELEASE, str(CHART), "--skip-schema-validation", *set_flags(values), check=False
         )
         assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_every_metric_preset_is_a_model_server_type(helm):
+    from slorouter.pool.dialects import PRESETS
+
+    for name in PRESETS:
+        result = helm("template", RELEASE, str(CHART), *set_flags({"inferencePool.modelServerType": name}))
+        assert result.returncode == 0, result.stderr
+    result = helm(
+        "template", RELEASE, str(CHART), "--skip-schema-validation",
+        *set_flags({"inferencePool.modelServerType": "ollama"}), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0 and 'llamacpp and tgi metrics, not "ollama"' in result.stderr

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slorouter.pool.dialects import SGLANG, VLLM
 from slorouter.pool.metrics_parser import ParseError, parse_metrics
 from slorouter.pool.state import MetricsSnapshot
 
@@ -154,9 +155,10 @@ def test_non_finite_samples_are_ignored() -> None:
 
 def test_only_non_finite_samples_count_as_missing() -> None:
     page = "vllm:num_requests_waiting 1\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc NaN\n"
+    assert parse_metrics(page).missing == ("kv_usage",)
     with pytest.raises(ParseError, match=r"kv_usage .*non-finite") as info:
-        parse_metrics(page)
-    assert len(info.value.missing) == 1
+        parse_metrics("vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\n")
+    assert len(info.value.missing) == 3
 
 
 def test_values_are_clamped() -> None:
@@ -164,34 +166,36 @@ def test_values_are_clamped() -> None:
     assert parse_metrics(page) == MetricsSnapshot(waiting=0, running=3, kv_usage=1.0)
 
 
-def test_missing_gauge_is_named() -> None:
+def test_a_missing_gauge_is_reported_not_an_error() -> None:
     page = VLLM_PAGE.replace("vllm:num_requests_running{", "vllm:other{")
-    with pytest.raises(ParseError, match=r"running \(vllm:num_requests_running\)") as info:
-        parse_metrics(page)
-    assert info.value.missing == ("running (vllm:num_requests_running)",)
+    snapshot = parse_metrics(page)
+    assert snapshot.missing == ("running",)
+    assert (snapshot.waiting, snapshot.kv_usage, snapshot.block_size) == (3, 0.625, 16)
 
 
-def test_missing_kv_names_both_vllm_names() -> None:
-    page = "vllm:num_requests_waiting 1\nvllm:num_requests_running 1\n"
+def test_a_page_without_any_load_metric_names_them_all() -> None:
+    page = 'vllm:cache_config_info{block_size="16"} 1\n'
     with pytest.raises(ParseError, match="vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc"):
-        parse_metrics(page)
+        parse_metrics(page, VLLM)
 
 
-def test_sglang_page_missing_a_gauge_names_the_sglang_metric() -> None:
+def test_sglang_page_missing_a_gauge_reports_the_sglang_signal() -> None:
     page = SGLANG_PAGE.replace("sglang:num_queue_reqs{", "sglang:other{")
+    assert parse_metrics(page).missing == ("waiting",)
     with pytest.raises(ParseError, match=r"sglang metrics page lacks waiting \(sglang:num_queue_reqs\)"):
-        parse_metrics(page)
+        parse_metrics("sglang:other 1\n", SGLANG)
 
 
 @pytest.mark.parametrize(
     "page",
     ["", "not a metrics page at all", "\x00\x01garbage{{{", "<html><body>502 Bad Gateway</body></html>"],
 )
-def test_garbage_names_every_missing_gauge(page: str) -> None:
-    with pytest.raises(ParseError) as info:
+def test_garbage_names_every_presets_gauges(page: str) -> None:
+    with pytest.raises(ParseError, match="not a known model server") as info:
         parse_metrics(page)
     message = str(info.value)
-    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+    for name in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "trtllm_num_requests_waiting",
+                 "llamacpp:requests_deferred", "tgi_queue_size"):  # fmt: skip
         assert name in message
 
 

@@ -190,7 +190,10 @@ async def test_polling_marks_a_stopped_server_unhealthy_and_a_restarted_one_heal
     [
         (lambda s: setattr(s, "status", 503), "HTTP 503"),
         (lambda s: setattr(s, "body", "<html>oops</html>"), "ParseError"),
-        (lambda s: setattr(s, "body", page(1, 1, 0.1).replace("vllm:kv_cache_usage_perc", "x")), "kv_usage"),
+        (
+            lambda s: setattr(s, "body", page(1, 1, 0.1).replace("vllm:num_", "x:").replace("vllm:kv", "x")),
+            "none of",
+        ),
         (lambda s: setattr(s, "delay_s", 5.0), "TimeoutError"),
     ],
     ids=["status", "garbage", "missing-gauge", "timeout"],
@@ -305,3 +308,54 @@ def test_from_config_and_argument_checks() -> None:
         MetricsScraper(pool, ManualClock(), interval_s=0)
     with pytest.raises(ValueError, match="unhealthy_after"):
         MetricsScraper(pool, ManualClock(), unhealthy_after=0)
+
+
+async def test_a_missing_metric_is_reported_once_and_estimated_from_inflight(
+    servers: StartServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await servers(page(2, 3, 0.5).replace("vllm:kv_cache_usage_perc", "vllm:other"))
+    pool = PoolState([Endpoint(server.address)])
+    scraper = MetricsScraper(pool, ManualClock())
+    try:
+        with caplog.at_level(logging.WARNING, logger="slorouter.pool.scraper"):
+            for _ in range(3):
+                assert await scraper.scrape_once() == {server.address: True}
+        warnings = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
+        assert warnings == [
+            f"endpoint {server.address} (vllm metrics): its /metrics page lacks kv_usage "
+            "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc); routing on the router's in-flight "
+            "counts for it"
+        ]
+        # The page's cache: 1000 blocks of 16 tokens; 4000 in-flight tokens fill a quarter of it.
+        assert pool.value(server.address, "kv_usage") == 0.0
+        pool.add_inflight(server.address, 1, 3000, 1000)
+        assert pool.value(server.address, "kv_usage") == 0.25
+        assert (pool.value(server.address, "waiting"), pool.value(server.address, "running")) == (2, 3)
+        assert pool.metric_dialects[server.address].name == "vllm"
+    finally:
+        await scraper.stop()
+
+
+async def test_the_dialect_is_detected_on_the_first_scrape_and_configured_per_endpoint(
+    servers: StartServer,
+) -> None:
+    sglang_page = "sglang:num_queue_reqs 4\nsglang:num_running_reqs 6\nsglang:token_usage 0.3\n"
+    auto, configured = await servers(sglang_page), await servers(sglang_page)
+    config = PoolConfig.model_validate(
+        {"endpoints": [auto.address, {"address": configured.address, "model_server_type": "vllm"}]}
+    )
+    pool = PoolState([Endpoint(auto.address), Endpoint(configured.address)])
+    scraper = MetricsScraper.from_config(pool, ManualClock(), config)
+    try:
+        # The endpoint configured as vLLM is read as vLLM: its SGLang page has none of vLLM's metrics.
+        assert await scraper.scrape_once() == {auto.address: True, configured.address: False}
+        assert scraper.dialect(auto.address).name == "sglang"  # type: ignore[union-attr]
+        assert "vllm metrics page lacks" in scraper.status(configured.address).last_error  # type: ignore[union-attr]
+        assert (pool.value(auto.address, "waiting"), pool.value(auto.address, "running")) == (4, 6)
+        # A restart with another engine: the detected dialect finds nothing and is detected again.
+        auto.body = page(1, 2, 0.125)
+        assert (await scraper.scrape_once())[auto.address] is True
+        assert scraper.dialect(auto.address).name == "vllm"  # type: ignore[union-attr]
+        assert pool.value(auto.address, "kv_usage") == 0.125
+    finally:
+        await scraper.stop()

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from slorouter.pool.dialects import AUTO, MODEL_SERVER_TYPES, Dialect, override, parse_spec, preset
 from slorouter.pool.kv_index import DEFAULT_MAX_BLOCKS_PER_POD
-from slorouter.pool.state import Endpoint
+from slorouter.pool.state import DEFAULT_FALLBACK_KV_CAPACITY_TOKENS, Endpoint
 from slorouter.validation import StrictModel
+
+log = logging.getLogger(__name__)
+# The pod label naming a discovered pod's model server type (the original's engineLabelKey default).
+DEFAULT_ENGINE_LABEL_KEY = "llm-d.ai/engine-type"
 
 
 def validate_address(address: str) -> str:
@@ -57,6 +64,88 @@ class KVEventsSourceConfig(StrictModel):
         return None if value is None else validate_zmq_endpoint(value)
 
 
+def validate_model_server_type(value: str) -> str:
+    try:
+        if value != AUTO:
+            preset(value)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not a model server type: expected one of {', '.join(MODEL_SERVER_TYPES)}"
+        ) from None
+    return value
+
+
+_SPEC_FIELDS = {
+    "queued_requests": "waiting",
+    "running_requests": "running",
+    "kv_usage": "kv_usage",
+    "cache_block_size": "cache_block_size",
+    "cache_num_blocks": "cache_num_blocks",
+}
+
+
+class ModelServerMetricsConfig(StrictModel):
+    """Metric specs overriding those of a model server type's preset, in the shape of the original's
+    ``engineConfigs`` (``queuedRequestsSpec`` ...). A spec is ``name`` or ``name{label="value",...}``;
+    ``""`` reads nothing for that signal (the router's in-flight counts stand in); unset keeps the
+    preset's."""
+
+    queued_requests: str | None = Field(default=None, description="queue depth (queuedRequestsSpec)")
+    running_requests: str | None = Field(default=None, description="running requests (runningRequestsSpec)")
+    kv_usage: str | None = Field(default=None, description="KV-cache utilisation, 0..1 (kvUsageSpec)")
+    lora_info: str | None = Field(default=None, description="LoRA info gauge (loraSpec); not routed on yet")
+    cache_info: str | None = Field(default=None, description="cache info gauge (cacheInfoSpec)")
+    cache_block_size_label: str | None = Field(default=None, description="its block-size label")
+    cache_num_blocks_label: str | None = Field(default=None, description="its block-count label")
+    cache_block_size: str | None = Field(default=None, description="block size as a gauge")
+    cache_num_blocks: str | None = Field(default=None, description="block count as a gauge")
+
+    @field_validator(
+        "queued_requests",
+        "running_requests",
+        "kv_usage",
+        "lora_info",
+        "cache_info",
+        "cache_block_size",
+        "cache_num_blocks",
+    )
+    @classmethod
+    def _check_spec(cls, value: str | None) -> str | None:
+        if value:
+            parse_spec(value)
+        return value
+
+    @field_validator("cache_block_size_label", "cache_num_blocks_label")
+    @classmethod
+    def _check_label(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
+            raise ValueError(f"{value!r} is not a Prometheus label name")
+        return value
+
+    def apply(self, base: Dialect) -> Dialect:
+        fields: dict[str, object] = {}
+        for key, attribute in _SPEC_FIELDS.items():
+            value = getattr(self, key)
+            if value is not None:
+                fields[attribute] = (parse_spec(value),) if value else ()
+        for key in ("lora_info", "cache_info"):
+            value = getattr(self, key)
+            if value is not None:
+                fields[key] = parse_spec(value) if value else None
+        if self.cache_block_size_label is not None:
+            fields["block_size_label"] = self.cache_block_size_label
+        if self.cache_num_blocks_label is not None:
+            fields["num_blocks_label"] = self.cache_num_blocks_label
+        return override(base, **fields)
+
+
+def _dialect(model_server_type: str, metrics: ModelServerMetricsConfig | None) -> Dialect | None:
+    if model_server_type == AUTO:
+        return None
+    base = preset(model_server_type)
+    return metrics.apply(base) if metrics is not None else base
+
+
 class EndpointConfig(StrictModel):
     """One model server: a bare ``"host:port"`` in YAML, or this mapping to add a name, labels and its KV
     events."""
@@ -65,11 +154,20 @@ class EndpointConfig(StrictModel):
     name: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     kv_events: KVEventsSourceConfig | None = None
+    model_server_type: str | None = Field(
+        default=None, description="this server's metric dialect (a mixed pool); default: the pool's"
+    )
+    model_server_metrics: ModelServerMetricsConfig | None = None
 
     @field_validator("address")
     @classmethod
     def _check_address(cls, value: str) -> str:
         return validate_address(value)
+
+    @field_validator("model_server_type")
+    @classmethod
+    def _check_type(cls, value: str | None) -> str | None:
+        return None if value is None else validate_model_server_type(value)
 
 
 # Kubernetes names: a namespace is a DNS-1123 label, an object name a DNS-1123 subdomain.
@@ -234,6 +332,45 @@ class PoolConfig(StrictModel):
     kv_events_max_blocks_per_pod: int = Field(default=DEFAULT_MAX_BLOCKS_PER_POD, ge=1)
     kv_events_replay_timeout_ms: float = Field(default=1000, gt=0)
     kv_events_reconnect_ms: float = Field(default=1000, gt=0)
+    model_server_type: str = Field(
+        default=AUTO, description="metric dialect of the pool's servers; auto: detected from the first scrape"
+    )
+    model_server_metrics: ModelServerMetricsConfig | None = None
+    engine_label_key: str = Field(
+        default=DEFAULT_ENGINE_LABEL_KEY,
+        description="endpoint (pod) label whose value names the endpoint's model server type",
+    )
+    fallback_kv_capacity_tokens: int = Field(
+        default=DEFAULT_FALLBACK_KV_CAPACITY_TOKENS,
+        ge=1,
+        description="KV capacity for the in-flight KV estimate of a server reporting neither KV usage "
+        "nor its cache size",
+    )
+
+    @field_validator("model_server_type")
+    @classmethod
+    def _check_type(cls, value: str) -> str:
+        return validate_model_server_type(value)
+
+    @field_validator("engine_label_key")
+    @classmethod
+    def _check_label_key(cls, value: str) -> str:
+        return validate_label_key(value)
+
+    @model_validator(mode="after")
+    def _overrides_need_a_preset(self) -> PoolConfig:
+        if self.model_server_metrics is not None and self.model_server_type == AUTO:
+            raise ValueError(
+                "model_server_metrics overrides a preset: set model_server_type to it (not 'auto')"
+            )
+        for i, endpoint in enumerate(self.endpoints):
+            kind = endpoint.model_server_type or self.model_server_type
+            if endpoint.model_server_metrics is not None and kind == AUTO:
+                raise ValueError(
+                    f"endpoints[{i}].model_server_metrics overrides a preset: set "
+                    f"endpoints[{i}].model_server_type or pool.model_server_type"
+                )
+        return self
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -276,3 +413,43 @@ class PoolConfig(StrictModel):
 
 def endpoints_from_config(config: PoolConfig) -> list[Endpoint]:
     return [Endpoint(e.address, e.name, dict(e.labels)) for e in config.endpoints]
+
+
+DialectResolver = Callable[[Endpoint], Dialect | None]
+
+
+def dialect_resolver(config: PoolConfig) -> DialectResolver:
+    """Which dialect an endpoint's page is read in (``None``: detected from its first scrape): its own
+    ``model_server_type``/``model_server_metrics`` (static endpoints), else the preset its
+    ``engine_label_key`` label names (discovered pods; a static endpoint's ``labels`` too), else the
+    pool's."""
+    pool_dialect = _dialect(config.model_server_type, config.model_server_metrics)
+    per_endpoint: dict[str, Dialect | None] = {}
+    for endpoint in config.endpoints:
+        if endpoint.model_server_type is not None or endpoint.model_server_metrics is not None:
+            kind = endpoint.model_server_type or config.model_server_type
+            metrics = endpoint.model_server_metrics or config.model_server_metrics
+            per_endpoint[endpoint.address] = _dialect(kind, metrics)
+    key = config.engine_label_key
+    warned: set[str] = set()
+
+    def resolve(endpoint: Endpoint) -> Dialect | None:
+        if endpoint.address in per_endpoint:
+            return per_endpoint[endpoint.address]
+        label = endpoint.labels.get(key)
+        if label is not None:
+            try:
+                return preset(label)
+            except ValueError:
+                if label not in warned:
+                    warned.add(label)
+                    log.warning(
+                        "endpoint %s: its label %s=%r is not a model server type (%s); using the pool's",
+                        endpoint.address,
+                        key,
+                        label,
+                        ", ".join(MODEL_SERVER_TYPES[1:]),
+                    )
+        return pool_dialect
+
+    return resolve

@@ -11,10 +11,14 @@ Rules, where the exposition allows a choice:
 - A metric with several label sets (several ``model_name``, ``engine`` or ``dp_rank`` values) is combined
   into one value per server: request counts (waiting, running) are **summed**; the KV usage fraction is
   **averaged**, because each series is the fraction of its own (equally sized) cache and a sum could exceed 1;
-  from cache-info series the block size is the first one's and the block count is summed (each data-parallel
-  engine reports its own cache).
-- NaN and ±Inf samples are ignored; a required metric whose samples are all non-finite counts as missing.
-  Counts are rounded and floored at 0, the KV fraction is clamped to [0, 1].
+  from cache-info series (or cache gauges) the block size is the first one's and the block count is summed
+  (each data-parallel engine reports its own cache).
+- Which metrics carry the signals is the endpoint's dialect (``slorouter.pool.dialects``: vLLM, SGLang,
+  TensorRT-LLM, llama.cpp, TGI, or configured); a spec with label matchers reads only the matching series.
+  A signal the page lacks is reported in ``MetricsSnapshot.missing``, not an error: the pool then fills it
+  from the router's in-flight counts. A page with none of its dialect's signals is a ``ParseError``.
+- NaN and ±Inf samples are ignored; a signal whose samples are all non-finite counts as missing. Counts
+  are rounded and floored at 0, the KV fraction is clamped to [0, 1].
 - A finite sample beyond ±2**53 is a ``ParseError`` (no server has that many requests; the sum of such
   values overflows), and the combined counts are capped at 2**53, so they always fit the pool's int64
   columns. A cache-info label beyond 2**53 reads as 0 ("unknown").
@@ -28,54 +32,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
+from slorouter.pool.dialects import PRESETS, SIGNALS, Dialect, MetricSpec
 from slorouter.pool.state import MetricsSnapshot
 
 
 class ParseError(ValueError):
-    """The page lacks a required metric or has a malformed sample line for one."""
+    """The page has none of its dialect's load metrics, or a malformed sample line for one."""
 
     def __init__(self, message: str, missing: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.missing = missing
 
-
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    """Metric names of one model-server family. Alternatives are tried in order (newest name first)."""
-
-    name: str
-    prefix: str
-    waiting: tuple[str, ...]
-    running: tuple[str, ...]
-    kv_usage: tuple[str, ...]
-    cache_info: str
-    block_size_label: str
-    num_blocks_label: str
-
-
-VLLM = Dialect(
-    name="vllm",
-    prefix="vllm:",
-    waiting=("vllm:num_requests_waiting",),
-    running=("vllm:num_requests_running",),
-    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    cache_info="vllm:cache_config_info",
-    block_size_label="block_size",
-    num_blocks_label="num_gpu_blocks",
-)
-SGLANG = Dialect(
-    name="sglang",
-    prefix="sglang:",
-    waiting=("sglang:num_queue_reqs",),
-    running=("sglang:num_running_reqs",),
-    kv_usage=("sglang:token_usage",),
-    cache_info="sglang:cache_config_info",
-    block_size_label="page_size",
-    num_blocks_label="num_pages",
-)
-DIALECTS: tuple[Dialect, ...] = (VLLM, SGLANG)
 
 MAX_VALUE = 2**53  # the largest sample and count taken (exact in a float64, far within an int64)
 _NAME_END = frozenset("{ \t")
@@ -86,62 +54,101 @@ _ESCAPE = re.compile(r"\\(.)")
 _UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 
 
-def parse_metrics(text: str) -> MetricsSnapshot:
-    """Parse a vLLM or SGLang ``/metrics`` page; raises ``ParseError`` naming what is missing or malformed."""
-    for dialect in DIALECTS:
-        name, lines = _first_group(text, dialect.waiting)
-        if lines:
-            return _parse(text, dialect, name, lines)
-    # No dialect's waiting gauge: report the missing metrics of the family the page seems to come from.
-    dialect = next((d for d in DIALECTS if d.prefix in text), DIALECTS[0])
-    return _parse(text, dialect, dialect.waiting[0], [])
+def detect_dialect(text: str, candidates: tuple[Dialect, ...] = tuple(PRESETS.values())) -> Dialect | None:
+    """The candidate with the most of its load signals on the page (the first of a tie); ``None`` if no
+    candidate has any."""
+    best, best_count = None, 0
+    for dialect in candidates:
+        count = sum(1 for signal in SIGNALS if _select(text, dialect.specs(signal))[1])
+        if count > best_count:
+            best, best_count = dialect, count
+    return best
 
 
-def _parse(text: str, dialect: Dialect, waiting_name: str, waiting_lines: list[str]) -> MetricsSnapshot:
+def parse_metrics(text: str, dialect: Dialect | None = None) -> MetricsSnapshot:
+    """Read the load signals of ``dialect`` (detected from the page when ``None``) out of a ``/metrics`` page.
+
+    A signal the page lacks is listed in the snapshot's ``missing`` (the router then routes on its own
+    in-flight counts for it); a page with none of them, or a malformed sample line of a metric read, raises
+    ``ParseError`` naming the metrics.
+    """
+    if dialect is None:
+        dialect = detect_dialect(text)
+        if dialect is None:
+            known = "; ".join(
+                f"{d.name}: " + ", ".join(str(s) for signal in SIGNALS for s in d.specs(signal))
+                for d in PRESETS.values()
+            )
+            raise ParseError(
+                "not a known model server's metrics page: it has none of the load metrics of any "
+                f"preset ({known})",
+                SIGNALS,
+            )
+    return _parse(text, dialect)
+
+
+def _parse(text: str, dialect: Dialect) -> MetricsSnapshot:
     missing: list[str] = []
-    waiting = _finite(waiting_name, waiting_lines)
-    if not waiting:
-        missing.append(_describe("waiting", dialect.waiting, bool(waiting_lines)))
-    running_name, running_lines = _first_group(text, dialect.running)
-    running = _finite(running_name, running_lines)
-    if not running:
-        missing.append(_describe("running", dialect.running, bool(running_lines)))
-    kv_name, kv_lines = _first_group(text, dialect.kv_usage)
-    kv = _finite(kv_name, kv_lines)
-    if not kv:
-        missing.append(_describe("kv_usage", dialect.kv_usage, bool(kv_lines)))
-    if missing:
-        raise ParseError(f"{dialect.name} metrics page lacks " + "; ".join(missing), tuple(missing))
+    described: list[str] = []
+    values: dict[str, list[float]] = {}
+    for signal in SIGNALS:
+        spec, lines = _select(text, dialect.specs(signal))
+        finite = _finite(str(spec), lines) if spec is not None else []
+        if finite:
+            values[signal] = finite
+        else:
+            missing.append(signal)
+            described.append(_describe(signal, dialect, bool(lines)))
+    if not values:
+        raise ParseError(f"{dialect.name} metrics page lacks " + "; ".join(described), tuple(described))
 
     block_size = num_blocks = 0
-    _, info_lines = _first_group(text, (dialect.cache_info,))
-    for rest in info_lines:
-        labels = _labels(dialect.cache_info, rest)
-        if not block_size:
-            block_size = _int_label(labels.get(dialect.block_size_label))
-        num_blocks += _int_label(labels.get(dialect.num_blocks_label))
+    _, size_lines = _select(text, dialect.cache_block_size)
+    size_values = _finite("cache block size", size_lines) if size_lines else []
+    _, count_lines = _select(text, dialect.cache_num_blocks)
+    count_values = _finite("cache block count", count_lines) if count_lines else []
+    if size_values or count_values:
+        block_size = _int_value(size_values[0]) if size_values else 0
+        num_blocks = sum(_int_value(v) for v in count_values)
+    elif dialect.cache_info is not None:
+        info = dialect.cache_info
+        for rest in _matching(info, _group(text, info.name)):
+            labels = _labels(info.name, rest)
+            if not block_size:
+                block_size = _int_label(labels.get(dialect.block_size_label))
+            num_blocks += _int_label(labels.get(dialect.num_blocks_label))
 
+    waiting = values.get("waiting", [0.0])
+    running = values.get("running", [0.0])
+    kv = values.get("kv_usage", [0.0])
     return MetricsSnapshot(
         waiting=min(MAX_VALUE, max(0, round(math.fsum(waiting)))),
         running=min(MAX_VALUE, max(0, round(math.fsum(running)))),
         kv_usage=min(1.0, max(0.0, math.fsum(kv) / len(kv))),
         block_size=block_size,
         num_gpu_blocks=min(MAX_VALUE, num_blocks),
+        missing=tuple(missing),
     )
 
 
-def _describe(field: str, names: tuple[str, ...], present: bool) -> str:
-    alternatives = " or ".join(names)
-    return f"{field} ({alternatives}: only non-finite samples)" if present else f"{field} ({alternatives})"
+def _describe(signal: str, dialect: Dialect, present: bool) -> str:
+    names = dialect.describe(signal)
+    return f"{signal} ({names}: only non-finite samples)" if present else f"{signal} ({names})"
 
 
-def _first_group(text: str, names: tuple[str, ...]) -> tuple[str, list[str]]:
-    """The first present name and its sample lines, each with the name cut off (``names[0], []`` if none)."""
-    for name in names:
-        lines = _group(text, name)
+def _select(text: str, specs: tuple[MetricSpec, ...]) -> tuple[MetricSpec | None, list[str]]:
+    """The first spec with samples on the page and their sample lines (name cut off), else ``(first, [])``."""
+    for spec in specs:
+        lines = _matching(spec, _group(text, spec.name))
         if lines:
-            return name, lines
-    return names[0], []
+            return spec, lines
+    return (specs[0] if specs else None), []
+
+
+def _matching(spec: MetricSpec, lines: list[str]) -> list[str]:
+    if not spec.labels or not lines:
+        return lines
+    return [rest for rest in lines if spec.matches(_labels(spec.name, rest))]
 
 
 def _group(text: str, name: str) -> list[str]:
@@ -239,6 +246,10 @@ def _escaped_labels(name: str, body: str) -> dict[str, str]:
         if pos < size:
             pos += 1  # the comma
     return labels
+
+
+def _int_value(value: float) -> int:
+    return int(value) if 0 <= value <= MAX_VALUE else 0
 
 
 def _int_label(value: str | None) -> int:

@@ -8,6 +8,11 @@ connection pool keeps one warm connection per endpoint.
 Health: an endpoint is marked unhealthy after ``unhealthy_after`` consecutive failed scrapes (connection
 error, timeout, non-200 status, unparsable page) and healthy again after ``healthy_after`` consecutive
 successful ones. Only these transitions are logged as warnings; single failures are logged at debug level.
+
+Dialects: each endpoint's page is read in the dialect its configuration gives (``dialect_resolver``), or the
+one detected on its first readable scrape (kept until a scrape finds none of its metrics, then detected
+again). A signal the page lacks is logged once per endpoint as a warning naming the metric; the pool then
+estimates it from in-flight counts and ``slorouter_endpoint_metric_missing`` shows it.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from types import TracebackType
 import aiohttp
 
 from slorouter.clock import Clock
-from slorouter.pool.config import PoolConfig
-from slorouter.pool.metrics_parser import ParseError, parse_metrics
-from slorouter.pool.state import MetricsSnapshot, PoolState
+from slorouter.pool.config import DialectResolver, PoolConfig, dialect_resolver
+from slorouter.pool.dialects import Dialect
+from slorouter.pool.metrics_parser import ParseError, detect_dialect, parse_metrics
+from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,7 @@ class MetricsScraper:
         unhealthy_after: int = 3,
         healthy_after: int = 1,
         path: str = "/metrics",
+        dialects: DialectResolver | None = None,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError(f"interval_s and timeout_s must be > 0 (got {interval_s}, {timeout_s})")
@@ -96,6 +103,9 @@ class MetricsScraper:
             self._session = None
             self._session_factory = session or default_session
         self._status: dict[str, ScrapeStatus] = {}
+        self._resolve: DialectResolver = dialects or (lambda endpoint: None)
+        self._detected: dict[str, Dialect] = {}  # auto-detected dialects, by address
+        self._reported: dict[str, set[str]] = {}  # missing signals already logged, by address
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._supervisor: asyncio.Task[None] | None = None
@@ -115,6 +125,7 @@ class MetricsScraper:
             interval_s=config.scrape_interval_s,
             timeout_s=config.scrape_timeout_s,
             unhealthy_after=config.unhealthy_after_failures,
+            dialects=dialect_resolver(config),
         )
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -165,6 +176,9 @@ class MetricsScraper:
         current = {endpoint.address for endpoint in self.pool.endpoints}
         for address in [a for a in self._status if a not in current]:
             del self._status[address]
+        for table in (self._detected, self._reported):
+            for address in [a for a in table if a not in current]:
+                del table[address]
         for address in [a for a in self._tasks if a not in current]:
             task = self._tasks.pop(address)
             task.cancel()
@@ -220,7 +234,8 @@ class MetricsScraper:
         if endpoint is None:
             return False
         try:
-            snapshot = await self._fetch(endpoint.url + self.path)
+            text = await self._fetch(endpoint.url + self.path)
+            dialect, snapshot = self._read(endpoint, text)
         except (
             aiohttp.ClientError,
             TimeoutError,
@@ -235,16 +250,41 @@ class MetricsScraper:
             log.exception("metrics scraper: unexpected error scraping %s", address)
             self._record_failure(address, _describe(exc))
             return False
-        self._record_success(address, snapshot)
+        self._record_success(address, snapshot, dialect)
         return True
 
-    async def _fetch(self, url: str) -> MetricsSnapshot:
+    def dialect(self, address: str) -> Dialect | None:
+        """The dialect an endpoint's page is read in (configured, or detected; ``None``: not yet known)."""
+        endpoint = self.pool.get(address)
+        configured = self._resolve(endpoint) if endpoint is not None else None
+        return configured or self._detected.get(address)
+
+    def _read(self, endpoint: Endpoint, text: str) -> tuple[Dialect, MetricsSnapshot]:
+        address = endpoint.address
+        dialect = self._resolve(endpoint)
+        if dialect is not None:
+            return dialect, parse_metrics(text, dialect)
+        detected = self._detected.get(address)
+        if detected is not None:
+            try:
+                return detected, parse_metrics(text, detected)
+            except ParseError:
+                del self._detected[address]  # another server now (a restart with another engine)?
+                self._reported.pop(address, None)
+        detected = detect_dialect(text)
+        snapshot = parse_metrics(text, detected)  # with None: the error naming every preset's metrics
+        assert detected is not None
+        self._detected[address] = detected
+        log.info("endpoint %s: metrics page detected as %s", address, detected.name)
+        return detected, snapshot
+
+    async def _fetch(self, url: str) -> str:
         session = self._get_session()
         async with session.get(url, timeout=self.timeout, headers=SCRAPE_HEADERS) as response:
             if response.status != 200:
                 raise _BadStatus(f"HTTP {response.status}")
             body = await response.read()
-        return parse_metrics(body.decode("utf-8"))
+        return body.decode("utf-8")
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -274,11 +314,25 @@ class MetricsScraper:
         else:
             log.debug("metrics scrape of %s failed: %s", address, error)
 
-    def _record_success(self, address: str, snapshot: MetricsSnapshot) -> None:
+    def _record_success(self, address: str, snapshot: MetricsSnapshot, dialect: Dialect) -> None:
         if address not in self.pool:  # removed while the scrape was in flight
             return
         now = self.clock.now()
         self.pool.set_metrics(address, snapshot, at=now)
+        self.pool.metric_dialects[address] = dialect
+        if snapshot.missing:
+            reported = self._reported.setdefault(address, set())
+            for signal in snapshot.missing:
+                if signal not in reported:
+                    reported.add(signal)
+                    log.warning(
+                        "endpoint %s (%s metrics): its /metrics page lacks %s (%s); routing on the "
+                        "router's in-flight counts for it",
+                        address,
+                        dialect.name,
+                        signal,
+                        dialect.describe(signal),
+                    )
         status = self._status.setdefault(address, ScrapeStatus())
         status.scrapes += 1
         status.consecutive_successes += 1

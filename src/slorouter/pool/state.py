@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from slorouter.pool.dialects import Dialect
+
 # Columns scraped from the model server's /metrics.
 SCRAPED_COLUMNS: dict[str, type] = {
     "waiting": np.int64,  # vllm:num_requests_waiting
@@ -21,7 +23,14 @@ SCRAPED_COLUMNS: dict[str, type] = {
     "block_size": np.int64,  # vllm:cache_config_info{block_size}
     "num_gpu_blocks": np.int64,  # vllm:cache_config_info{num_gpu_blocks}
     "metrics_time": np.float64,  # clock time of the scrape that produced the row
+    # Bits of the signals the endpoint's page lacks (MISSING_*): those columns hold in-flight estimates.
+    "metrics_missing": np.int64,
 }
+MISSING_WAITING, MISSING_RUNNING, MISSING_KV = 1, 2, 4
+MISSING_BITS = {"waiting": MISSING_WAITING, "running": MISSING_RUNNING, "kv_usage": MISSING_KV}
+# KV capacity assumed for the in-flight KV estimate of a server that reports neither KV usage nor its cache
+# size: the original's default per-pod prefix LRU size (31,250 blocks of 16 tokens, Llama-3-8B on an H100).
+DEFAULT_FALLBACK_KV_CAPACITY_TOKENS = 500_000
 # Columns kept by the router itself, always fresh.
 INFLIGHT_COLUMNS: dict[str, type] = {
     "inflight_requests": np.int64,  # dispatched and not yet finished
@@ -54,6 +63,9 @@ class MetricsSnapshot:
     kv_usage: float = 0.0
     block_size: int = 0
     num_gpu_blocks: int = 0
+    # Signals ("waiting", "running", "kv_usage") the page lacks: the pool estimates them from in-flight
+    # counts.
+    missing: tuple[str, ...] = ()
 
 
 class PoolState:
@@ -63,7 +75,14 @@ class PoolState:
     Not thread-safe: it is owned by one event loop (or by the discrete-event simulator).
     """
 
-    def __init__(self, endpoints: list[Endpoint] | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: list[Endpoint] | None = None,
+        fallback_kv_capacity_tokens: int = DEFAULT_FALLBACK_KV_CAPACITY_TOKENS,
+    ) -> None:
+        self.fallback_kv_capacity_tokens = fallback_kv_capacity_tokens
+        # The dialect each endpoint's page was last read in, by address (written by the scraper).
+        self.metric_dialects: dict[str, Dialect] = {}
         self.endpoints: list[Endpoint] = []
         self._position: dict[str, int] = {}
         self._incarnation: dict[str, int] = {}
@@ -109,6 +128,7 @@ class PoolState:
     def remove(self, address: str) -> Endpoint:
         pos = self._position.pop(address)
         del self._incarnation[address]
+        self.metric_dialects.pop(address, None)
         endpoint = self.endpoints.pop(pos)
         self._healthy_positions = None
         for name, column in self.columns.items():
@@ -127,6 +147,31 @@ class PoolState:
         cols["block_size"][pos] = snapshot.block_size
         cols["num_gpu_blocks"][pos] = snapshot.num_gpu_blocks
         cols["metrics_time"][pos] = at
+        mask = 0
+        for signal in snapshot.missing:
+            mask |= MISSING_BITS[signal]
+        cols["metrics_missing"][pos] = mask
+        if mask:
+            self._estimate(pos, mask)
+
+    def _estimate(self, pos: int, mask: int) -> None:
+        """Fill the signals in ``mask`` (missing from the endpoint's page) from the router's in-flight counts:
+        requests dispatched and unfinished are running, less those the page says wait (or, without a running
+        count, more than the page says run wait); the KV fraction is the in-flight tokens over the cache."""
+        cols = self.columns
+        inflight = int(cols["inflight_requests"][pos])
+        if mask & MISSING_WAITING and mask & MISSING_RUNNING:
+            cols["waiting"][pos], cols["running"][pos] = 0, max(0, inflight)
+        elif mask & MISSING_WAITING:
+            cols["waiting"][pos] = max(0, inflight - int(cols["running"][pos]))
+        elif mask & MISSING_RUNNING:
+            cols["running"][pos] = max(0, inflight - int(cols["waiting"][pos]))
+        if mask & MISSING_KV:
+            capacity = int(cols["block_size"][pos]) * int(cols["num_gpu_blocks"][pos])
+            if capacity <= 0:
+                capacity = self.fallback_kv_capacity_tokens
+            tokens = int(cols["inflight_prefill_tokens"][pos]) + int(cols["inflight_decode_tokens"][pos])
+            cols["kv_usage"][pos] = min(1.0, max(0.0, tokens / capacity))
 
     def set_healthy(self, address: str, healthy: bool) -> None:
         self.columns["healthy"][self._position[address]] = healthy
@@ -145,6 +190,9 @@ class PoolState:
         cols["inflight_decode_tokens"][pos] += decode_tokens
         if decoding:
             cols["inflight_decoding"][pos] += decoding
+        mask = int(cols["metrics_missing"][pos])
+        if mask:
+            self._estimate(pos, mask)
 
     # --- readers -------------------------------------------------------------------------------------
     def healthy_positions(self) -> np.ndarray:

@@ -77,7 +77,10 @@ class RouterCore:
         if config.pool is None:
             raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
         clock = clock or MonotonicClock()
-        pool = PoolState(endpoints_from_config(config.pool))
+        pool = PoolState(
+            endpoints_from_config(config.pool),
+            fallback_kv_capacity_tokens=config.pool.fallback_kv_capacity_tokens,
+        )
         metrics = GatewayMetrics(pool, max_model_label_sets=config.gateway.max_model_label_sets)
         ctx = PluginContext(clock=clock, rng=np.random.default_rng(config.seed), pool=pool)
         kv_subscribers: list[KVEventSubscriber] = []

@@ -12,6 +12,7 @@ import zmq
 
 from slorouter.faults.kinds import FaultError, parse_fault_flag
 from slorouter.sim.faults import FAULTS
+from slorouter.sim.metrics import ENGINES
 from slorouter.sim.profiles import PROFILES, get_profile
 from slorouter.sim.server import start_pods
 from slorouter.sim.variants import VariantError, apply_variant
@@ -46,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=sorted(PROFILES),
         default="llama3-8b-h100",
         help="latency model (default %(default)s)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="vllm",
+        metavar="LIST",
+        help="the /metrics page each pod serves, as that server names its load metrics: "
+        f"{', '.join(ENGINES)}; a comma list gives pod i the i-th (the last repeats), e.g. 'vllm,sglang' "
+        "(default vllm)",
     )
     parser.add_argument(
         "--engine-variant",
@@ -92,6 +101,15 @@ def run(args: argparse.Namespace) -> int:
             f"slorouter sim: error: KV-event ports from {args.kv_events_port} exceed 65535", file=sys.stderr
         )
         return 2
+    args.engines = [name.strip() for name in args.engine.split(",")]
+    unknown = [name for name in args.engines if name not in ENGINES]
+    if unknown:
+        print(
+            f"slorouter sim: error: --engine: {', '.join(map(repr, unknown))} "
+            f"not one of {', '.join(ENGINES)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         args.resolved_profile = apply_variant(get_profile(args.profile), args.engine_variant)
     except VariantError as exc:
@@ -120,6 +138,7 @@ async def _serve(args: argparse.Namespace) -> int:
         kv_events_port=args.kv_events_port,
         kv_events_topic=args.kv_events_topic,
         faults=args.faults,
+        engines=args.engines,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -130,6 +149,8 @@ async def _serve(args: argparse.Namespace) -> int:
     print(f"slorouter sim: {len(cluster.pods)} pod(s), profile {profile}, model {model}", flush=True)
     for pod in cluster.pods:
         line = f"  {pod.name} http://{pod.address}"
+        if pod.metrics.dialect != "vllm":
+            line += f" metrics {pod.metrics.dialect}"
         if pod.kv_events is not None:
             publisher = pod.kv_events.publisher
             line += f" kv-events {publisher.endpoint} replay {publisher.replay_endpoint}"

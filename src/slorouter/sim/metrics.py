@@ -1,4 +1,6 @@
-"""A simulated pod's ``/metrics`` page, with vLLM V1's metric names, labels, help texts and buckets.
+"""A simulated pod's ``/metrics`` page, with vLLM V1's metric names, labels, help texts and buckets, or
+(``engine``) the load metrics of SGLang, trtllm-serve or llama.cpp's server as those servers name and label
+them (their sources: docs/configuration.md, "Model-server metrics"), for mixed-engine pools.
 
 The router scrapes every pod every 50 ms, so the page is rendered by hand (about 30 µs; prometheus-client
 takes several times that): gauges and counters are read from the engine at scrape time, and each
@@ -75,10 +77,18 @@ class _Histogram:
         return self._text
 
 
-class PodMetrics:
-    """Observes one engine's request events and renders its Prometheus page."""
+# Metric pages the simulator serves (``slorouter sim --engine``).
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm", "llamacpp")
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+
+class PodMetrics:
+    """Observes one engine's request events and renders its Prometheus page (``dialect``: one of ENGINES)."""
+
+    def __init__(self, engine: Engine, model_name: str, dialect: str = "vllm") -> None:
+        if dialect not in ENGINES:
+            raise ValueError(f"unknown metrics engine {dialect!r}: expected one of {', '.join(ENGINES)}")
+        self.dialect = dialect
+        self._model_name = model_name
         self._engine = engine
         self.gauges = GaugeReporter(engine)  # late or coarse gauges, as the engine's profile says
         labels = {"model_name": model_name, "engine": "0"}
@@ -127,6 +137,8 @@ class PodMetrics:
 
     def render(self, now: float = 0.0) -> str:
         """The page at ``now`` (the server's clock; only late or coarse gauges depend on it)."""
+        if self.dialect != "vllm":
+            return self._render_other(now)
         engine = self._engine
         labels = self._label_text
         gauges = self.gauges.read(now)
@@ -149,6 +161,61 @@ class PodMetrics:
         parts.append(self.e2e.render())
         parts.append(self.queue.render())
         return "".join(parts)
+
+    def _render_other(self, now: float) -> str:
+        """The same engine's load on another server's page: only the series a router reads, plus the token
+        counters, as that server writes them (names, labels, HELP texts)."""
+        engine = self._engine
+        gauges = self.gauges.read(now)
+        blocks = engine.num_gpu_blocks
+        used = round(gauges.kv_usage * blocks)
+        if self.dialect == "sglang":  # python/sglang/srt/metrics/collector.py (labels: model_name, ...)
+            labels = "{" + _labels({"model_name": self._model_name}) + "}"
+            rows: tuple[tuple[str, str, str, float], ...] = (
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", gauges.running),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+                 gauges.waiting),
+                ("sglang:token_usage", "gauge", "The token usage.", gauges.kv_usage),
+                ("sglang:page_size", "gauge", "KV cache page size in tokens.", engine.block_size),
+                ("sglang:num_pages", "gauge", "Number of KV cache pages.", blocks),
+                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                 engine.prompt_tokens_total),
+                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                 engine.generation_tokens_total),
+            )  # fmt: skip
+        elif self.dialect == "trtllm":  # tensorrt_llm/metrics/collector.py (labels: model_name, engine_type)
+            labels = "{" + _labels({"engine_type": "pytorch", "model_name": self._model_name}) + "}"
+            rows = (
+                ("trtllm_num_requests_running", "gauge", "Number of active requests", gauges.running),
+                ("trtllm_num_requests_waiting", "gauge", "Number of queued requests", gauges.waiting),
+                ("trtllm_kv_cache_utilization", "gauge", "KV cache utilization", gauges.kv_usage),
+                ("trtllm_kv_cache_max_blocks", "gauge", "Maximum number of KV cache blocks", blocks),
+                ("trtllm_kv_cache_free_blocks", "gauge", "Number of free KV cache blocks", blocks - used),
+                ("trtllm_kv_cache_used_blocks", "gauge", "Number of used KV cache blocks", used),
+                ("trtllm_kv_cache_tokens_per_block", "gauge", "Number of tokens per KV cache block",
+                 engine.block_size),
+                ("trtllm_prompt_tokens_total", "counter",
+                 "Cumulative number of prompt (input) tokens processed.", engine.prompt_tokens_total),
+                ("trtllm_generation_tokens_total", "counter",
+                 "Cumulative number of generation (output) tokens produced.", engine.generation_tokens_total),
+            )  # fmt: skip
+        else:  # llama.cpp's server (no labels); kv_cache_usage_ratio as its releases that still export it
+            labels = ""
+            rows = (
+                ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+                 engine.prompt_tokens_total),
+                ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
+                 engine.generation_tokens_total),
+                ("llamacpp:kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                 gauges.kv_usage),
+                ("llamacpp:kv_cache_tokens", "gauge", "KV-cache tokens.", used * engine.block_size),
+                ("llamacpp:requests_processing", "gauge", "Number of requests processing.", gauges.running),
+                ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", gauges.waiting),
+            )  # fmt: skip
+        return "".join(
+            f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name}{labels} {float(value)!r}\n"
+            for name, kind, help_text, value in rows
+        )
 
 
 def _series(name: str, kind: str, help_text: str, attribute: str) -> tuple[str, str, str]:

@@ -36,7 +36,7 @@ from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.sim.engine import Engine, Finished, RequestId, RequestRejected, StepOutput
 from slorouter.sim.faults import FAULTS, INFERENCE, LISTENER, METRICS
 from slorouter.sim.kv_events import PodKVEvents
-from slorouter.sim.metrics import CONTENT_TYPE, PodMetrics
+from slorouter.sim.metrics import CONTENT_TYPE, ENGINES, PodMetrics
 from slorouter.sim.profiles import Profile, get_profile
 from slorouter.sim.protocol import (
     ApiError,
@@ -101,13 +101,20 @@ class SimPod:
     """One simulated model server: HTTP front-end, engine, and the loop that steps it in real time."""
 
     def __init__(
-        self, name: str, engine: Engine, model: str, clock: Clock | None = None, *, seed: int = 0
+        self,
+        name: str,
+        engine: Engine,
+        model: str,
+        clock: Clock | None = None,
+        *,
+        seed: int = 0,
+        metrics_engine: str = "vllm",
     ) -> None:
         self.engine = engine
         self.faults = FaultPlan(seed)
         self._refusing: asyncio.TimerHandle | None = None
         self.model = model
-        self.metrics = PodMetrics(engine, model)
+        self.metrics = PodMetrics(engine, model, metrics_engine)
         self._late_gauges = self.metrics.gauges.delayed  # sample the gauges at every step (gauges.py)
         self._clock = clock or MonotonicClock()
         self._active: dict[RequestId, _Active] = {}
@@ -489,6 +496,7 @@ async def start_pods(
     kv_events_port: int | None = None,
     kv_events_topic: str | None = None,
     faults: Sequence[Fault] = (),
+    engines: Sequence[str] = ("vllm",),
 ) -> SimCluster:
     """Start ``count`` pods on ports ``port``..``port+count-1`` (``port=0``: a free port each).
 
@@ -498,10 +506,13 @@ async def start_pods(
     ``kv_events_topic`` (default ``kv@<host:port>@<model>``, as llm-d-inference-sim). Raises ``ValueError``
     for a bad count, port or profile and ``OSError`` (``zmq.ZMQError`` for a KV-event port) when a port
     cannot be bound (pods already started are closed first). Every pod starts with a copy of each of
-    ``faults`` active (``slorouter.sim.faults``).
+    ``faults`` active (``slorouter.sim.faults``). Pod ``i`` serves the metric page of ``engines[i]`` (the
+    last one repeats for the pods beyond the list; ``slorouter.sim.metrics.ENGINES``).
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
+    if not engines or any(name not in ENGINES for name in engines):
+        raise ValueError(f"engines must be some of {', '.join(ENGINES)}, got {list(engines)}")
     if not 0 <= port <= 65535 or (port and port + count - 1 > 65535):
         raise ValueError(f"ports {port}..{port + count - 1} are not all valid TCP ports")
     resolved = get_profile(profile) if isinstance(profile, str) else profile
@@ -509,7 +520,13 @@ async def start_pods(
     try:
         for index in range(count):
             engine = Engine(resolved, seed=seed + index, jitter_sigma=jitter_sigma)
-            pod = SimPod("", engine, model or resolved.model, seed=seed + index)
+            pod = SimPod(
+                "",
+                engine,
+                model or resolved.model,
+                seed=seed + index,
+                metrics_engine=engines[min(index, len(engines) - 1)],
+            )
             await pod.start(host, port + index if port else 0)
             for fault in faults:
                 pod.inject(dataclasses.replace(fault, params=dict(fault.params)))

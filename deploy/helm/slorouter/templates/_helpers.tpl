@@ -98,8 +98,8 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if ne $pool.apiVersion "inference.networking.k8s.io/v1" -}}
 {{- fail (printf "inferencePool.apiVersion: only inference.networking.k8s.io/v1 is supported, not %q" $pool.apiVersion) -}}
 {{- end -}}
-{{- if not (has $pool.modelServerType (list "vllm" "sglang")) -}}
-{{- fail (printf "inferencePool.modelServerType: slorouter reads vllm and sglang metrics, not %q" $pool.modelServerType) -}}
+{{- if not (has $pool.modelServerType (list "vllm" "sglang" "trtllm-serve" "triton-tensorrt-llm" "llamacpp" "tgi")) -}}
+{{- fail (printf "inferencePool.modelServerType: slorouter reads vllm, sglang, trtllm-serve, triton-tensorrt-llm, llamacpp and tgi metrics, not %q" $pool.modelServerType) -}}
 {{- end -}}
 {{- if ne $pool.modelServerProtocol "http" -}}
 {{- fail (printf "inferencePool.modelServerProtocol: only http is supported, not %q" $pool.modelServerProtocol) -}}
