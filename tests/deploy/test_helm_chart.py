@@ -557,12 +557,15 @@ def test_the_templates_check_values_even_without_the_schema(helm):
         assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
-def test_every_metric_preset_is_a_model_server_type(helm):
+def test_every_metric_preset_is_a_model_server_type(helm, render: Render):
     from slorouter.pool.dialects import PRESETS
 
     for name in PRESETS:
         result = helm("template", RELEASE, str(CHART), *set_flags({"inferencePool.modelServerType": name}))
         assert result.returncode == 0, result.stderr
+        # ... which the router reads its pods' metrics in.
+        config = parse_config(_router_config(render({"inferencePool.modelServerType": name})), "config.yaml")
+        assert config.pool is not None and config.pool.model_server_type == name
     result = helm(
         "template", RELEASE, str(CHART), "--skip-schema-validation",
         *set_flags({"inferencePool.modelServerType": "ollama"}), check=False,

@@ -65,7 +65,8 @@ else latencyPredictor.predictionServers.count. */}}
 predictor sidecars in remote mode, the objectives; then inferenceExtension.routerConfig over it. */}}
 {{- define "slorouter.routerConfig" -}}
 {{- $ie := .Values.inferenceExtension -}}
-{{- $config := dict "pool" (dict "kubernetes" (dict "namespace" .Release.Namespace "inference_pool" (include "slorouter.poolName" .))) -}}
+{{- $kubernetes := dict "namespace" .Release.Namespace "inference_pool" (include "slorouter.poolName" .) -}}
+{{- $config := dict "pool" (dict "kubernetes" $kubernetes "model_server_type" .Values.inferencePool.modelServerType) -}}
 {{- if $ie.latencyPredictor.enabled -}}
 {{- $lp := $ie.latencyPredictor -}}
 {{- $urls := list -}}
