@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"sim"},  # engine model and simulated model servers
     {"predictor"},  # features, samples, training, models, prediction, servers, client
     {"metrics"},  # the router's Prometheus series (the pool's, the predictor's, the pipeline's)
+    {"tracing"},  # OpenTelemetry spans of the requests: the YAML section, the tracer (SDK imported lazily)
     {"scheduling"},  # framework and plugins
     {"flowcontrol"},  # queues held while the pool is saturated: bands, fair flows, saturation detection
     {"config"},  # the router's YAML

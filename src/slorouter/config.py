@@ -11,6 +11,7 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_valid
 from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.http.auth import check_token_text, read_token_env, read_token_file
 from slorouter.pool.config import PoolConfig
+from slorouter.tracing.config import TracingConfig
 from slorouter.validation import StrictModel, format_validation_error
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
@@ -248,6 +249,9 @@ class Config(StrictModel):
         default_factory=FlowControlConfig,
         alias="flowControl",
         description="hold requests in the router while the pool is saturated (docs/configuration.md)",
+    )
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig, description="OpenTelemetry spans of the requests (off by default)"
     )
 
     @property

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
@@ -22,6 +23,9 @@ from slorouter.http.grpc_server import GrpcServer
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
 from slorouter.pool.inflight_sharing import InFlightSharing
 from slorouter.serving.assembly import RouterCore
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +63,19 @@ class EndpointPicker:
         *,
         state_name: str = "epp",
         config_path: str | Path | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> EndpointPicker:
-        core = RouterCore.build(config, clock, state_name=state_name, config_path=config_path)
+        """``span_exporter``: see ``RouterCore.build``."""
+        core = RouterCore.build(
+            config, clock, state_name=state_name, config_path=config_path, span_exporter=span_exporter
+        )
         picker = Picker(
             core.director,
             core.metrics,
             config.gateway,
             objectives=core.objectives,
             prediction_by_default=core.prediction_by_default,
+            tracing=core.tracing,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slorouter.api.requests import ParsedRequest
 from slorouter.api.routing_headers import parse_routing_headers
@@ -39,6 +39,16 @@ from slorouter.scheduling.types import SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER, routing_response_headers
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS, RequestIds, inference_request
+from slorouter.serving.tracing import (
+    outcome_attributes,
+    parsed_attributes,
+    pick_attributes,
+    request_attributes,
+    upstream_attributes,
+)
+
+if TYPE_CHECKING:
+    from slorouter.tracing.tracer import RequestTrace, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,7 @@ class Picker:
     config: GatewayConfig
     objectives: Mapping[str, int]
     prediction_by_default: bool
+    tracing: Tracing | None = None  # None: tracing is off
 
     def __post_init__(self) -> None:
         self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
@@ -113,6 +124,7 @@ class PickerStream:
         self._kept: bytearray | None = None
         self._status = 0
         self._body_declined = False  # the body of this response was not asked for (it needs no reading)
+        self._trace: RequestTrace | None = None  # an inference request's spans, when tracing is on
         # An ImmediateResponse was sent: Envoy ends the stream, nothing more is expected.
         self.closed = False
 
@@ -164,6 +176,8 @@ class PickerStream:
             self._picker.metrics.client_disconnects.inc()
             lifecycle.on_complete(error=reason)
         self._phase = _Phase.DONE
+        if self._trace is not None:
+            self._trace.end(None, reason)
 
     # --- request -------------------------------------------------------------------------------------
     def _request_headers(self, message: Any) -> list[Response]:
@@ -186,6 +200,9 @@ class PickerStream:
         if path == MODELS_PATH and method == "GET":
             return self._route_models() if self._authorized() else self._unauthorized()
         parse = INFERENCE_PARSERS.get(path)
+        tracing = self._picker.tracing
+        if tracing is not None and parse is not None:  # the only cost of tracing when it is off
+            self._trace = tracing.start_request(self._headers, request_attributes("extproc", method, path))
         if parse is None:
             known = ", ".join(f"POST {p}" for p in INFERENCE_PARSERS)
             return self._reject(404, f"no route for {method} {path} (known: {known}, GET {MODELS_PATH})")
@@ -272,6 +289,9 @@ class PickerStream:
             request_id = picker.ids.next()
             set_headers.append(("x-request-id", request_id))
         request = inference_request(parsed, hints, self._headers, request_id, picker.director.clock.now())
+        trace = self._trace
+        if trace is not None:
+            trace.set(parsed_attributes(request))
         exclude = self._excluded()
         if exclude is None:
             return self._reject(
@@ -288,17 +308,27 @@ class PickerStream:
         except SchedulingError as exc:
             return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
         started = time.perf_counter()
+        if trace is not None:
+            trace.begin_schedule({"slorouter.attempt": 1})
         try:
             result = await director.schedule_async(request, exclude=exclude)
         except BaseException as exc:
             admission.release()  # the room reserved for it goes back
             if isinstance(exc, SchedulingError):
+                if trace is not None:
+                    trace.end_schedule(error=exc.message)
                 return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
             raise
         picker.metrics.scheduling_duration.observe(time.perf_counter() - started)
         lifecycle = self._lifecycle = director.dispatch(request, result, admission)
         self._phase = _Phase.ROUTED
         endpoints = [target.address for target in result.primary.targets]
+        if trace is not None:
+            pick = pick_attributes(lifecycle)
+            trace.end_schedule(pick)
+            trace.set(pick)
+            # Envoy makes the upstream call; its span's context goes to the model server in the request.
+            set_headers += trace.begin_upstream(upstream_attributes(endpoints[0])).items()
         remove = ["authorization"] if picker.api_keys else []  # the gateway's key, not the model server's
         observed: list[tuple[str, str]] = []
         if self._observed:
@@ -361,6 +391,8 @@ class PickerStream:
         self.closed = True
         self._phase = _Phase.DONE
         self._picker.metrics.count_request("none", status)
+        if self._trace is not None:
+            self._trace.end(status, message)
         return [messages.immediate(status, message, param=param, code=code, headers=headers)]
 
     # --- response ------------------------------------------------------------------------------------
@@ -496,6 +528,10 @@ class PickerStream:
                 observe_body(lifecycle, bytes(self._kept), lifecycle.request.history_form)
         lifecycle.on_complete(usage=usage, error=error)
         self._picker.outcomes.record(lifecycle)
+        trace = self._trace
+        if trace is not None:
+            trace.end_upstream(self._status, error, outcome_attributes(lifecycle))
+            trace.end(self._status)
 
 
 # Envoy's response flags for upstream failures, by the gateway's failure phases.

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from slorouter.api.requests import ParsedRequest, parse_chat_completion, parse_completion
 from slorouter.api.routing_headers import parse_routing_headers
@@ -35,10 +36,22 @@ from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.requests import RequestIds, inference_request
+from slorouter.serving.tracing import (
+    outcome_attributes,
+    parsed_attributes,
+    pick_attributes,
+    request_attributes,
+    upstream_attributes,
+)
+
+if TYPE_CHECKING:
+    from slorouter.tracing.tracer import RequestTrace, Tracing
 
 log = logging.getLogger(__name__)
 
 _NO_HEALTHY = "no healthy model-server endpoint"
+# W3C trace context: read from the client, replaced by the upstream span's when tracing is on.
+TRACE_CONTEXT = frozenset((b"traceparent", b"tracestate"))
 
 
 class Gateway:
@@ -51,6 +64,7 @@ class Gateway:
         *,
         objectives: Mapping[str, int] | None = None,
         prediction_by_default: bool = False,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.director = director
@@ -62,6 +76,7 @@ class Gateway:
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
         self._ids = RequestIds()
+        self._tracing = tracing
 
     # --- server --------------------------------------------------------------------------------------
     def build_server(self, limits: ServerLimits) -> HttpServer:
@@ -140,6 +155,31 @@ class Gateway:
     async def _inference(
         self, http: HttpRequest, path: str, parse: Callable[[bytes], ParsedRequest]
     ) -> Response | None:
+        tracing = self._tracing
+        if tracing is None:  # the only cost of tracing when it is off
+            return await self._serve_inference(http, path, parse, None)
+        context = {
+            name.lower().decode("latin-1"): value.decode("latin-1")
+            for name, value in http.headers
+            if name.lower() in TRACE_CONTEXT
+        }
+        trace = tracing.start_request(context, request_attributes("gateway", http.method, path))
+        try:
+            response = await self._serve_inference(http, path, parse, trace)
+        except BaseException as exc:
+            trace.end(None, f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__)
+            raise
+        # None: streamed to the client (the upstream answered 200).
+        trace.end(200 if response is None else response.status)
+        return response
+
+    async def _serve_inference(
+        self,
+        http: HttpRequest,
+        path: str,
+        parse: Callable[[bytes], ParsedRequest],
+        trace: RequestTrace | None,
+    ) -> Response | None:
         # One pass over the client's headers: the scheduler's view, the auth check, the forwarded head.
         headers: dict[str, str] = {}
         forward: list[bytes] = []
@@ -162,6 +202,8 @@ class Gateway:
             forward.append(b"%s: %s\r\n" % (name, value))
         if connection:  # rare: the names it lists are hop-by-hop too, wherever they came
             forward = drop_listed(forward, connection_listed(connection))
+        if trace is not None:  # the upstream span's context replaces the client's
+            forward = drop_listed(forward, set(TRACE_CONTEXT))
         if check_auth and not self._api_keys.accepts(headers.get("authorization")):
             self.metrics.count_request("none", 401)
             return _unauthorized()
@@ -183,6 +225,8 @@ class Gateway:
         forward.append(b"X-Request-Id: %s\r\n" % request_id.encode("latin-1"))
         forward_head = b"".join(forward)
         request = inference_request(parsed, hints, headers, request_id, self.clock.now())
+        if trace is not None:
+            trace.set(parsed_attributes(request))
         attempts = 2 if self.config.retry_on_upstream_failure else 1
         try:
             # Flow control: waits here while the pool is saturated (at once without it).
@@ -194,7 +238,7 @@ class Gateway:
             self.metrics.count_request("none", exc.status)
             return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
         try:
-            return await self._attempts(http, request, admission, path, raw, forward_head, attempts)
+            return await self._attempts(http, request, admission, path, raw, forward_head, attempts, trace)
         finally:
             admission.release()  # a no-op once dispatched
 
@@ -207,6 +251,7 @@ class Gateway:
         raw: bytes,
         forward_head: bytes,
         attempts: int,
+        trace: RequestTrace | None,
     ) -> Response | None:
         assert self._relay is not None
         tried: list[str] = []
@@ -214,6 +259,8 @@ class Gateway:
         status = 502
         for attempt in range(attempts):
             started = time.perf_counter()
+            if trace is not None:
+                trace.begin_schedule({"slorouter.attempt": attempt + 1})
             try:
                 # Awaited: a data producer may wait on I/O (a remote latency predictor).
                 result = await self.director.schedule_async(request, exclude=tried)
@@ -221,6 +268,8 @@ class Gateway:
                 self.metrics.client_disconnects.inc()
                 raise
             except SchedulingError as exc:
+                if trace is not None:
+                    trace.end_schedule(error=exc.message)
                 if tried:  # the failed endpoint was the only one left
                     break
                 self.metrics.count_request("none", exc.status)
@@ -230,13 +279,26 @@ class Gateway:
                 self.metrics.upstream_retries.inc()
             lifecycle = self.director.dispatch(request, result, admission)
             address = result.target.address
+            head = forward_head
+            if trace is not None:
+                pick = pick_attributes(lifecycle)
+                trace.end_schedule(pick)
+                trace.set(pick)
+                context = trace.begin_upstream(upstream_attributes(address))
+                head += "".join(f"{name}: {value}\r\n" for name, value in context.items()).encode("latin-1")
             try:
-                return await self._relay.relay(http, lifecycle, path, raw, forward_head)
+                response = await self._relay.relay(http, lifecycle, path, raw, head)
+                if trace is not None:
+                    info = lifecycle.response
+                    trace.end_upstream(info.status, info.error, outcome_attributes(lifecycle))
+                return response
             except asyncio.CancelledError:
                 self.metrics.client_disconnects.inc()
                 lifecycle.on_complete(error="client disconnected")
                 raise
             except UpstreamFailedError as exc:
+                if trace is not None:
+                    trace.end_upstream(None, str(exc), {"slorouter.failure_phase": exc.phase})
                 last_failure = str(exc)
                 status = exc.status
                 tried.append(address)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slorouter.clock import Clock
 from slorouter.config import Config, GatewayConfig
@@ -18,6 +19,9 @@ from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.serving.assembly import RouterCore
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +37,16 @@ class Router:
 
     @classmethod
     def build(
-        cls, config: Config, clock: Clock | None = None, *, config_path: str | Path | None = None
+        cls,
+        config: Config,
+        clock: Clock | None = None,
+        *,
+        config_path: str | Path | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> Router:
         """``config_path``: the file ``config`` was read from (None: the embedded default), which keys the
-        embedded predictor's default state directory."""
-        core = RouterCore.build(config, clock, config_path=config_path)
+        embedded predictor's default state directory. ``span_exporter``: see ``RouterCore.build``."""
+        core = RouterCore.build(config, clock, config_path=config_path, span_exporter=span_exporter)
         gateway = Gateway(
             config.gateway,
             core.director,
@@ -45,6 +54,7 @@ class Router:
             core.clock,
             objectives=core.objectives,
             prediction_by_default=core.prediction_by_default,
+            tracing=core.tracing,
         )
         return cls(core, gateway)
 

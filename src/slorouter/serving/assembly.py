@@ -4,9 +4,11 @@ builds the same ``RouterCore`` from the same file and adds only its own serving 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +43,12 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import PluginContext
+from slorouter.tracing.config import TracingUnavailableError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from slorouter.tracing.tracer import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,7 @@ class RouterCore:
     discovery: DiscoveryHandle | None = None
     kv_index: KVBlockIndex | None = None
     discovery_metrics: DiscoveryMetrics | None = None
+    tracing: Tracing | None = None  # None: tracing is off (the front-ends check it once per request)
 
     @classmethod
     def build(
@@ -69,13 +78,19 @@ class RouterCore:
         *,
         state_name: str = "serve",
         config_path: str | Path | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> RouterCore:
         """The embedded predictor's default state directory is ``<state_name>/<key>``: ``state_name`` per
         front-end (a gateway and a picker on one machine do not contend for it), the key from
         ``config_path``, the file ``config`` was read from (None: the embedded default), so that routers of
-        two configurations do not either."""
+        two configurations do not either. ``span_exporter``: where the spans go instead of the configured
+        OTLP collector (tests), when ``tracing.enabled``."""
         if config.pool is None:
             raise ConfigError("config: 'pool' is required (pool.endpoints or pool.kubernetes)")
+        try:
+            tracing = config.tracing.build(span_exporter)
+        except TracingUnavailableError as exc:
+            raise ConfigError(f"tracing.enabled: {exc}") from None
         clock = clock or MonotonicClock()
         pool = PoolState(
             endpoints_from_config(config.pool),
@@ -123,6 +138,7 @@ class RouterCore:
             kv_subscribers,
             kv_index=ctx.kv_index,
             discovery_metrics=discovery_metrics,
+            tracing=tracing,
         )
 
     @property
@@ -163,6 +179,8 @@ class RouterCore:
             await subscriber.stop()
         if self.predictor is not None:
             await self.predictor.stop()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still batched
 
 
 def _breaker_config(remote: RemotePredictorConfig) -> BreakerConfig:

@@ -1,0 +1,68 @@
+"""The span attributes every front-end records (``slorouter.tracing``): the request, and the pick with the
+prediction it was made on."""
+
+from __future__ import annotations
+
+from slorouter.director import RequestLifecycle
+from slorouter.scheduling.types import InferenceRequest
+
+AttributeDict = dict[str, str | bool | int | float]
+
+
+def request_attributes(front_end: str, method: str, path: str) -> AttributeDict:
+    """What is known when the request's span starts (before the body is read)."""
+    return {"slorouter.front_end": front_end, "http.request.method": method, "url.path": path}
+
+
+def parsed_attributes(request: InferenceRequest) -> AttributeDict:
+    """What the parsed body and routing headers add."""
+    attributes: AttributeDict = {
+        "slorouter.request_id": request.request_id,
+        "gen_ai.request.model": request.model,
+        "slorouter.prompt_tokens": request.prompt_tokens,
+        "slorouter.streaming": request.stream,
+        "slorouter.priority": request.priority,
+    }
+    if request.target_model != request.model:
+        attributes["slorouter.target_model"] = request.target_model
+    if request.slo_ttft_ms is not None:
+        attributes["slorouter.slo_ttft_ms"] = request.slo_ttft_ms
+    if request.slo_tpot_ms is not None:
+        attributes["slorouter.slo_tpot_ms"] = request.slo_tpot_ms
+    return attributes
+
+
+def pick_attributes(lifecycle: RequestLifecycle) -> AttributeDict:
+    """The pick (endpoint, route kind) and, when the latency predictor ran for it, its predictions."""
+    attributes: AttributeDict = {
+        "slorouter.endpoint": lifecycle.target.address,
+        "slorouter.route": str(lifecycle.route),
+    }
+    reason = lifecycle.fallback_reason
+    if reason is not None:
+        attributes["slorouter.fallback_reason"] = reason
+    predicted = lifecycle.prediction
+    if predicted is not None:
+        attributes["slorouter.predicted_ttft_ms"] = predicted.ttft_ms
+        if predicted.tpot_ms is not None:
+            attributes["slorouter.predicted_tpot_ms"] = predicted.tpot_ms
+    if lifecycle.admission.ticket is not None:
+        attributes["slorouter.queued_ms"] = lifecycle.queued_s * 1000
+    return attributes
+
+
+def upstream_attributes(address: str) -> AttributeDict:
+    host, _, port = address.rpartition(":")
+    attributes: AttributeDict = {"server.address": host.strip("[]") or address}
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return attributes
+
+
+def outcome_attributes(lifecycle: RequestLifecycle) -> AttributeDict:
+    """What the response told (after ``on_complete``)."""
+    response = lifecycle.response
+    attributes: AttributeDict = {"slorouter.output_tokens": response.tokens}
+    if response.first_token_at is not None:
+        attributes["slorouter.ttft_ms"] = (response.first_token_at - response.dispatched_at) * 1000
+    return attributes
