@@ -39,6 +39,7 @@ from slorouter.scheduling.types import SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER, routing_response_headers
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS, RequestIds, inference_request
+from slorouter.serving.status import RouterStats
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,12 @@ class Picker:
     config: GatewayConfig
     objectives: Mapping[str, int]
     prediction_by_default: bool
+    stats: RouterStats | None = None  # the status page's per-request figures
 
     def __post_init__(self) -> None:
-        self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
+        self.outcomes = OutcomeRecorder(
+            self.metrics, e2e_as_ttft=self.director.predicts_end_to_end, stats=self.stats
+        )
         self.ids = RequestIds()
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
         # Observed response path: the routed requests whose observer has not claimed them yet, by key.

@@ -35,6 +35,7 @@ from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.requests import RequestIds, inference_request
+from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,11 @@ class Gateway:
         *,
         objectives: Mapping[str, int] | None = None,
         prediction_by_default: bool = False,
+        stats: RouterStats | None = None,
+        status: Callable[[], RouterStatus] | None = None,
     ) -> None:
+        """``stats``: where the relay records finished requests for the status page; ``status``: the page
+        (``GET /v1/router/status``; not served without it)."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -62,6 +67,8 @@ class Gateway:
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
         self._ids = RequestIds()
+        self._stats = stats
+        self._status = status
 
     # --- server --------------------------------------------------------------------------------------
     def build_server(self, limits: ServerLimits) -> HttpServer:
@@ -73,6 +80,8 @@ class Gateway:
         server.add_route("GET", "/health", self._health, bounded=False)
         server.add_route("GET", "/ready", self._ready, bounded=False)
         server.add_route("GET", "/metrics", self._metrics, bounded=False)
+        if self._status is not None:
+            server.add_route("GET", STATUS_PATH, self._status_page, bounded=False)
         server.on_limit = self.metrics.count_http_limit
         return server
 
@@ -90,6 +99,7 @@ class Gateway:
             self.metrics,
             e2e_as_ttft=self.director.predicts_end_to_end,
             max_body_bytes=config.max_upstream_body_bytes,
+            stats=self._stats,
         )
 
     async def close(self) -> None:
@@ -110,6 +120,10 @@ class Gateway:
 
     async def _metrics(self, _request: HttpRequest) -> Response:
         return Response(200, self.metrics.render(), content_type=b"text/plain; charset=utf-8")
+
+    async def _status_page(self, _request: HttpRequest) -> Response:
+        assert self._status is not None
+        return json_response(encode_status(self._status()))
 
     async def _models(self, request: HttpRequest) -> Response:
         if not self._authorized(request):

@@ -45,6 +45,8 @@ class Router:
             core.clock,
             objectives=core.objectives,
             prediction_by_default=core.prediction_by_default,
+            stats=core.stats,
+            status=lambda: core.status("gateway"),
         )
         return cls(core, gateway)
 

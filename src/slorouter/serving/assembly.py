@@ -41,6 +41,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import PluginContext
+from slorouter.serving.status import RouterStats, RouterStatus
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class RouterCore:
     discovery: DiscoveryHandle | None = None
     kv_index: KVBlockIndex | None = None
     discovery_metrics: DiscoveryMetrics | None = None
+    stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
 
     @classmethod
     def build(
@@ -120,6 +122,7 @@ class RouterCore:
             kv_subscribers,
             kv_index=ctx.kv_index,
             discovery_metrics=discovery_metrics,
+            stats=RouterStats(clock),
         )
 
     @property
@@ -129,6 +132,19 @@ class RouterCore:
     @property
     def prediction_by_default(self) -> bool:
         return bool(self.config.predictor and self.config.predictor.prediction_by_default)
+
+    def status(self, front_end: str) -> RouterStatus:
+        """The status page (``GET /v1/router/status``) of this router, served by ``front_end``."""
+        if self.stats is None:
+            self.stats = RouterStats(self.clock)
+        flow_control = self.director.flow_control
+        return self.stats.status(
+            front_end,
+            self.pool,
+            predictor_mode=self.config.predictor.mode if self.config.predictor is not None else "off",
+            predictor=self.predictor,
+            queued=None if flow_control is None else len(flow_control),
+        )
 
     async def start(self) -> None:
         """Discover the pool (Kubernetes), scrape every endpoint once, then keep scraping; start the KV-event
