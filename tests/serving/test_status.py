@@ -35,13 +35,15 @@ def test_the_payload_holds_the_pool_and_the_finished_requests():
     stats.record("10.0.0.1:8000", "predicted", predicted_ttft_ms=110, observed_ttft_ms=140, slo_met=False)
     stats.record("10.0.0.1:8000", "explore", predicted_ttft_ms=130, observed_ttft_ms=160, slo_met=True)
     stats.record("10.0.0.2:8000", "heuristic", predicted_ttft_ms=None, observed_ttft_ms=None, slo_met=None)
+    stats.record("10.0.0.3:8000", "heuristic", predicted_ttft_ms=None, observed_ttft_ms=70, slo_met=None)
+    stats.record("10.0.0.3:8000", "heuristic", predicted_ttft_ms=None, observed_ttft_ms=90, slo_met=None)
     stats.record("10.0.0.9:8000", "heuristic", predicted_ttft_ms=None, observed_ttft_ms=50, slo_met=None)
 
     status = stats.status("gateway", pool, predictor_mode="embedded", predictor=None, queued=None)
 
     assert status.schema == STATUS_SCHEMA
-    assert (status.front_end, status.uptime_s, status.window, status.requests) == ("gateway", 1.5, 2, 5)
-    assert status.routes == {"predicted": 2, "explore": 1, "heuristic": 2}
+    assert (status.front_end, status.uptime_s, status.window, status.requests) == ("gateway", 1.5, 2, 7)
+    assert status.routes == {"predicted": 2, "explore": 1, "heuristic": 4}
     assert (status.slo.requests, status.slo.met, status.slo.attainment) == (3, 2, pytest.approx(2 / 3))
     assert status.predictor.mode == "off" and not status.predictor.ready  # no backend: off
     # Only the pool's current endpoints; the one that left (10.0.0.9) is not shown.
@@ -49,11 +51,25 @@ def test_the_payload_holds_the_pool_and_the_finished_requests():
     assert [e.address for e in status.endpoints] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
     assert (first.healthy, first.inflight_requests, first.waiting, first.running) == (True, 2, 3, 5)
     assert (first.kv_usage, first.metrics_age_s, first.picks) == (0.25, 1.5, 3)
-    # Means over the last two requests (the window).
+    # Means over the last two successful requests (the window).
     assert (first.predicted_ttft_ms, first.observed_ttft_ms) == (120.0, 150.0)
-    assert (second.picks, second.predicted_ttft_ms, second.observed_ttft_ms) == (1, None, None)
+    assert (second.picks, second.predicted_ttft_ms, second.observed_ttft_ms) == (1, None, None)  # failed
     assert second.metrics_age_s is None  # never scraped
-    assert not third.healthy and third.picks == 0
+    # Without predictions, the observed TTFT of all of them.
+    assert (third.healthy, third.picks) == (False, 2)
+    assert (third.predicted_ttft_ms, third.observed_ttft_ms) == (None, 80)
+
+
+def test_predicted_and_observed_ttft_are_of_the_same_requests():
+    clock = ManualClock()
+    stats = RouterStats(clock)
+    pool = PoolState([Endpoint("10.0.0.1:8000")])
+    stats.record("10.0.0.1:8000", "fallback", predicted_ttft_ms=None, observed_ttft_ms=900, slo_met=None)
+    stats.record("10.0.0.1:8000", "predicted", predicted_ttft_ms=100, observed_ttft_ms=120, slo_met=None)
+    nan = float("nan")
+    stats.record("10.0.0.1:8000", "predicted", predicted_ttft_ms=nan, observed_ttft_ms=9, slo_met=None)
+    (endpoint,) = stats.status("gateway", pool, predictor_mode="off", predictor=None, queued=None).endpoints
+    assert (endpoint.picks, endpoint.predicted_ttft_ms, endpoint.observed_ttft_ms) == (3, 100, 120)
 
 
 def test_the_payload_round_trips_and_anything_else_is_refused():

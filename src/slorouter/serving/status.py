@@ -23,7 +23,7 @@ from slorouter.predictor.backend import LatencyPredictorBackend
 
 STATUS_PATH = "/v1/router/status"
 STATUS_SCHEMA = "slorouter.router-status/v1"
-# Each endpoint's predicted and observed TTFT are means over its last WINDOW finished requests.
+# Each endpoint's predicted and observed TTFT are means over its last WINDOW successful requests.
 WINDOW = 64
 
 
@@ -38,8 +38,9 @@ class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
     kv_usage: float  # last scraped KV-cache utilisation, 0..1
     metrics_age_s: float | None  # since the last successful scrape; None: never scraped
     picks: int  # finished requests this router sent here, since it started
-    # Means over the endpoint's last ``window`` finished requests: the TTFT predicted for the ones that had a
-    # prediction (E2E latency when the predictor models it), the TTFT observed on the successful ones.
+    # Over the endpoint's last ``window`` successful requests: the mean TTFT predicted for those that had a
+    # prediction (E2E latency when the predictor models it), and the mean TTFT observed on the same requests
+    # (on all of them when none had a prediction: heuristic routing).
     predicted_ttft_ms: float | None
     observed_ttft_ms: float | None
 
@@ -101,16 +102,20 @@ def decode_status(body: bytes) -> RouterStatus:
 
 
 class _EndpointStats:
-    __slots__ = ("observed", "picks", "predicted")
+    __slots__ = ("picks", "ttft")
 
     def __init__(self, window: int) -> None:
         self.picks = 0
-        self.predicted: deque[float] = deque(maxlen=window)
-        self.observed: deque[float] = deque(maxlen=window)
+        self.ttft: deque[tuple[float | None, float]] = deque(maxlen=window)  # (predicted, observed) ms
 
-
-def _mean(values: deque[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    def means(self) -> tuple[float | None, float | None]:
+        """(mean predicted, mean observed) TTFT: see ``EndpointStatus``."""
+        paired = [(p, o) for p, o in self.ttft if p is not None]
+        if paired:
+            return sum(p for p, _ in paired) / len(paired), sum(o for _, o in paired) / len(paired)
+        if self.ttft:
+            return None, sum(o for _, o in self.ttft) / len(self.ttft)
+        return None, None
 
 
 class RouterStats:
@@ -144,10 +149,10 @@ class RouterStats:
         if stats is None:
             stats = self._endpoints[address] = _EndpointStats(self.window)
         stats.picks += 1
-        if predicted_ttft_ms is not None and math.isfinite(predicted_ttft_ms):
-            stats.predicted.append(predicted_ttft_ms)
         if observed_ttft_ms is not None:
-            stats.observed.append(observed_ttft_ms)
+            if predicted_ttft_ms is not None and not math.isfinite(predicted_ttft_ms):
+                predicted_ttft_ms = None
+            stats.ttft.append((predicted_ttft_ms, observed_ttft_ms))
         if slo_met is not None:
             self.slo_requests += 1
             self.slo_met += slo_met
@@ -171,6 +176,7 @@ class RouterStats:
         for i, endpoint in enumerate(pool.endpoints):
             stats = self._endpoints.get(endpoint.address) or _EndpointStats(0)
             scraped = columns["metrics_time"][i]
+            predicted, observed = stats.means()
             endpoints.append(
                 EndpointStatus(
                     address=endpoint.address,
@@ -181,8 +187,8 @@ class RouterStats:
                     kv_usage=float(columns["kv_usage"][i]),
                     metrics_age_s=max(0.0, now - scraped) if math.isfinite(scraped) else None,
                     picks=stats.picks,
-                    predicted_ttft_ms=_mean(stats.predicted),
-                    observed_ttft_ms=_mean(stats.observed),
+                    predicted_ttft_ms=predicted,
+                    observed_ttft_ms=observed,
                 )
             )
         versions: Mapping[str, str | None] = predictor.versions if predictor is not None else {}
