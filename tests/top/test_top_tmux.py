@@ -13,8 +13,10 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +32,8 @@ WIDTH, HEIGHT = 132, 30
 class Tmux:
     """A tmux server of the test's own (its own socket, no user configuration)."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.socket = f"slorouter-top-test-{os.getpid()}"
         # The panes' environment is the server's, taken from the process that starts it: without COLUMNS and
         # LINES (set under pytest), so that programs in a pane see the pane's size.
@@ -49,15 +52,24 @@ class Tmux:
         return result.stdout
 
     def start(self, target: str, *command: str) -> None:
-        """Run ``command`` in a new window named ``target``, in a WIDTH x HEIGHT terminal; the pane stays
-        after the command exits, so that its last screen and exit status can be read."""
-        line = shlex.join(command)
+        """Run ``command`` in a new window named ``target``, in a WIDTH x HEIGHT terminal. A launcher that
+        ignores Ctrl-C runs it and writes its exit status (or the signal that ended it) to a file."""
+        launcher = (
+            "import signal, subprocess, sys\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+            "code = subprocess.call(sys.argv[2:], preexec_fn=default)\n"
+            "open(sys.argv[1], 'w').write(str(code) if code >= 0 else f'signal {-code}')\n"
+            "signal.pause()\n"
+        )
+        line = shlex.join([sys.executable, "-c", launcher, str(self._status_file(target)), *command])
         if not self._has_session():
             self("new-session", "-d", "-s", "t", "-n", target, "-x", str(WIDTH), "-y", str(HEIGHT), line)
-            self("set-option", "-t", "t", "remain-on-exit", "on")
         else:
             self("new-window", "-d", "-t", "t", "-n", target, line)
-            self("set-option", "-w", "-t", f"t:{target}", "remain-on-exit", "on")
+
+    def _status_file(self, target: str) -> Path:
+        return self.directory / f"{target}.status"
 
     def screen(self, target: str) -> str:
         screen = self("capture-pane", "-p", "-J", "-t", f"t:{target}")  # -J: wrapped lines joined
@@ -73,8 +85,17 @@ class Tmux:
                 raise AssertionError(f"the pane never showed what was expected; it shows:\n{screen}")
             time.sleep(0.1)
 
-    def dead_status(self, target: str) -> str:
-        return self("display-message", "-p", "-t", f"t:{target}", "#{pane_dead}:#{pane_dead_status}").strip()
+    def exit_status(self, target: str, timeout_s: float = 10.0) -> str:
+        """The exit status of the pane's command once it has ended (``signal N`` if a signal ended it)."""
+        deadline = time.monotonic() + timeout_s
+        path = self._status_file(target)
+        while not path.exists() or not path.read_text():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the command in pane {target} did not end; it shows:\n{self.screen(target)}"
+                )
+            time.sleep(0.1)
+        return path.read_text()
 
     def _has_session(self) -> bool:
         assert TMUX is not None
@@ -87,8 +108,8 @@ class Tmux:
 
 
 @pytest.fixture
-def tmux() -> Iterator[Tmux]:
-    server = Tmux()
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    server = Tmux(tmp_path)
     try:
         yield server
     finally:
@@ -123,8 +144,7 @@ def test_top_draws_the_router_redraws_every_second_and_quits_on_ctrl_c(
     tmux.wait_for("top", lambda s: re.search(r"^requests [\d,]+ \([\d.]+/s\)", s, re.MULTILINE) is not None)
 
     tmux("send-keys", "-t", "t:top", "C-c")
-    tmux.wait_for("top", lambda _: tmux.dead_status("top").startswith("1:"), timeout_s=10)
-    assert tmux.dead_status("top") == "1:0"
+    assert tmux.exit_status("top") == "0"
     assert "Traceback" not in tmux.screen("top")
 
 
@@ -157,5 +177,4 @@ def test_an_unreachable_router_is_one_line_retried_until_it_answers(tmux: Tmux):
         serve.communicate(timeout=20)
     tmux.wait_for("down", lambda s: "cannot reach" in s)  # gone again: said so, still retrying
     tmux("send-keys", "-t", "t:down", "C-c")
-    tmux.wait_for("down", lambda _: tmux.dead_status("down").startswith("1:"), timeout_s=10)
-    assert tmux.dead_status("down") == "1:0"
+    assert tmux.exit_status("down") == "0"
