@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
 HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean helm
+.PHONY: run test lint bench clean helm tmux
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,13 @@ $(HELM): deploy/fetch-helm.sh
 
 helm: $(HELM)
 
-test: lint $(HELM)
+# The terminal test of `slorouter top` (tests/top/test_top_tmux.py) runs it in tmux: Debian's package, installed
+# when missing and this is root (otherwise that test is skipped, saying so).
+tmux:
+	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq tmux; } \
+		|| echo "tmux is not installed: the terminal test of slorouter top will be skipped (apt-get install tmux)"
+
+test: lint $(HELM) tmux
 	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest
 
 # Every benchmark script in turn; results are recorded in docs/benchmarks.md.

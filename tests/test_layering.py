@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"serving"},  # what the front-ends share: the router's assembly, requests, outcome metrics
     {"gateway", "extproc"},  # front-ends: the HTTP gateway, the Envoy ext_proc endpoint picker
     {"bench"},  # workloads, discrete-event cluster runner, reports
+    {"top"},  # the live view: a terminal client of a running front-end's status page and /metrics
     {"cli"},
 ]
 LAYER_OF = {component: i for i, layer in enumerate(LAYERS) for component in layer}

@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "slorouter.sim.command",  # sim
     "slorouter.predictor.command",  # predictor training-server | prediction-server
     "slorouter.bench.command",  # bench
+    "slorouter.top.command",  # top
 )
 
 
@@ -48,12 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
+    try:  # Ctrl-C while the subcommands load (seconds on a busy machine) ends quietly too
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -23,6 +23,7 @@ from slorouter.http.grpc_server import GrpcServer
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
 from slorouter.pool.inflight_sharing import InFlightSharing
 from slorouter.serving.assembly import RouterCore
+from slorouter.serving.status import STATUS_PATH, encode_status
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -76,6 +77,7 @@ class EndpointPicker:
             objectives=core.objectives,
             prediction_by_default=core.prediction_by_default,
             tracing=core.tracing,
+            stats=core.stats,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))
@@ -100,6 +102,7 @@ class EndpointPicker:
         self._http.add_route("GET", "/metrics", self._metrics)
         self._http.add_route("GET", "/health", self._liveness)
         self._http.add_route("GET", "/ready", self._readiness)
+        self._http.add_route("GET", STATUS_PATH, self._status)
         metrics_host = ports.metrics_host or ports.host
         _, metrics_port = await self._http.start(metrics_host, ports.metrics_port)
         self.bound = PickerPorts(
@@ -140,6 +143,9 @@ class EndpointPicker:
 
     async def _metrics(self, _request: HttpRequest) -> Response:
         return Response(200, self.core.metrics.render(), content_type=b"text/plain; charset=utf-8")
+
+    async def _status(self, _request: HttpRequest) -> Response:
+        return json_response(encode_status(self.core.status("picker")))
 
     async def _liveness(self, _request: HttpRequest) -> Response:
         return json_response(b'{"status": "ok"}')

@@ -49,6 +49,7 @@ from slorouter.serving.tracing import (
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import RequestTrace, Tracing
+from slorouter.serving.status import RouterStats
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,12 @@ class Picker:
     objectives: Mapping[str, int]
     prediction_by_default: bool
     tracing: Tracing | None = None  # None: tracing is off
+    stats: RouterStats | None = None  # the status page's per-request figures
 
     def __post_init__(self) -> None:
-        self.outcomes = OutcomeRecorder(self.metrics, e2e_as_ttft=self.director.predicts_end_to_end)
+        self.outcomes = OutcomeRecorder(
+            self.metrics, e2e_as_ttft=self.director.predicts_end_to_end, stats=self.stats
+        )
         self.ids = RequestIds()
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
         # Observed response path: the routed requests whose observer has not claimed them yet, by key.

@@ -46,6 +46,7 @@ from slorouter.serving.tracing import (
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import RequestTrace, Tracing
+from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,11 @@ class Gateway:
         objectives: Mapping[str, int] | None = None,
         prediction_by_default: bool = False,
         tracing: Tracing | None = None,
+        stats: RouterStats | None = None,
+        status: Callable[[], RouterStatus] | None = None,
     ) -> None:
+        """``stats``: where the relay records finished requests for the status page; ``status``: the page
+        (``GET /v1/router/status``; not served without it)."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -77,6 +82,8 @@ class Gateway:
         self._relay: Relay | None = None
         self._ids = RequestIds()
         self._tracing = tracing
+        self._stats = stats
+        self._status = status
 
     # --- server --------------------------------------------------------------------------------------
     def build_server(self, limits: ServerLimits) -> HttpServer:
@@ -88,6 +95,8 @@ class Gateway:
         server.add_route("GET", "/health", self._health, bounded=False)
         server.add_route("GET", "/ready", self._ready, bounded=False)
         server.add_route("GET", "/metrics", self._metrics, bounded=False)
+        if self._status is not None:
+            server.add_route("GET", STATUS_PATH, self._status_page, bounded=False)
         server.on_limit = self.metrics.count_http_limit
         return server
 
@@ -105,6 +114,7 @@ class Gateway:
             self.metrics,
             e2e_as_ttft=self.director.predicts_end_to_end,
             max_body_bytes=config.max_upstream_body_bytes,
+            stats=self._stats,
         )
 
     async def close(self) -> None:
@@ -125,6 +135,10 @@ class Gateway:
 
     async def _metrics(self, _request: HttpRequest) -> Response:
         return Response(200, self.metrics.render(), content_type=b"text/plain; charset=utf-8")
+
+    async def _status_page(self, _request: HttpRequest) -> Response:
+        assert self._status is not None
+        return json_response(encode_status(self._status()))
 
     async def _models(self, request: HttpRequest) -> Response:
         if not self._authorized(request):

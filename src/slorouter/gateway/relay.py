@@ -32,6 +32,7 @@ from slorouter.serving.headers import (
     ROUTE_HEADER,
 )
 from slorouter.serving.outcome import OutcomeRecorder
+from slorouter.serving.status import RouterStats
 
 PREDICTED_TTFT = PREDICTED_TTFT_HEADER.encode()
 PREDICTED_TPOT = PREDICTED_TPOT_HEADER.encode()
@@ -109,11 +110,12 @@ class Relay:
         *,
         e2e_as_ttft: bool,
         max_body_bytes: int | None = None,
+        stats: RouterStats | None = None,
     ) -> None:
         self._client = client
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
-        self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft)
+        self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft, stats=stats)
         self._own_headers: dict[tuple[str, str, str | None], bytes] = {}
 
     async def relay(

@@ -55,6 +55,8 @@ class Router:
             objectives=core.objectives,
             prediction_by_default=core.prediction_by_default,
             tracing=core.tracing,
+            stats=core.stats,
+            status=lambda: core.status("gateway"),
         )
         return cls(core, gateway)
 

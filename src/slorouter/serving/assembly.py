@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from slorouter.tracing.tracer import Tracing
+from slorouter.serving.status import RouterStats, RouterStatus
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class RouterCore:
     kv_index: KVBlockIndex | None = None
     discovery_metrics: DiscoveryMetrics | None = None
     tracing: Tracing | None = None  # None: tracing is off (the front-ends check it once per request)
+    stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
 
     @classmethod
     def build(
@@ -139,6 +141,7 @@ class RouterCore:
             kv_index=ctx.kv_index,
             discovery_metrics=discovery_metrics,
             tracing=tracing,
+            stats=RouterStats(clock),
         )
 
     @property
@@ -148,6 +151,19 @@ class RouterCore:
     @property
     def prediction_by_default(self) -> bool:
         return bool(self.config.predictor and self.config.predictor.prediction_by_default)
+
+    def status(self, front_end: str) -> RouterStatus:
+        """The status page (``GET /v1/router/status``) of this router, served by ``front_end``."""
+        if self.stats is None:
+            self.stats = RouterStats(self.clock)
+        flow_control = self.director.flow_control
+        return self.stats.status(
+            front_end,
+            self.pool,
+            predictor_mode=self.config.predictor.mode if self.config.predictor is not None else "off",
+            predictor=self.predictor,
+            queued=None if flow_control is None else len(flow_control),
+        )
 
     async def start(self) -> None:
         """Discover the pool (Kubernetes), scrape every endpoint once, then keep scraping; start the KV-event

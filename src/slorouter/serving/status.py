@@ -1,0 +1,210 @@
+"""The router's status page, ``GET /v1/router/status`` on both front-ends (the gateway's port, the picker's
+metrics port): what the router knows of its pool and of its picks, as one typed JSON document.
+
+``/metrics`` already carries the counters (requests by code, sheds, SLO violations); this page adds what
+Prometheus series do not hold, or hold only as histograms: per endpoint the latest scraped load, the
+router's own in-flight count, its share of the picks, and the TTFT it was predicted and the TTFT it
+delivered over its last requests; the routes taken, the share of requests with an SLO that met it, and the
+predictor's state. ``slorouter top`` reads it. ``RouterStats`` collects the per-request part, fed by every
+front-end's ``OutcomeRecorder``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+
+import msgspec
+
+from slorouter.clock import Clock
+from slorouter.pool.state import PoolState
+from slorouter.predictor.backend import LatencyPredictorBackend
+
+STATUS_PATH = "/v1/router/status"
+STATUS_SCHEMA = "slorouter.router-status/v1"
+# Each endpoint's predicted and observed TTFT are means over its last WINDOW successful requests.
+WINDOW = 64
+
+
+class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One endpoint of the pool."""
+
+    address: str
+    healthy: bool
+    inflight_requests: int  # dispatched by this router and not finished
+    waiting: int  # last scraped queue (vllm:num_requests_waiting)
+    running: int  # last scraped vllm:num_requests_running
+    kv_usage: float  # last scraped KV-cache utilisation, 0..1
+    metrics_age_s: float | None  # since the last successful scrape; None: never scraped
+    picks: int  # finished requests this router sent here, since it started
+    # Over the endpoint's last ``window`` successful requests: the mean TTFT predicted for those that had a
+    # prediction (E2E latency when the predictor models it), and the mean TTFT observed on the same requests
+    # (on all of them when none had a prediction: heuristic routing).
+    predicted_ttft_ms: float | None
+    observed_ttft_ms: float | None
+
+
+class SloStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Finished requests that carried an SLO (x-slo-ttft-ms, x-slo-tpot-ms), and those that met all of it; a
+    failed request did not."""
+
+    requests: int
+    met: int
+
+    @property
+    def attainment(self) -> float | None:
+        return self.met / self.requests if self.requests else None
+
+
+class PredictorStatus(msgspec.Struct, frozen=True, kw_only=True):
+    mode: str  # embedded, remote, off
+    ready: bool  # a trained model serves predictions
+    versions: dict[str, str | None]  # model version per kind (empty for the remote predictor)
+
+
+class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole page."""
+
+    schema: str  # STATUS_SCHEMA
+    front_end: str  # gateway, picker
+    uptime_s: float
+    window: int  # requests behind each endpoint's predicted and observed TTFT
+    requests: int  # finished requests (dispatched to an endpoint)
+    routes: dict[str, int]  # finished requests by route (heuristic, predicted, explore, fallback)
+    slo: SloStatus
+    predictor: PredictorStatus
+    queued: int | None  # requests held by flow control now; None: flow control is off
+    endpoints: list[EndpointStatus]
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(RouterStatus)
+
+
+def encode_status(status: RouterStatus) -> bytes:
+    return _ENCODER.encode(status)
+
+
+class NotAStatusPageError(ValueError):
+    """The body is not a router status page of this version."""
+
+
+def decode_status(body: bytes) -> RouterStatus:
+    """The page's ``RouterStatus``; raises ``NotAStatusPageError`` for anything else."""
+    try:
+        status = _DECODER.decode(body)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise NotAStatusPageError(f"not a slorouter status page ({exc})") from None
+    if status.schema != STATUS_SCHEMA:
+        raise NotAStatusPageError(f"status schema {status.schema!r}, expected {STATUS_SCHEMA!r}")
+    return status
+
+
+class _EndpointStats:
+    __slots__ = ("picks", "ttft")
+
+    def __init__(self, window: int) -> None:
+        self.picks = 0
+        self.ttft: deque[tuple[float | None, float]] = deque(maxlen=window)  # (predicted, observed) ms
+
+    def means(self) -> tuple[float | None, float | None]:
+        """(mean predicted, mean observed) TTFT: see ``EndpointStatus``."""
+        paired = [(p, o) for p, o in self.ttft if p is not None]
+        if paired:
+            return sum(p for p, _ in paired) / len(paired), sum(o for _, o in paired) / len(paired)
+        if self.ttft:
+            return None, sum(o for _, o in self.ttft) / len(self.ttft)
+        return None, None
+
+
+class RouterStats:
+    """What the front-ends saw of their finished requests, for the status page. Loop-local, like the
+    front-ends' metrics: record from the loop that serves the page."""
+
+    def __init__(self, clock: Clock, window: int = WINDOW) -> None:
+        self.clock = clock
+        self.window = window
+        self.started_at = clock.now()
+        self.requests = 0
+        self.routes: dict[str, int] = {}
+        self.slo_requests = 0
+        self.slo_met = 0
+        self._endpoints: dict[str, _EndpointStats] = {}
+
+    def record(
+        self,
+        address: str,
+        route: str,
+        *,
+        predicted_ttft_ms: float | None,
+        observed_ttft_ms: float | None,
+        slo_met: bool | None,
+    ) -> None:
+        """One finished request: served by ``address``; ``observed_ttft_ms`` None when it failed;
+        ``slo_met`` None when it carried no SLO."""
+        self.requests += 1
+        self.routes[route] = self.routes.get(route, 0) + 1
+        stats = self._endpoints.get(address)
+        if stats is None:
+            stats = self._endpoints[address] = _EndpointStats(self.window)
+        stats.picks += 1
+        if observed_ttft_ms is not None:
+            if predicted_ttft_ms is not None and not math.isfinite(predicted_ttft_ms):
+                predicted_ttft_ms = None
+            stats.ttft.append((predicted_ttft_ms, observed_ttft_ms))
+        if slo_met is not None:
+            self.slo_requests += 1
+            self.slo_met += slo_met
+
+    def status(
+        self,
+        front_end: str,
+        pool: PoolState,
+        *,
+        predictor_mode: str,
+        predictor: LatencyPredictorBackend | None,
+        queued: int | None,
+    ) -> RouterStatus:
+        """The page now: the pool's current endpoints (an endpoint that left is no longer shown)."""
+        now = self.clock.now()
+        columns = {
+            name: pool.columns[name].tolist()
+            for name in ("healthy", "inflight_requests", "waiting", "running", "kv_usage", "metrics_time")
+        }
+        endpoints = []
+        for i, endpoint in enumerate(pool.endpoints):
+            stats = self._endpoints.get(endpoint.address) or _EndpointStats(0)
+            scraped = columns["metrics_time"][i]
+            predicted, observed = stats.means()
+            endpoints.append(
+                EndpointStatus(
+                    address=endpoint.address,
+                    healthy=bool(columns["healthy"][i]),
+                    inflight_requests=int(columns["inflight_requests"][i]),
+                    waiting=int(columns["waiting"][i]),
+                    running=int(columns["running"][i]),
+                    kv_usage=float(columns["kv_usage"][i]),
+                    metrics_age_s=max(0.0, now - scraped) if math.isfinite(scraped) else None,
+                    picks=stats.picks,
+                    predicted_ttft_ms=predicted,
+                    observed_ttft_ms=observed,
+                )
+            )
+        versions: Mapping[str, str | None] = predictor.versions if predictor is not None else {}
+        return RouterStatus(
+            schema=STATUS_SCHEMA,
+            front_end=front_end,
+            uptime_s=max(0.0, now - self.started_at),
+            window=self.window,
+            requests=self.requests,
+            routes=dict(self.routes),
+            slo=SloStatus(requests=self.slo_requests, met=self.slo_met),
+            predictor=PredictorStatus(
+                mode=predictor_mode if predictor is not None else "off",
+                ready=bool(predictor is not None and predictor.ready),
+                versions=dict(versions),
+            ),
+            queued=queued,
+            endpoints=endpoints,
+        )

@@ -1,0 +1,1 @@
+"""``slorouter top``: a live terminal view of a running gateway or picker."""
