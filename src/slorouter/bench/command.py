@@ -121,6 +121,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=list(POLICY_NAMES),
         help=f"built-in names ({', '.join(POLICY_NAMES)}) or NAME=CONFIG.yaml; default all built-ins",
     )
+    parser.add_argument(
+        "--flow-control",
+        action="store_true",
+        help="run every policy twice, without and with flow control (as POLICY+fc), side by side",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--seeds",
@@ -212,7 +217,7 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     except PoolSpecError as exc:
         raise ValueError(f"--pool: {exc}") from None
     try:
-        policies = resolve_policies(args.policies)
+        policies = resolve_policies(args.policies, with_flow_control=args.flow_control)
     except (PolicyError, SchedulerConfigError) as exc:
         raise ValueError(f"--policies: {exc}") from None
     for flag, on in (

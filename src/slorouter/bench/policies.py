@@ -14,15 +14,19 @@ by default).
 The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
 as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
 the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
+Any policy followed by ``+fc`` (``token-aware+fc``) is the same policy behind flow control, with the
+``flowControl`` defaults (``enabled: true``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import (
     DEFAULT_SCHEDULER_CONFIG,
@@ -32,6 +36,7 @@ from slorouter.scheduling.pipelines import (
 )
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
+FLOW_CONTROL_SUFFIX = "+fc"
 KV_EVENT_PLUGINS = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
 
 
@@ -40,6 +45,7 @@ class Policy:
     name: str
     config: dict[str, Any]  # EndpointPickerConfig shape
     source: str  # "built-in" or the file it came from
+    flow_control: FlowControlConfig | None = None  # None: requests go to scheduling at once
 
     @property
     def uses_predictor(self) -> bool:
@@ -151,8 +157,16 @@ class PolicyError(ValueError):
 
 
 def resolve_policy(spec: str) -> Policy:
-    """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``)."""
+    """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``), each maybe with
+    ``+fc`` (behind flow control)."""
     spec = spec.strip()
+    if spec.endswith(FLOW_CONTROL_SUFFIX):
+        base = resolve_policy(spec.removesuffix(FLOW_CONTROL_SUFFIX))
+        return dataclasses.replace(
+            base,
+            name=base.name + FLOW_CONTROL_SUFFIX,
+            flow_control=FlowControlConfig.model_validate({"enabled": True}),
+        )
     builtin = BUILTIN_POLICIES.get(spec) or NAMED_POLICIES.get(spec)
     if builtin is not None:
         return Policy(spec, copy.deepcopy(builtin), "built-in")
@@ -169,7 +183,15 @@ def resolve_policy(spec: str) -> Policy:
     return Policy(name or Path(path).stem, config, path)
 
 
-def resolve_policies(specs: list[str]) -> list[Policy]:
+def resolve_policies(specs: list[str], *, with_flow_control: bool = False) -> list[Policy]:
+    """The policies of ``specs``; with ``with_flow_control`` each one followed by its ``+fc`` variant."""
+    if with_flow_control:
+        specs = [
+            variant
+            for spec in specs
+            for variant in (spec, spec if spec.strip().endswith(FLOW_CONTROL_SUFFIX) else spec + "+fc")
+        ]
+        specs = list(dict.fromkeys(specs))
     policies = [resolve_policy(spec) for spec in specs]
     names = [p.name for p in policies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
