@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from slorouter.bench.policies import resolve_policies, resolve_policy
+from slorouter.bench.policies import PolicyError, load_flow_control_file, resolve_policies, resolve_policy
 from slorouter.bench.workloads import generate
 
 
@@ -88,3 +89,15 @@ def test_fc_policies_are_the_same_pipeline_behind_flow_control() -> None:
     assert behind.flow_control is not None and behind.flow_control.enabled
     names = [p.name for p in resolve_policies(["heuristic", "token-aware+fc"], with_flow_control=True)]
     assert names == ["heuristic", "heuristic+fc", "token-aware+fc"]
+
+
+def test_flow_control_file_sets_the_fc_policies_section(tmp_path: Path) -> None:
+    path = tmp_path / "fc.yaml"
+    path.write_text("flowControl:\n  saturationDetector: {prefillTargetTime: 250ms}\n")
+    section = load_flow_control_file(path)
+    assert section.enabled and section.saturation_detector.prefill_target_s == 0.25
+    (policy,) = resolve_policies(["token-aware+fc"], flow_control=section)
+    assert policy.flow_control is section
+    path.write_text("flowControl:\n  saturationDetector: {prefillTargetTime: -1}\n")
+    with pytest.raises(PolicyError, match="prefillTargetTime"):
+        load_flow_control_file(path)
