@@ -380,8 +380,15 @@ class RequestLifecycle:
         response = self.response
         first = response.first_token_at is None
         if first:
-            response.first_token_at = self._director.clock.now()
-            self._handle.first_token()
+            now = self._director.clock.now()
+            response.first_token_at = now
+            controller = self._director.flow_control
+            handle = self._handle
+            if controller is not None and not handle.finished:
+                controller.detector.observe_first_token(
+                    handle.address, handle.prefill_ahead, now - response.dispatched_at
+                )
+            handle.first_token()
             self._room_changed()
         response.tokens += count
         for plugin in self._director.setup.response_body_processors:

@@ -64,3 +64,18 @@ def test_same_seed_same_run_with_flow_control() -> None:
     second = _run(flow, requests)
     assert np.array_equal(first.status, second.status)  # type: ignore[attr-defined]
     assert np.allclose(first.ttft_s, second.ttft_s, equal_nan=True)  # type: ignore[attr-defined]
+
+
+def test_the_derived_prefill_bound_engages_under_prefill_bound_overload() -> None:
+    requests = _burst(600, qps=60.0)
+    flow = FlowControlConfig.model_validate({"enabled": True, "defaultRequestTTL": "60s"})
+    with ClusterSimulator(
+        parse_pool("2"), BUILTIN_POLICIES["heuristic"], use_predictor=False, flow_control=flow
+    ) as sim:
+        records = sim.run(requests)
+        detector = sim.director.flow_control.detector  # type: ignore[union-attr]
+        assert all(detector.prefill_bound(address) is not None for address in sim.addresses)
+    priority = np.array([r.priority for r in requests])
+    # Held in the router: sheddable requests waited past their SLO and were evicted; no other was.
+    assert (records.status[priority < 0] == SHED).sum() > 0
+    assert (records.status[priority >= 0] != SHED).all()

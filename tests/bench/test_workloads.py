@@ -38,6 +38,7 @@ ALL = [
     "new-user",
     "realtime-mix",
 ]
+OVERLOAD = ["sharegpt-burst", "maas-burst", "two-tenants", "mixed-priority"]  # carry SLOs and classes
 # Small lengths so that multi-turn tests build short prompts quickly.
 SMALL_GROUPS = {
     "groups": 10,
@@ -49,7 +50,7 @@ SMALL_GROUPS = {
 
 
 def test_names_and_defaults() -> None:
-    assert workload_names() == ALL
+    assert workload_names() == ALL + OVERLOAD
     for name in ALL:
         defaults = workload_defaults(name)
         assert {"slo_ttft_ms": None, "slo_tpot_ms": None, "sheddable_share": 0.0}.items() <= defaults.items()

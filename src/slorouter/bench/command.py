@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slorouter.bench.cluster import PICKER_ASSIGNMENTS, SHARED_INFLIGHT_PUBLISHING, ClusterSettings
-from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies
+from slorouter.bench.policies import POLICY_NAMES, PolicyError, load_flow_control_file, resolve_policies
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
 from slorouter.bench.workloads import workload_defaults, workload_names
@@ -121,6 +121,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=list(POLICY_NAMES),
         help=f"built-in names ({', '.join(POLICY_NAMES)}) or NAME=CONFIG.yaml; default all built-ins",
     )
+    parser.add_argument(
+        "--flow-control",
+        action="store_true",
+        help="run every policy twice, without and with flow control (as POLICY+fc), side by side",
+    )
+    parser.add_argument(
+        "--flow-control-config",
+        type=Path,
+        default=None,
+        metavar="FILE.yaml",
+        help="the flowControl section the POLICY+fc policies use (default: its defaults, enabled)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--seeds",
@@ -212,7 +224,11 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     except PoolSpecError as exc:
         raise ValueError(f"--pool: {exc}") from None
     try:
-        policies = resolve_policies(args.policies)
+        flow = None if args.flow_control_config is None else load_flow_control_file(args.flow_control_config)
+    except PolicyError as exc:
+        raise ValueError(f"--flow-control-config: {exc}") from None
+    try:
+        policies = resolve_policies(args.policies, with_flow_control=args.flow_control, flow_control=flow)
     except (PolicyError, SchedulerConfigError) as exc:
         raise ValueError(f"--policies: {exc}") from None
     for flag, on in (

@@ -14,15 +14,21 @@ by default).
 The three baselines that read the prefix index (heuristic, heuristic-tuned, token-aware) index prompts only,
 as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or just ``PATH`` (named after
 the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
+Any policy followed by ``+fc`` (``token-aware+fc``) is the same policy behind flow control, with the
+``flowControl`` defaults (``enabled: true``) or the section given (``load_flow_control_file``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import (
     DEFAULT_SCHEDULER_CONFIG,
@@ -30,8 +36,11 @@ from slorouter.scheduling.pipelines import (
     PREDICTION_RANKING_SCHEDULER_CONFIG,
     TOKEN_AWARE_AFFINITY,
 )
+from slorouter.validation import format_validation_error
+from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
+FLOW_CONTROL_SUFFIX = "+fc"
 KV_EVENT_PLUGINS = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
 
 
@@ -40,6 +49,7 @@ class Policy:
     name: str
     config: dict[str, Any]  # EndpointPickerConfig shape
     source: str  # "built-in" or the file it came from
+    flow_control: FlowControlConfig | None = None  # None: requests go to scheduling at once
 
     @property
     def uses_predictor(self) -> bool:
@@ -150,9 +160,30 @@ class PolicyError(ValueError):
     pass
 
 
-def resolve_policy(spec: str) -> Policy:
-    """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``)."""
+def load_flow_control_file(path: str | Path) -> FlowControlConfig:
+    """The ``flowControl`` section of a YAML file (the file may hold the section alone), enabled."""
+    try:
+        data = load_yaml_mapping(path, "flow-control config") or {}
+    except YAMLFileError as exc:
+        raise PolicyError(str(exc)) from None
+    section = data.get("flowControl", data)
+    try:
+        return FlowControlConfig.model_validate({**section, "enabled": True})
+    except ValidationError as exc:
+        raise PolicyError(f"{path}: {format_validation_error(exc, 'flowControl')}") from None
+
+
+def resolve_policy(spec: str, flow_control: FlowControlConfig | None = None) -> Policy:
+    """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``), each maybe with
+    ``+fc``: behind ``flow_control`` (default: the ``flowControl`` defaults, enabled)."""
     spec = spec.strip()
+    if spec.endswith(FLOW_CONTROL_SUFFIX):
+        base = resolve_policy(spec.removesuffix(FLOW_CONTROL_SUFFIX))
+        return dataclasses.replace(
+            base,
+            name=base.name + FLOW_CONTROL_SUFFIX,
+            flow_control=flow_control or FlowControlConfig.model_validate({"enabled": True}),
+        )
     builtin = BUILTIN_POLICIES.get(spec) or NAMED_POLICIES.get(spec)
     if builtin is not None:
         return Policy(spec, copy.deepcopy(builtin), "built-in")
@@ -169,8 +200,19 @@ def resolve_policy(spec: str) -> Policy:
     return Policy(name or Path(path).stem, config, path)
 
 
-def resolve_policies(specs: list[str]) -> list[Policy]:
-    policies = [resolve_policy(spec) for spec in specs]
+def resolve_policies(
+    specs: list[str], *, with_flow_control: bool = False, flow_control: FlowControlConfig | None = None
+) -> list[Policy]:
+    """The policies of ``specs``; with ``with_flow_control`` each one followed by its ``+fc`` variant, and
+    every ``+fc`` one behind ``flow_control`` when given."""
+    if with_flow_control:
+        specs = [
+            variant
+            for spec in specs
+            for variant in (spec, spec if spec.strip().endswith(FLOW_CONTROL_SUFFIX) else spec + "+fc")
+        ]
+        specs = list(dict.fromkeys(specs))
+    policies = [resolve_policy(spec, flow_control) for spec in specs]
     names = [p.name for p in policies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from slorouter.bench.classes import class_figures
 from slorouter.bench.cluster import ClusterSettings, ClusterSimulator, RunRecords
 from slorouter.bench.policies import Policy
 from slorouter.bench.pool import describe_pool
@@ -84,6 +85,7 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     kv_events=policy.uses_kv_events,
                     settings=plan.settings,
                     seed=plan.seed,
+                    flow_control=policy.flow_control,
                 ) as sim:
                     rec = sim.run(requests, progress=hook)
                 labels = {
@@ -104,6 +106,9 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     labels["shared_predictor"] = plan.settings.shared_predictor
                 summary = summarize_run(
                     rec, warmup_s=plan.warmup_s, duration_s=plan.duration_s, labels=labels
+                )
+                summary.update(
+                    class_figures(rec, requests, warmup_s=plan.warmup_s, duration_s=plan.duration_s)
                 )
                 if plan.settings.pickers > 1:
                     summary["picker_shares"] = _picker_shares(rec, plan)

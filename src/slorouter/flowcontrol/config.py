@@ -61,7 +61,20 @@ class SaturationDetectorConfig(_CamelModel):
         description="default: the endpoint's learned batch-slot cap + queueDepthThreshold",
     )
     max_inflight_prefill_tokens: int | None = Field(
-        default=None, ge=1, alias="maxInflightPrefillTokensPerEndpoint"
+        default=None,
+        ge=1,
+        alias="maxInflightPrefillTokensPerEndpoint",
+        description="default: the endpoint's learned prefill rate × prefillTargetTime",
+    )
+    prefill_target_s: float | None = Field(
+        default=0.5,
+        gt=0,
+        alias="prefillTargetTime",
+        description="the derived prefill bound's time; null: no derived bound",
+    )
+
+    _durations = field_validator("prefill_target_s", mode="before")(
+        classmethod(lambda cls, value: _seconds(value))
     )
 
     def thresholds(self) -> SaturationThresholds:
@@ -70,6 +83,7 @@ class SaturationDetectorConfig(_CamelModel):
             self.kv_cache_util_threshold,
             self.max_inflight_requests,
             self.max_inflight_prefill_tokens,
+            self.prefill_target_s,
         )
 
 

@@ -3,7 +3,12 @@
 Per healthy endpoint, from the router's own fresh in-flight counts and the scraped engine signals:
 
 - its KV cache at or above ``kv_cache_util_threshold`` (scraped): full;
-- with ``max_inflight_prefill_tokens`` set, that many uncached prompt tokens in flight (fresh): full;
+- at its prefill bound of uncached prompt tokens in flight (fresh): full. The bound is
+  ``max_inflight_prefill_tokens`` if set, else derived from the pool: the endpoint's learned prefill rate
+  (``PrefillRates``) × ``prefill_target_s``, the prefill backlog it clears in that time; no bound while the
+  rate is not learned yet, or with ``prefill_target_s`` None. Under a prefill bound an endpoint takes at most
+  one request per pump: the next is released once the previous one is counted in flight, so a queue drains
+  on fresh counts instead of all at once;
 - otherwise it has room for ``limit − in-flight requests`` more, where ``limit`` is
   ``max_inflight_requests`` if set, else derived from the pool: the endpoint's batch-slot cap (the most
   requests it was seen running while others waited, as the load-latency producer learns it) plus
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slorouter.flowcontrol.prefill import PrefillRates
 from slorouter.pool.state import PoolState
 
 
@@ -29,9 +35,12 @@ class SaturationThresholds:
     queue_depth_threshold: int = 5
     kv_cache_util_threshold: float = 0.8
     max_inflight_requests: int | None = None  # per endpoint; None: learned cap + queue_depth_threshold
-    max_inflight_prefill_tokens: int | None = None  # per endpoint; None: no bound
+    max_inflight_prefill_tokens: int | None = None  # per endpoint; None: learned rate × prefill_target_s
+    prefill_target_s: float | None = 0.5  # the derived prefill bound's time; None: no derived bound
 
     def __post_init__(self) -> None:
+        if self.prefill_target_s is not None and not self.prefill_target_s > 0:
+            raise ValueError("prefill_target_s must be > 0 (or None)")
         if self.queue_depth_threshold < 0:
             raise ValueError("queue_depth_threshold must be >= 0")
         if not 0 < self.kv_cache_util_threshold <= 1:
@@ -39,12 +48,33 @@ class SaturationThresholds:
 
 
 class SaturationDetector:
-    __slots__ = ("_caps", "pool", "thresholds")
+    __slots__ = ("_caps", "pool", "prefill_rates", "thresholds")
 
-    def __init__(self, pool: PoolState, thresholds: SaturationThresholds | None = None) -> None:
+    def __init__(
+        self,
+        pool: PoolState,
+        thresholds: SaturationThresholds | None = None,
+        prefill_rates: PrefillRates | None = None,
+    ) -> None:
         self.pool = pool
         self.thresholds = thresholds or SaturationThresholds()
+        self.prefill_rates = prefill_rates or PrefillRates()
         self._caps: dict[str, int] = {}  # address -> most requests seen running while others waited
+
+    def observe_first_token(self, address: str, tokens_ahead: int, seconds: float) -> None:
+        """A request's first token: ``tokens_ahead`` uncached tokens were in flight on ``address`` when it
+        was dispatched, ``seconds`` ago (a sample of the endpoint's prefill rate)."""
+        self.prefill_rates.observe(address, tokens_ahead, seconds)
+
+    def prefill_bound(self, address: str) -> float | None:
+        """The endpoint's bound on uncached prompt tokens in flight (None: none applies)."""
+        t = self.thresholds
+        if t.max_inflight_prefill_tokens is not None:
+            return float(t.max_inflight_prefill_tokens)
+        if t.prefill_target_s is None:
+            return None
+        rate = self.prefill_rates.rate(address)
+        return None if rate is None else rate * t.prefill_target_s
 
     def learn(self) -> None:
         """Read the latest scrape into the learned batch-slot caps (cheap; called before each decision)."""
@@ -83,14 +113,19 @@ class SaturationDetector:
         columns = pool.columns
         if columns["kv_usage"][position] >= t.kv_cache_util_threshold:
             return 0.0
-        if (
-            t.max_inflight_prefill_tokens is not None
-            and columns["inflight_prefill_tokens"][position] >= t.max_inflight_prefill_tokens
-        ):
+        address = pool.endpoints[position].address
+        bound = self.prefill_bound(address)
+        if bound is not None and columns["inflight_prefill_tokens"][position] >= bound:
             return 0.0
+        room = self._slot_room(position, address)
+        return room if bound is None else min(room, 1.0)
+
+    def _slot_room(self, position: int, address: str) -> float:
+        t = self.thresholds
+        columns = self.pool.columns
         if t.max_inflight_requests is not None:
             return max(0.0, t.max_inflight_requests - float(columns["inflight_requests"][position]))
-        cap = self._caps.get(pool.endpoints[position].address)
+        cap = self._caps.get(address)
         if cap is None:
             return 0.0 if columns["waiting"][position] >= max(1, t.queue_depth_threshold) else math.inf
         return max(0.0, cap + t.queue_depth_threshold - float(columns["inflight_requests"][position]))

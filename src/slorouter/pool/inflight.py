@@ -82,6 +82,7 @@ class InFlightHandle:
         "_tracker",
         "address",
         "max_tokens",
+        "prefill_ahead",
         "prefill_tokens",
         "prompt_tokens",
     )
@@ -102,6 +103,11 @@ class InFlightHandle:
         self._incarnation = tracker.pool.incarnation(address)
         self._phase = _PREFILL
         self._apply(1, self.prefill_tokens, 0)
+        # Uncached tokens in flight on the endpoint with this request's own: the prefill it waits behind.
+        pool = tracker.pool
+        self.prefill_ahead = (
+            int(pool.value(address, "inflight_prefill_tokens")) if pool.get(address) is not None else 0
+        )
 
     @property
     def decoding(self) -> bool:

@@ -11,6 +11,7 @@ from slorouter.bench.workloads import (
     code_generation,
     maas,
     new_user,
+    overload,
     realtime_mix,
     reasoning,
     shared_prefix,
@@ -21,6 +22,8 @@ from slorouter.bench.workloads.params import WorkloadParams, defaults, parse_par
 from slorouter.bench.workloads.request import WorkloadRequests
 
 Builder = Callable[[Any, float, float, int], list[Draft]]
+# After clipping: what a scenario adds to the requests (tenants, priorities), from its parameters and seed.
+Finish = Callable[[Any, WorkloadRequests, int], WorkloadRequests]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,7 @@ class Workload:
     params: type[WorkloadParams]
     build: Builder
     description: str
+    finish: Finish | None = None
 
 
 _WORKLOADS: dict[str, Workload] = {
@@ -69,6 +73,30 @@ _WORKLOADS: dict[str, Workload] = {
         realtime_mix.RealtimeMixParams,
         realtime_mix.build,
         "the real-time benchmark's workload: short chat beside 3k-8k-token questions on shared documents",
+    ),
+    "sharegpt-burst": Workload(
+        overload.ShareGPTBurstParams,
+        overload.bursting(sharegpt.build),
+        "sharegpt with a one-minute burst to burst_qps; critical/standard/sheddable 20/50/30 %",
+        overload.apply_classes,
+    ),
+    "maas-burst": Workload(
+        overload.MaasBurstParams,
+        overload.bursting(maas.build),
+        "steady maas-mix with a one-minute burst to burst_qps; critical/standard/sheddable 20/50/30 %",
+        overload.apply_classes,
+    ),
+    "two-tenants": Workload(
+        overload.TwoTenantsParams,
+        overload.bursting(sharegpt.build),
+        "sharegpt from a heavy and a light tenant, heavy at 10x light's rate",
+        overload.apply_classes,
+    ),
+    "mixed-priority": Workload(
+        overload.MixedPriorityParams,
+        overload.bursting(sharegpt.build),
+        "sharegpt with critical/standard/sheddable requests at 20/50/30 %",
+        overload.apply_classes,
     ),
 }
 
@@ -120,4 +148,5 @@ def generate(
     if max_model_len is not None and max_model_len < 2:
         raise ValueError(f"workload {name!r}: max_model_len must be at least 2, got {max_model_len!r}")
     drafts = workload.build(parsed, qps, duration_s, seed)
-    return assemble(name, drafts, parsed, seed, max_model_len)
+    requests = assemble(name, drafts, parsed, seed, max_model_len)
+    return requests if workload.finish is None else workload.finish(parsed, requests, seed)
