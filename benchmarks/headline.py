@@ -24,15 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-POLICIES = [
-    "random",
-    "round-robin",
-    "least-request",
-    "heuristic",
-    "heuristic-tuned",
-    "token-aware",
-    "predicted-latency",
-]
+from slorouter.bench.policies import POLICY_NAMES
+
+POLICIES = list(POLICY_NAMES)  # every built-in policy of `slorouter bench`, in its order
 
 QWEN8 = "8x qwen3-32b-h100-tp2"
 

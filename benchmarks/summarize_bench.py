@@ -13,15 +13,9 @@ import math
 import sys
 from pathlib import Path
 
-POLICIES = [
-    "random",
-    "round-robin",
-    "least-request",
-    "heuristic",
-    "heuristic-tuned",
-    "token-aware",
-    "predicted-latency",
-]
+from slorouter.bench.policies import POLICY_NAMES
+
+POLICIES = list(POLICY_NAMES)  # every built-in policy of `slorouter bench`, in its order
 
 
 def fmt(value: float | None) -> str:
