@@ -48,7 +48,7 @@ def _refuses_connections(address: str) -> bool:
     try:
         with socket.create_connection((host, int(port)), timeout=1):
             return False
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):  # reset: the listener closed with it queued
         return True
 
 
