@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from slorouter.bench.classes import class_figures
 from slorouter.bench.cluster import OK, SHED, ClusterSimulator
 from slorouter.bench.policies import BUILTIN_POLICIES
 from slorouter.bench.pool import parse_pool
@@ -79,3 +81,26 @@ def test_the_derived_prefill_bound_engages_under_prefill_bound_overload() -> Non
     # Held in the router: sheddable requests waited past their SLO and were evicted; no other was.
     assert (records.status[priority < 0] == SHED).sum() > 0
     assert (records.status[priority >= 0] != SHED).all()
+
+
+def test_class_figures_split_the_ttft_into_queue_and_pod() -> None:
+    requests = _burst(600, qps=60.0)
+    flow = FlowControlConfig.model_validate({"enabled": True, "defaultRequestTTL": "60s"})
+    records = _run(flow, requests)
+    queued = records.queued_s  # type: ignore[attr-defined]
+    served = ~np.isnan(records.ttft_s)  # type: ignore[attr-defined]
+    assert (queued[served] >= 0).all() and (queued[served] > 0).any()
+    assert (queued[served] <= records.ttft_s[served]).all()  # type: ignore[attr-defined]
+    figures = class_figures(records, requests, warmup_s=0.0, duration_s=1e9)  # type: ignore[arg-type]
+    critical = (np.array([r.priority for r in requests]) == 1) & served
+    split = np.nan_to_num(queued[critical])
+    assert figures["critical_queued_p99_ms"] == pytest.approx(
+        np.percentile(split, 99, method="higher") * 1000, abs=1e-3
+    )
+    pod = records.ttft_s[critical] - split  # type: ignore[attr-defined]
+    assert figures["critical_pod_ttft_p99_ms"] == pytest.approx(
+        np.percentile(pod, 99, method="higher") * 1000, abs=1e-3
+    )
+    assert "tenant_t0_queued_p90_ms" in figures and "tenant_t1_pod_ttft_p90_ms" in figures
+    without = _run(None, requests)
+    assert (without.queued_s[~np.isnan(without.ttft_s)] == 0).all()  # type: ignore[attr-defined]

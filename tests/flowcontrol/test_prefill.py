@@ -75,7 +75,7 @@ def test_prefill_target_time_from_the_config() -> None:
         {"enabled": True, "saturationDetector": {"prefillTargetTime": "250ms"}}
     )
     assert section.saturation_detector.thresholds().prefill_target_s == pytest.approx(0.25)
-    assert FlowControlConfig().saturation_detector.prefill_target_s == 0.5
+    assert FlowControlConfig().saturation_detector.prefill_target_s == 0.1
     off = FlowControlConfig.model_validate({"saturationDetector": {"prefillTargetTime": None}})
     assert off.saturation_detector.thresholds().prefill_target_s is None
     with pytest.raises(ValueError, match="prefillTargetTime"):

@@ -4,6 +4,10 @@ Over the measured requests of each class, a request that got no first token (dro
 TTL, shed, or unfinished) counts as infinitely slow: a policy cannot improve a class's percentile by
 turning its requests away. Sheddable requests are left out of the non-sheddable figures (they may be
 dropped by design), and ``sheddable_dropped`` counts those that were.
+
+Where flow control held requests, ``*_queued_*`` is the time in its queue and ``*_pod_ttft_*`` the rest of
+the TTFT (pick, pod queue, prefill), over the requests that got a first token: the split says whether a
+class waited in the router or in the engines.
 """
 
 from __future__ import annotations
@@ -24,6 +28,18 @@ def _ms(ttft_s: np.ndarray, q: float) -> float | None:
         return None
     value = float(np.percentile(np.where(np.isnan(ttft_s), np.inf, ttft_s), q, method="higher"))
     return math.inf if math.isinf(value) else round(value * 1000.0, 3)
+
+
+def _split(rec: RunRecords, mask: np.ndarray, prefix: str, q: float) -> Figures:
+    """Queue time and pod-side TTFT at percentile ``q`` over ``mask``'s served requests."""
+    served = mask & ~np.isnan(rec.ttft_s)
+    if len(rec.queued_s) != len(rec.ttft_s) or not served.any():
+        return {}
+    queued = np.nan_to_num(rec.queued_s[served])
+    return {
+        f"{prefix}_queued_p{q:g}_ms": _ms(queued, q),
+        f"{prefix}_pod_ttft_p{q:g}_ms": _ms(rec.ttft_s[served] - queued, q),
+    }
 
 
 def class_figures(
@@ -49,6 +65,7 @@ def class_figures(
             sheddable_ttft_p90_ms=_ms(ttft[sheddable & served], 90),
             sheddable_dropped=int((sheddable & ~served).sum()),
         )
+        figures.update(_split(rec, critical, "critical", 99))
     names = sorted({t for t in tenants if t})
     if names:
         tenant = np.array(tenants, dtype=object)
@@ -57,4 +74,5 @@ def class_figures(
             figures[f"tenant_{name}_requests"] = int(mine.sum())
             figures[f"tenant_{name}_ttft_p90_ms"] = _ms(ttft[mine], 90)
             figures[f"tenant_{name}_ttft_p99_ms"] = _ms(ttft[mine], 99)
+            figures.update(_split(rec, mine, f"tenant_{name}", 90))
     return figures

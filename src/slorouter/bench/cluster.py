@@ -174,6 +174,8 @@ class RunRecords:
     pod_profiles: list[str]
     # Index of the picker that routed each request (all 0 with one picker; empty if not recorded).
     picker: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    # Seconds each request waited in flow control before its pick (0 without it; NaN if never picked).
+    queued_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     virtual_s: float = 0.0
     wall_s: float = 0.0
     steps: int = 0
@@ -364,6 +366,7 @@ class ClusterSimulator:
             point_tpot_ms=_empty(n),
             pod_profiles=[p.name for p in self.profiles],
             picker=self._assign(n),
+            queued_s=_empty(n),
         )
         if n and np.any(np.diff(rec.arrival) < 0):
             raise ValueError("requests must be sorted by arrival time")
@@ -625,6 +628,7 @@ class ClusterSimulator:
     ) -> None:
         """Schedule (on the load of ``now``: after the queue, when there is one), dispatch, and send."""
         director = stack.director
+        rec.queued_s[i] = admission.queued_s
         try:
             result = director.schedule(inference)
         except SchedulingError as exc:

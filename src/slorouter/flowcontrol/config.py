@@ -67,7 +67,7 @@ class SaturationDetectorConfig(_CamelModel):
         description="default: the endpoint's learned prefill rate × prefillTargetTime",
     )
     prefill_target_s: float | None = Field(
-        default=0.5,
+        default=0.1,
         gt=0,
         alias="prefillTargetTime",
         description="the derived prefill bound's time; null: no derived bound",

@@ -36,7 +36,7 @@ class SaturationThresholds:
     kv_cache_util_threshold: float = 0.8
     max_inflight_requests: int | None = None  # per endpoint; None: learned cap + queue_depth_threshold
     max_inflight_prefill_tokens: int | None = None  # per endpoint; None: learned rate × prefill_target_s
-    prefill_target_s: float | None = 0.5  # the derived prefill bound's time; None: no derived bound
+    prefill_target_s: float | None = 0.1  # the derived prefill bound's time; None: no derived bound
 
     def __post_init__(self) -> None:
         if self.prefill_target_s is not None and not self.prefill_target_s > 0:
