@@ -78,3 +78,18 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("data", "enabled"),
+    [
+        ({}, False),  # the heuristic profile
+        ({"predictor": {"mode": "embedded"}}, True),  # the built-in predicted-latency pipeline
+        ({"predictor": {"mode": "off"}}, False),
+        ({"predictor": {"mode": "embedded"}, "flowControl": {"enabled": False}}, False),
+        ({"predictor": {"mode": "embedded"}, "scheduler": {"plugins": []}}, False),  # the user's own
+        ({"flowControl": {"enabled": True}}, True),
+    ],
+)
+def test_flow_control_is_on_by_default_only_with_the_predicted_latency_pipeline(data, enabled):
+    assert parse_config(data).flow_control_enabled is enabled

@@ -260,9 +260,12 @@ class Config(StrictModel):
 
     @property
     def flow_control_enabled(self) -> bool:
-        """``flowControl.enabled`` (off by default: the default detector does not yet gate prefill-bound
-        overload, docs/design/flow-control.md)."""
-        return self.flow_control.enabled
+        """``flowControl.enabled``; unset: on with the built-in predicted-latency pipeline (a predictor and no
+        ``scheduler`` section), off with the heuristic profile or a scheduler of the user's own."""
+        enabled = self.flow_control.enabled
+        if enabled is None:
+            return self.scheduler is None and self.prediction_enabled
+        return enabled
 
     def objective_priorities(self) -> dict[str, int]:
         return {name: objective.priority for name, objective in self.objectives.items()}

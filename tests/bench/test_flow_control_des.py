@@ -104,3 +104,15 @@ def test_class_figures_split_the_ttft_into_queue_and_pod() -> None:
     assert "tenant_t0_queued_p90_ms" in figures and "tenant_t1_pod_ttft_p90_ms" in figures
     without = _run(None, requests)
     assert (without.queued_s[~np.isnan(without.ttft_s)] == 0).all()  # type: ignore[attr-defined]
+
+
+def test_requests_held_after_the_last_arrival_still_drain_on_fresh_scrapes() -> None:
+    # Any KV use closes an endpoint: the queue drains only as new scrapes show the pods emptying, which
+    # must go on after the last arrival while requests are held.
+    requests = [BenchRequest(0.05 * i, f"{i:05d}" * 400, 64, slo_ttft_ms=60_000.0) for i in range(20)]
+    flow = FlowControlConfig.model_validate(
+        {"enabled": True, "defaultRequestTTL": "60s", "saturationDetector": {"kvCacheUtilThreshold": 0.001}}
+    )
+    records = _run(flow, requests)
+    assert (records.status == OK).all()  # type: ignore[attr-defined]
+    assert np.nanmax(records.queued_s) > 0  # type: ignore[attr-defined]

@@ -540,7 +540,11 @@ class ClusterSimulator:
                 for stack in pickers:  # new engine signals: maybe room
                     if stack.director.flow_control is not None:
                         stack.director.flow_control.service()
-                if arrivals_left:  # after the last arrival no routing decision reads them
+                # After the last arrival only requests still held by flow control read them.
+                if arrivals_left or any(
+                    stack.director.flow_control is not None and len(stack.director.flow_control)
+                    for stack in pickers
+                ):
                     push(heap, (now + settings.scrape_interval_s, next(seq), _SCRAPE, None))
             elif kind == _KV_EVENTS:
                 for kv_index in kv_indexes:  # every picker subscribes to every pod's events

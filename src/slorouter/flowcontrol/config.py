@@ -88,7 +88,10 @@ class SaturationDetectorConfig(_CamelModel):
 
 
 class FlowControlConfig(_CamelModel):
-    enabled: bool = Field(default=False, description="off by default (docs/design/flow-control.md)")
+    enabled: bool | None = Field(
+        default=None,
+        description="null (the default): on with the built-in predicted-latency pipeline, off otherwise",
+    )
     max_requests: int | None = Field(default=None, ge=1, alias="maxRequests")
     max_bytes: int | None = Field(default=1 << 30, ge=1, alias="maxBytes")
     default_request_ttl_s: float | None = Field(
