@@ -87,8 +87,11 @@ class GatewayConfig(StrictModel):
     max_pipelined_requests: int = Field(
         default=64, ge=1, description="requests read on one connection ahead of its answers; beyond it 503"
     )
-    max_concurrent_requests: int = Field(
-        default=4096, ge=1, description="inference and model-list requests handled at once; beyond it 503"
+    max_concurrent_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="inference and model-list requests handled at once; beyond it 503. Default: derived "
+        "from the pool (256 per endpoint, twice that with flow control)",
     )
     _accepted_keys: tuple[str, ...] = PrivateAttr(default=())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,6 +98,10 @@ class Router:
         await self.core.start()
         await self.gateway.open()
         self._server = self.gateway.build_server(server_limits(self.config.gateway))
+        if self.config.gateway.max_concurrent_requests is None:
+            self._server.concurrency_limit = derived_concurrency_limit(
+                self.pool, flow_control=self.director.flow_control is not None
+            )
         host, port = await self._server.start(self.config.gateway.host, self.config.gateway.port)
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info("gateway listening on http://%s", self.address)
@@ -119,6 +124,22 @@ class Router:
         await self.gateway.close()
 
 
+# vLLM's default max_num_seqs: the requests one engine runs at once (those beyond wait in its queue).
+SLOTS_PER_ENDPOINT = 256
+
+
+def derived_concurrency_limit(pool: PoolState, *, flow_control: bool) -> Callable[[], int]:
+    """The default bound on requests handled at once: the pool's batch slots (``SLOTS_PER_ENDPOINT`` per
+    endpoint, as endpoints come and go), twice that with flow control (as many again may wait in its
+    queue). Beyond it a request would only wait in some queue longer than a client waits for a 503."""
+    per_endpoint = SLOTS_PER_ENDPOINT * (2 if flow_control else 1)
+
+    def limit() -> int:
+        return per_endpoint * max(1, len(pool.endpoints))
+
+    return limit
+
+
 def server_limits(config: GatewayConfig) -> ServerLimits:
     """What the gateway's HTTP server allows its clients (slow heads and bodies, idle, sizes, connections,
     requests at once and read ahead, bytes)."""
@@ -133,5 +154,6 @@ def server_limits(config: GatewayConfig) -> ServerLimits:
         max_header_fields=config.max_header_fields,
         max_target_bytes=config.max_request_target_bytes,
         max_pipelined=config.max_pipelined_requests,
-        max_concurrent_requests=config.max_concurrent_requests,
+        # None: the derived bound the runtime sets on the server (``derived_concurrency_limit``).
+        max_concurrent_requests=config.max_concurrent_requests or 1 << 31,
     )

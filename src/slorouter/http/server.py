@@ -725,8 +725,8 @@ class HttpServer:
 
     A body over ``max_body_bytes`` is not kept: the handler gets ``request.too_large`` and answers 413 (after
     its own checks, such as authentication). Requests handled at once are capped by
-    ``limits.max_concurrent_requests`` (503 beyond it), except on the paths added with ``bounded=False``
-    (probes and metrics, which must answer under load).
+    ``limits.max_concurrent_requests``, or ``concurrency_limit()`` when set (503 beyond it), except on the
+    paths added with ``bounded=False`` (probes and metrics, which must answer under load).
     """
 
     def __init__(self, *, max_body_bytes: int, limits: ServerLimits | None = None) -> None:
@@ -738,6 +738,7 @@ class HttpServer:
         self.buffered = 0  # request-body bytes held across all connections
         self.active = 0  # requests of bounded routes being handled
         self.on_limit: Callable[[str], None] | None = None  # told the name of each limit hit
+        self.concurrency_limit: Callable[[], int] | None = None  # a bound that changes (over the limits')
         self._unbounded: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -776,7 +777,8 @@ class HttpServer:
             )
         if request.path in self._unbounded:
             return await handler(request)
-        limit = self.limits.max_concurrent_requests
+        bound = self.concurrency_limit
+        limit = self.limits.max_concurrent_requests if bound is None else bound()
         if self.active >= limit:
             self.limit_hit("concurrent_requests")
             return json_error(
