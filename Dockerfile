@@ -8,7 +8,7 @@ WORKDIR /src
 COPY requirements.lock pyproject.toml README.md ./
 COPY src ./src
 RUN python -m venv /opt/slorouter \
-    && /opt/slorouter/bin/pip install --no-cache-dir --no-compile -c requirements.lock .
+    && /opt/slorouter/bin/pip install --no-cache-dir --no-compile -c requirements.lock ".[tracing]"
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 slorouter \

@@ -25,6 +25,7 @@ from slorouter.flowcontrol.config import (
     SaturationDetectorConfig,
 )
 from slorouter.gateway.runtime import Router
+from slorouter.tracing.config import SamplingConfig, TracingConfig
 from tests.deploy.conftest import (
     CHART,
     CLUSTER_SCOPED,
@@ -467,6 +468,34 @@ def test_flow_control_reaches_the_config(render: Render):
     default = parse_config(_router_config(render_case(render, "default")), "configmap config.yaml")
     assert "flowControl" not in _router_config(render_case(render, "default"))
     assert not default.flow_control_enabled
+    # The seed's line turns the latency predictor on: its built-in pipeline comes with flow control.
+    seed = parse_config(_router_config(render_case(render, "seed")), "configmap config.yaml")
+    assert seed.scheduler is None and seed.flow_control_enabled
+
+
+def test_tracing_reaches_the_config(render: Render):
+    manifests = render(
+        {
+            "inferenceExtension.tracing.enabled": "true",
+            "inferenceExtension.tracing.otelExporterEndpoint": "http://otel-collector.monitoring:4317",
+            "inferenceExtension.tracing.sampling.samplerArg": "0.25",
+        }
+    )
+    tracing = parse_config(_router_config(manifests), "configmap config.yaml").tracing
+    assert tracing.enabled and tracing.otel_exporter_endpoint == "http://otel-collector.monitoring:4317"
+    assert tracing.sampling.sampler_arg == 0.25
+    assert "tracing" not in _router_config(render_case(render, "default"))
+
+
+def test_the_tracing_schema_has_the_config_sections_keys():
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    section = schema["properties"]["inferenceExtension"]["properties"]["tracing"]
+
+    def aliases(model: type[BaseModel]) -> set[str]:
+        return {field.alias or name for name, field in model.model_fields.items()}
+
+    assert set(section["properties"]) == aliases(TracingConfig)
+    assert set(section["properties"]["sampling"]["properties"]) == aliases(SamplingConfig)
 
 
 def test_the_flow_control_schema_has_the_config_sections_keys():
@@ -514,6 +543,10 @@ async def test_the_router_config_builds_a_router(render: Render, case):
             "at '/inferenceExtension/flowControl': additional properties 'maxRequest'",
         ),
         ({f"{FC}.maxRequests": "0"}, "at '/inferenceExtension/flowControl/maxRequests': minimum: got 0"),
+        (
+            {"inferenceExtension.tracing.otelExporterEndpoint": "localhost:4317"},
+            "at '/inferenceExtension/tracing/otelExporterEndpoint'",
+        ),
         ({f"{FC}.fairnessPolicy": "fifo"}, "flowControl/fairnessPolicy': value must be one of 'round-robin'"),
         ({f"{FC}.defaultRequestTTL": "soon"}, "'soon' does not match pattern"),
         ({f"{FC}.saturationDetector.kvCacheUtilThreshold": "2"}, "kvCacheUtilThreshold': maximum: got 2"),

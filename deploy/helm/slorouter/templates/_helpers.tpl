@@ -83,6 +83,9 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if $ie.flowControl -}}
 {{- $_ := set $config "flowControl" (deepCopy $ie.flowControl) -}}
 {{- end -}}
+{{- if $ie.tracing -}}
+{{- $_ := set $config "tracing" (deepCopy $ie.tracing) -}}
+{{- end -}}
 {{- if .Values.inferenceObjectives -}}
 {{- $objectives := dict -}}
 {{- range .Values.inferenceObjectives -}}
