@@ -162,6 +162,22 @@ async def test_a_new_trace_reaches_the_model_server_too(recording_upstream, http
     assert int(flags, 16) & 1  # sampled
 
 
+async def test_an_unsampled_request_makes_no_span_and_passes_its_context_on(recording_upstream, http):
+    exporter = InMemorySpanExporter()
+    router = await start_traced_router([recording_upstream.address], exporter)  # samplerArg 1.0
+    try:
+        body = {"model": "fake", "prompt": "Hi", "max_tokens": 2}
+        headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"}  # the caller did not sample it
+        async with http.post(f"http://{router.address}/v1/completions", json=body, headers=headers) as resp:
+            assert resp.status == 200
+    finally:
+        await router.stop()
+    assert exporter.get_finished_spans() == ()
+    (sent,) = recording_upstream.seen
+    version, trace_id, _span_id, flags = sent["traceparent"].split("-")
+    assert (version, trace_id) == ("00", CLIENT_TRACE) and not int(flags, 16) & 1
+
+
 async def test_a_failed_upstream_and_the_retry_that_finds_no_other_endpoint_are_marked(http):
     async def hangs_up(request: web.Request) -> web.StreamResponse:
         request.transport.abort()  # type: ignore[union-attr]

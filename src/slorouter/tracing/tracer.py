@@ -63,6 +63,12 @@ class Tracing:
         span = self._tracer.start_span(
             REQUEST_SPAN, context=parent, kind=SpanKind.SERVER, attributes=attributes
         )
+        if not span.is_recording():
+            # Not sampled: nothing is recorded, so no child span is made (each costs a sampling decision and
+            # new ids); the model server still gets the unsampled context, as W3C asks.
+            carrier: dict[str, str] = {}
+            self._propagator.inject(carrier, context=trace.set_span_in_context(span))
+            return UnsampledTrace(self, span, carrier)
         return RequestTrace(self, span)
 
     def shutdown(self) -> None:
@@ -132,6 +138,36 @@ class RequestTrace:
         return self._tracing._tracer.start_span(
             name, context=trace.set_span_in_context(self.span), kind=kind, attributes=attributes
         )
+
+
+class UnsampledTrace(RequestTrace):
+    """A request the sampler left out: every call is a no-op; the upstream headers carry its context."""
+
+    __slots__ = ("_carrier",)
+
+    def __init__(self, tracing: Tracing, span: Span, carrier: dict[str, str]) -> None:
+        super().__init__(tracing, span)
+        self._carrier = carrier
+
+    def set(self, attributes: Attributes) -> None:
+        pass
+
+    def begin_schedule(self, attributes: Attributes) -> None:
+        pass
+
+    def end_schedule(self, attributes: Attributes | None = None, error: str | None = None) -> None:
+        pass
+
+    def begin_upstream(self, attributes: Attributes) -> dict[str, str]:
+        return dict(self._carrier)
+
+    def end_upstream(
+        self, status: int | None, error: str | None = None, attributes: Attributes | None = None
+    ) -> None:
+        pass
+
+    def end(self, status: int | None, error: str | None = None) -> None:
+        pass
 
 
 def _finish(span: Span, attributes: Attributes | None, error: str | None) -> None:
