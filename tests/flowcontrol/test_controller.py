@@ -79,3 +79,26 @@ def test_each_ticket_gets_one_outcome_through_its_callback() -> None:
     fc.service()
     assert seen == [("gone", Outcome.CANCELLED), ("shed", Outcome.EVICTED), ("ttl", Outcome.EXPIRED)]
     assert shed.reason == "slo" and ttl.reason == "ttl" and len(fc) == 0 and fc.reserved == 0
+
+
+def test_a_newcomer_to_an_empty_queue_gets_the_looser_prefill_bound() -> None:
+    pool, clock = _pool(), ManualClock()
+    fc = _controller(pool, clock, prefill_target_s=0.5, queued_prefill_target_s=0.05)
+    for _ in range(fc.detector.prefill_rates.min_samples):  # 10,000 tok/s: bounds 5,000 and 500 tokens
+        fc.detector.observe_first_token("pod-0:8000", 10_000, 1.0)
+    pool.add_inflight("pod-0:8000", 1, 1_000, 0, 0)  # over the tight bound, under the loose one
+    first = fc.submit(_item("1", clock))
+    assert first.outcome is Outcome.DISPATCHED  # nothing waited: dispatched as without flow control
+    pool.add_inflight("pod-0:8000", 1, 5_000, 0, 0)  # now over both
+    fc.release(first)
+    second = fc.submit(_item("2", clock))
+    assert second.outcome is None
+    pool.add_inflight("pod-0:8000", 0, -5_000, 0, 0)  # back to 1,000: under the loose bound only
+    clock.advance(0.1)
+    fc.service()
+    assert second.outcome is None  # a request waits: the tight bound applies
+    third = fc.submit(_item("3", clock))
+    assert third.outcome is None  # behind a waiting request, a newcomer gets the tight bound too
+    pool.add_inflight("pod-0:8000", 0, -900, 0, 0)  # 100 tokens in flight: under the tight bound
+    fc.service()
+    assert second.outcome is Outcome.DISPATCHED and third.outcome is None  # one per pump

@@ -80,3 +80,27 @@ def test_prefill_target_time_from_the_config() -> None:
     assert off.saturation_detector.thresholds().prefill_target_s is None
     with pytest.raises(ValueError, match="prefillTargetTime"):
         FlowControlConfig.model_validate({"saturationDetector": {"prefillTargetTime": 0}})
+
+
+def test_the_bound_tightens_while_requests_wait_in_the_router() -> None:
+    pool = _pool()
+    thresholds = SaturationThresholds(prefill_target_s=0.5, queued_prefill_target_s=0.05)
+    detector = SaturationDetector(pool, thresholds)
+    _learned(detector, A, 10_000)
+    _learned(detector, B, 10_000)
+    assert detector.prefill_bound(A) == pytest.approx(5_000)
+    assert detector.prefill_bound(A, contended=True) == pytest.approx(500)
+    pool.add_inflight(A, 1, 1_000, 0)
+    assert detector.room() == 2 and detector.room(contended=True) == 1  # A is over the tighter bound
+    assert detector.saturation(contended=True) == 0.5
+    same = SaturationDetector(pool, SaturationThresholds(prefill_target_s=0.5, queued_prefill_target_s=None))
+    _learned(same, A, 10_000)
+    assert same.prefill_bound(A, contended=True) == pytest.approx(5_000)
+
+
+def test_queued_prefill_target_time_from_the_config() -> None:
+    section = FlowControlConfig.model_validate({"saturationDetector": {"queuedPrefillTargetTime": "5ms"}})
+    assert section.saturation_detector.thresholds().queued_prefill_target_s == pytest.approx(0.005)
+    assert FlowControlConfig().saturation_detector.queued_prefill_target_s == 0.02
+    with pytest.raises(ValueError, match="queuedPrefillTargetTime"):
+        FlowControlConfig.model_validate({"saturationDetector": {"queuedPrefillTargetTime": -1}})

@@ -73,7 +73,15 @@ class SaturationDetectorConfig(_CamelModel):
         description="the derived prefill bound's time; null: no derived bound",
     )
 
-    _durations = field_validator("prefill_target_s", mode="before")(
+    queued_prefill_target_s: float | None = Field(
+        default=0.02,
+        gt=0,
+        alias="queuedPrefillTargetTime",
+        description="the derived prefill bound's time while requests wait in the router; null: "
+        "prefillTargetTime",
+    )
+
+    _durations = field_validator("prefill_target_s", "queued_prefill_target_s", mode="before")(
         classmethod(lambda cls, value: _seconds(value))
     )
 
@@ -84,6 +92,7 @@ class SaturationDetectorConfig(_CamelModel):
             self.max_inflight_requests,
             self.max_inflight_prefill_tokens,
             self.prefill_target_s,
+            self.queued_prefill_target_s,
         )
 
 

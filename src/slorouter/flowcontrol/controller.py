@@ -109,7 +109,7 @@ class FlowController:
             self._finish(victim, Outcome.EVICTED, "room")
         # Pump before the deadlines: a request that finds room goes on to scheduling even if its SLO is out
         # of reach already (the admitters judge that, with predictions); only waiting makes it miss.
-        self._pump(self.clock.now())
+        self._pump(self.clock.now(), newcomer=True)
         return ticket
 
     def cancel(self, ticket: Ticket) -> bool:
@@ -140,11 +140,14 @@ class FlowController:
             self._finish(item, outcome, "ttl" if outcome is Outcome.EXPIRED else "slo")
         self._pump(now)
 
-    def _pump(self, now: float) -> None:
+    def _pump(self, now: float, newcomer: bool = False) -> None:
+        """Release while there is room. Contended (the detector's tighter bound) when a request other than
+        the ``newcomer`` submitted just now waits."""
         queues = self.queues
-        if not len(queues):
+        queued = len(queues)
+        if not queued:
             return
-        room = self.detector.room() - self.reserved
+        room = self.detector.room(contended=queued > (1 if newcomer else 0)) - self.reserved
         while room >= 1:
             released = queues.pop(now)
             if released is None:

@@ -72,5 +72,5 @@ class _QueueCollector(Collector):
         yield GaugeMetricFamily(
             "slorouter_flow_control_pool_saturation",
             "Share of healthy endpoints the saturation detector sees without room (1: saturated).",
-            value=self._detector.saturation(),
+            value=self._detector.saturation(contended=len(self._queues) > 0),
         )

@@ -5,10 +5,13 @@ Per healthy endpoint, from the router's own fresh in-flight counts and the scrap
 - its KV cache at or above ``kv_cache_util_threshold`` (scraped): full;
 - at its prefill bound of uncached prompt tokens in flight (fresh): full. The bound is
   ``max_inflight_prefill_tokens`` if set, else derived from the pool: the endpoint's learned prefill rate
-  (``PrefillRates``) × ``prefill_target_s``, the prefill backlog it clears in that time; no bound while the
-  rate is not learned yet, or with ``prefill_target_s`` None. Under a prefill bound an endpoint takes at most
-  one request per pump: the next is released once the previous one is counted in flight, so a queue drains
-  on fresh counts instead of all at once;
+  (``PrefillRates``) × a time, the prefill backlog it clears in that time; no bound while the rate is not
+  learned yet, or with the time None. The time is ``prefill_target_s`` when nothing waits in the router and
+  ``queued_prefill_target_s`` (shorter) while requests wait (*contended*): then the router's order, not the
+  engines' queues, should decide who goes next, so the engines are kept to about one step of prefill;
+  below saturation nothing waits and the looser bound leaves dispatch as it is without flow control. Under
+  a prefill bound an endpoint takes at most one request per pump: the next is released once the previous
+  one is counted in flight, so a queue drains on fresh counts instead of all at once;
 - otherwise it has room for ``limit − in-flight requests`` more, where ``limit`` is
   ``max_inflight_requests`` if set, else derived from the pool: the endpoint's batch-slot cap (the most
   requests it was seen running while others waited, as the load-latency producer learns it) plus
@@ -37,10 +40,14 @@ class SaturationThresholds:
     max_inflight_requests: int | None = None  # per endpoint; None: learned cap + queue_depth_threshold
     max_inflight_prefill_tokens: int | None = None  # per endpoint; None: learned rate × prefill_target_s
     prefill_target_s: float | None = 0.1  # the derived prefill bound's time; None: no derived bound
+    # Its time while requests wait in the router; None: prefill_target_s.
+    queued_prefill_target_s: float | None = 0.02
 
     def __post_init__(self) -> None:
-        if self.prefill_target_s is not None and not self.prefill_target_s > 0:
-            raise ValueError("prefill_target_s must be > 0 (or None)")
+        for name in ("prefill_target_s", "queued_prefill_target_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 (or None)")
         if self.queue_depth_threshold < 0:
             raise ValueError("queue_depth_threshold must be >= 0")
         if not 0 < self.kv_cache_util_threshold <= 1:
@@ -66,15 +73,19 @@ class SaturationDetector:
         was dispatched, ``seconds`` ago (a sample of the endpoint's prefill rate)."""
         self.prefill_rates.observe(address, tokens_ahead, seconds)
 
-    def prefill_bound(self, address: str) -> float | None:
-        """The endpoint's bound on uncached prompt tokens in flight (None: none applies)."""
+    def prefill_bound(self, address: str, contended: bool = False) -> float | None:
+        """The endpoint's bound on uncached prompt tokens in flight (None: none applies); ``contended``:
+        requests wait in the router."""
         t = self.thresholds
         if t.max_inflight_prefill_tokens is not None:
             return float(t.max_inflight_prefill_tokens)
         if t.prefill_target_s is None:
             return None
+        target = t.prefill_target_s
+        if contended and t.queued_prefill_target_s is not None:
+            target = t.queued_prefill_target_s
         rate = self.prefill_rates.rate(address)
-        return None if rate is None else rate * t.prefill_target_s
+        return None if rate is None else rate * target
 
     def learn(self) -> None:
         """Read the latest scrape into the learned batch-slot caps (cheap; called before each decision)."""
@@ -91,30 +102,31 @@ class SaturationDetector:
     def cap(self, address: str) -> int | None:
         return self._caps.get(address)
 
-    def room(self) -> float:
-        """More requests the pool can take now (``math.inf``: no bound applies)."""
+    def room(self, contended: bool = False) -> float:
+        """More requests the pool can take now (``math.inf``: no bound applies); ``contended``: requests
+        wait in the router."""
         self.learn()
-        return sum(self._endpoint_room(p) for p in self.pool.healthy_positions().tolist())
+        return sum(self._endpoint_room(p, contended) for p in self.pool.healthy_positions().tolist())
 
-    def saturation(self) -> float:
+    def saturation(self, contended: bool = False) -> float:
         """The share of healthy endpoints without room (1.0 when none is healthy)."""
         healthy = self.pool.healthy_positions()
         if not len(healthy):
             return 1.0
         full = 0
         for position in healthy.tolist():
-            if self._endpoint_room(position) <= 0:
+            if self._endpoint_room(position, contended) <= 0:
                 full += 1
         return full / len(healthy)
 
-    def _endpoint_room(self, position: int) -> float:
+    def _endpoint_room(self, position: int, contended: bool) -> float:
         pool = self.pool
         t = self.thresholds
         columns = pool.columns
         if columns["kv_usage"][position] >= t.kv_cache_util_threshold:
             return 0.0
         address = pool.endpoints[position].address
-        bound = self.prefill_bound(address)
+        bound = self.prefill_bound(address, contended)
         if bound is not None and columns["inflight_prefill_tokens"][position] >= bound:
             return 0.0
         room = self._slot_room(position, address)
