@@ -18,7 +18,9 @@ def test_one_frame_of_a_running_gateway(watched_router: WatchedRouter):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"slorouter top · gateway http://{watched_router.address} · up ")
-    assert lines[1].startswith("requests ") and " · 5xx 0 · 4xx 0 · sheds 0 · queued off" in lines[1]
+    assert (
+        lines[1].startswith("requests ") and " · 5xx 0 · 4xx 0 · sheds 0 · queued 0" in lines[1]
+    )  # the predictor's pipeline: flow control on
     requests = int(lines[1].split()[1].replace(",", ""))
     assert requests >= 20 + 12
     assert lines[2] == f"SLO attainment 100.0% ({requests} of {requests} met)"
