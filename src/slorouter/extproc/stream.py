@@ -543,7 +543,8 @@ class PickerStream:
             elif self._kept is not None:
                 observe_body(lifecycle, bytes(self._kept), lifecycle.request.history_form)
         lifecycle.on_complete(usage=usage, error=error)
-        self._picker.outcomes.record(lifecycle, self._path)
+        kept = self._kept if self._picker.traffic is not None else None  # its usage, for the recording
+        self._picker.outcomes.record(lifecycle, self._path, None if kept is None else bytes(kept))
         trace = self._trace
         if trace is not None:
             trace.end_upstream(self._status, error, outcome_attributes(lifecycle))

@@ -163,7 +163,7 @@ class Relay:
         if error is None:
             observe_body(lifecycle, body, lifecycle.request.history_form)
         lifecycle.on_complete(error=error)
-        self._outcomes.record(lifecycle, path)
+        self._outcomes.record(lifecycle, path, body)
         return Response(upstream.status, body, raw_headers=self._response_head(upstream, lifecycle))
 
     async def _relay_stream(

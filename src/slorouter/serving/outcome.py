@@ -27,11 +27,11 @@ class OutcomeRecorder:
         self._stats = stats
         self.traffic = traffic
 
-    def record(self, lifecycle: RequestLifecycle, path: str) -> None:
+    def record(self, lifecycle: RequestLifecycle, path: str, body: bytes | None = None) -> None:
         """Count the answered request; observe TTFT (and TPOT when streamed) when it succeeded. ``path``:
-        the inference route it came on."""
+        the inference route it came on; ``body``: the whole response body, when the front-end read it."""
         if self.traffic is not None:
-            self.traffic.answered(lifecycle, path)
+            self.traffic.answered(lifecycle, path, body)
         response = lifecycle.response
         request = lifecycle.request
         address = response.endpoint.address

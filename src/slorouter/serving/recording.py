@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ BLOCK_TOKENS = 16  # the simulated engine's KV block and the router's prefix-ind
 BLOCK_BYTES = BLOCK_TOKENS * BYTES_PER_TOKEN
 # The inference routes by the ``api`` field they record.
 API_NAMES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,10})')
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class _Pending(NamedTuple):
     ttft_ms: float | None
     tpot_ms: float | None
     output_tokens: int | None
+    body: bytes | None  # a whole response body, read for its usage on the writer's thread, never written
 
 
 class TrafficRecorder:
@@ -99,8 +102,9 @@ class TrafficRecorder:
         self.file.close()
 
     # --- the request path ----------------------------------------------------------------------------
-    def answered(self, lifecycle: RequestLifecycle, path: str) -> None:
-        """A dispatched request's response ended (whatever its status)."""
+    def answered(self, lifecycle: RequestLifecycle, path: str, body: bytes | None = None) -> None:
+        """A dispatched request's response ended (whatever its status); ``body``: the whole response, when
+        the front-end has it (its ``usage`` gives the output tokens of a response that was not streamed)."""
         request = lifecycle.request
         response = lifecycle.response
         ttft_ms = tpot_ms = None
@@ -122,6 +126,7 @@ class TrafficRecorder:
                 ttft_ms,
                 tpot_ms,
                 completion,
+                body if completion is None else None,
             )
         )
 
@@ -132,7 +137,9 @@ class TrafficRecorder:
         every endpoint tried failed before answering (``endpoint``: the last one tried)."""
         arrival = self._wall(request.received_at)
         self.file.add(
-            _Pending(arrival, API_NAMES.get(path, path), request, status, endpoint, None, None, None, None)
+            _Pending(
+                arrival, API_NAMES.get(path, path), request, status, endpoint, None, None, None, None, None
+            )
         )
 
     def _wall(self, at: float) -> float:
@@ -159,7 +166,7 @@ class TrafficRecorder:
             "api": pending.api,
             "prompt_tokens": request.prompt_tokens,
             "max_tokens": request.max_tokens,
-            "output_tokens": pending.output_tokens,
+            "output_tokens": _output_tokens(pending),
             "stream": request.stream,
             "slo_ttft_ms": request.slo_ttft_ms,
             "slo_tpot_ms": request.slo_tpot_ms,
@@ -192,6 +199,15 @@ class TrafficRecorder:
             ).digest()
             hashes.append(int.from_bytes(previous, "little"))
         return hashes
+
+
+def _output_tokens(pending: _Pending) -> int | None:
+    """Output tokens the response reported or streamed; from a whole body, its ``usage``."""
+    if pending.output_tokens is not None or not pending.body:
+        return pending.output_tokens
+    body = pending.body
+    match = _COMPLETION_TOKENS.search(body, max(body.rfind(b'"usage"'), 0))
+    return int(match.group(1)) if match else None
 
 
 def _objective(headers: dict[str, str]) -> str | None:
