@@ -17,6 +17,7 @@ from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
+from slorouter.serving.keyed_hash import siphash24
 from slorouter.serving.record_file import RecordFile
 from slorouter.serving.recording import BLOCK_TOKENS, RecordError, RecordSettings, TrafficRecorder
 
@@ -118,8 +119,11 @@ def test_hashes_follow_shared_prefixes_model_and_salt_within_one_recording(clock
 
 def test_the_file_rotates_and_keeps_the_backups_asked_for(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
-    record = RecordFile(path, lambda item: json.dumps({"i": item, "pad": "x" * 40}), lambda: '{"h":1}',
-                        max_bytes=200, backups=2)  # fmt: skip
+
+    def encode(items: list[int]) -> list[str]:
+        return [json.dumps({"i": item, "pad": "x" * 40}) for item in items]
+
+    record = RecordFile(path, encode, lambda: '{"h":1}', max_bytes=200, backups=2)
     record.open()
     for i in range(20):
         record.add(i)
@@ -139,7 +143,7 @@ def test_the_file_rotates_and_keeps_the_backups_asked_for(tmp_path: Path) -> Non
 
 def test_without_backups_the_file_starts_over(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
-    record = RecordFile(path, lambda item: "x" * 50, lambda: "{}", max_bytes=120, backups=0)
+    record = RecordFile(path, lambda items: ["x" * 50] * len(items), lambda: "{}", max_bytes=120, backups=0)
     record.open()
     for i in range(5):
         record.add(i)
@@ -151,7 +155,9 @@ def test_without_backups_the_file_starts_over(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_failing_disk_is_logged_once_and_recording_stops(caplog: pytest.LogCaptureFixture) -> None:
-    record = RecordFile(Path("/dev/full"), lambda item: "x" * 10, lambda: "", max_bytes=1 << 20)
+    record = RecordFile(
+        Path("/dev/full"), lambda items: ["x" * 10] * len(items), lambda: "", max_bytes=1 << 20
+    )
     record._open_file = lambda: setattr(record, "_file", os.open("/dev/full", os.O_WRONLY))
     record.open()
     with caplog.at_level(logging.ERROR, logger="slorouter.serving.record_file"):
@@ -172,9 +178,20 @@ def test_a_file_that_cannot_be_opened_is_an_error_naming_the_flag(tmp_path: Path
 
 
 def test_a_full_queue_drops_new_records_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    record = RecordFile(tmp_path / "r.jsonl", str, lambda: "{}", max_pending=2)
+    record = RecordFile(
+        tmp_path / "r.jsonl", lambda items: list(map(str, items)), lambda: "{}", max_pending=2
+    )
     with caplog.at_level(logging.WARNING, logger="slorouter.serving.record_file"):
         for i in range(5):
             record.add(i)  # not opened: nothing drains the queue
     assert record.dropped == 3
     assert len([r for r in caplog.records if "dropping" in r.getMessage()]) == 1
+
+
+def test_siphash_matches_the_reference_vector() -> None:
+    # SipHash-2-4 of the 8 bytes 00..07 under the key 00..0f: 62 24 93 9a 79 f5 f5 93 (the paper's vectors).
+    message = int.from_bytes(bytes(range(8)), "little")
+    (value,) = siphash24(np.array([message], dtype=np.uint64), bytes(range(16))).tolist()
+    assert value.to_bytes(8, "little").hex() == "6224939a79f5f593"
+    with pytest.raises(ValueError, match="16-byte key"):
+        siphash24(np.array([1], dtype=np.uint64), b"short")

@@ -1,8 +1,8 @@
 """A bounded, rotating JSON Lines file written by a background thread.
 
 ``RecordFile.add(item)`` is what the request path calls: an append to a deque, nothing else. A daemon thread
-wakes every ``interval_s``, turns the pending items into lines (``encode``, run on the thread, so that
-hashing and JSON never run on the event loop), and appends them to the file. Like logging's
+wakes every ``interval_s``, turns the pending items into lines (``encode``, a batch at a time, run on the
+thread, so that hashing and JSON never run on the event loop), and appends them to the file. Like logging's
 ``RotatingFileHandler``: when a write would take the file past ``max_bytes``, ``FILE`` becomes ``FILE.1``
 (``FILE.1`` becomes ``FILE.2``, …, up to ``backups``; the oldest is deleted) and a new ``FILE`` starts, so
 the files never hold more than about ``(backups + 1) × max_bytes``. Every file starts with ``header()``'s
@@ -31,13 +31,14 @@ T = TypeVar("T")
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 DEFAULT_BACKUPS = 5
 DEFAULT_MAX_PENDING = 100_000
+_BATCH = 1000  # items encoded at once
 
 
 class RecordFile(Generic[T]):
     def __init__(
         self,
         path: Path,
-        encode: Callable[[T], str],
+        encode: Callable[[list[T]], list[str]],
         header: Callable[[], str],
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
@@ -45,7 +46,7 @@ class RecordFile(Generic[T]):
         interval_s: float = 0.2,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
-        """``encode`` and ``header`` give one line each, without its newline."""
+        """``encode`` gives one line per item of a batch, ``header`` one line; without their newlines."""
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
         if backups < 0:
@@ -120,25 +121,35 @@ class RecordFile(Generic[T]):
     def _drain(self) -> None:
         """Encode what is pending and append it, in one write per file."""
         with self._lock:
-            chunk = bytearray()
-            count = 0  # items in ``chunk``
-            try:
-                while self._pending and not self.failed:
-                    line = self._encode(self._pending.popleft()).encode("utf-8") + b"\n"
-                    size = self._size + len(chunk)
-                    if size + len(line) > self._max_bytes and size > self._header_bytes:
-                        self._append(chunk)
-                        self.written += count
-                        chunk.clear()
-                        count = 0
-                        self._rotate()
-                    chunk += line
-                    count += 1
-                self._append(chunk)
-                self.written += count
-            except OSError as exc:
-                self.dropped += count
-                self._fail(exc)
+            while self._pending and not self.failed:
+                batch = [self._pending.popleft() for _ in range(min(len(self._pending), _BATCH))]
+                lines = self._encode(batch)
+                self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        """Append ``lines``, rotating the file before one that would take it past ``max_bytes``."""
+        chunk = bytearray()
+        count = 0  # lines in ``chunk``
+        done = 0  # lines of ``lines`` written
+        try:
+            for text in lines:
+                line = text.encode("utf-8") + b"\n"
+                size = self._size + len(chunk)
+                if size + len(line) > self._max_bytes and size > self._header_bytes:
+                    self._append(chunk)
+                    done += count
+                    chunk.clear()
+                    count = 0
+                    self._rotate()
+                chunk += line
+                count += 1
+            self._append(chunk)
+            done += count
+        except OSError as exc:
+            self.dropped += len(lines) - done
+            self._fail(exc)
+        finally:
+            self.written += done
 
     def _append(self, data: bytes | bytearray) -> None:
         if not data:

@@ -4,12 +4,12 @@ One JSON line per inference request once it is answered, with no prompt or compl
 arrived, its API, token counts, SLO headers, objective and priority, streaming, and what happened (status,
 endpoint, route, TTFT, TPOT). The prompt is kept only as **block hashes**: the prompt text as the router's
 prefix index reads it (the plain prompt of a completion, the messages' JSON of a chat completion), UTF-8,
-cut into blocks of ``BLOCK_BYTES`` (16 tokens of the router's estimate), each block hashed with the hash of
-the blocks before it, by BLAKE2b keyed with a secret drawn when the recording starts and never written. Two
-requests share a leading run of equal hashes exactly where their prompts share a prefix, and the hashes say
-nothing else: without the key, a guessed text cannot be checked against them, and two recordings' hashes
-never match. The model name and the request's ``cache_salt`` start each chain, so prompts of different
-models or salts share nothing, as in the prefix cache.
+cut into blocks of ``BLOCK_BYTES`` (16 tokens of the router's estimate) and hashed as the prefix index
+chains them (xxhash64 of each block with the hash before it, the model name and ``cache_salt`` starting the
+chain); then every hash goes through SipHash-2-4 keyed with a secret drawn when the recording starts and
+never written (``serving.keyed_hash``). Two requests share a leading run of equal hashes exactly where their
+prompts share a prefix (and model and salt), and the hashes say nothing else: without the key, a guessed
+text cannot be checked against them, and two recordings' hashes never match.
 
 Each file starts with a header line naming the format, the recording (a random id: hashes compare only
 within one recording) and the block size. docs/replay.md describes the format.
@@ -20,7 +20,7 @@ writer's thread.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import re
 import secrets
@@ -29,11 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from slorouter.api.routing_headers import OBJECTIVE_HEADERS
 from slorouter.clock import Clock
 from slorouter.config import ConfigError
 from slorouter.director import RequestLifecycle
+from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
 from slorouter.scheduling.types import InferenceRequest
+from slorouter.serving.keyed_hash import siphash24
 from slorouter.serving.record_file import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, RecordFile
 from slorouter.tokenizer import BYTES_PER_TOKEN
 
@@ -79,7 +83,7 @@ class TrafficRecorder:
 
     def __init__(self, settings: RecordSettings, clock: Clock, *, interval_s: float = 0.2) -> None:
         self._clock = clock
-        self._key = secrets.token_bytes(32)
+        self._key = secrets.token_bytes(16)
         self.recording = secrets.token_hex(8)
         self.file: RecordFile[_Pending] = RecordFile(
             settings.path,
@@ -159,46 +163,64 @@ class TrafficRecorder:
             separators=(",", ":"),
         )
 
-    def _encode(self, pending: _Pending) -> str:
-        request = pending.request
-        record: dict[str, Any] = {
-            "arrival": round(pending.arrival, 6),
-            "api": pending.api,
-            "prompt_tokens": request.prompt_tokens,
-            "max_tokens": request.max_tokens,
-            "output_tokens": _output_tokens(pending),
-            "stream": request.stream,
-            "slo_ttft_ms": request.slo_ttft_ms,
-            "slo_tpot_ms": request.slo_tpot_ms,
-            "objective": _objective(request.headers),
-            "priority": request.priority,
-            "status": pending.status,
-            "endpoint": pending.endpoint,
-            "route": pending.route,
-            "ttft_ms": None if pending.ttft_ms is None else round(pending.ttft_ms, 3),
-            "tpot_ms": None if pending.tpot_ms is None else round(pending.tpot_ms, 3),
-            "block_hashes": self.block_hashes(request),
-        }
-        return json.dumps(record, separators=(",", ":"))
+    def _encode(self, batch: list[_Pending]) -> list[str]:
+        chains = []
+        for pending in batch:
+            chains.append(_chain(pending.request))
+            time.sleep(0)  # hand the GIL back between requests: the event loop never waits long for it
+        keyed = self._keyed(chains)
+        return [
+            json.dumps(_record(pending, hashes), separators=(",", ":"))
+            for pending, hashes in zip(batch, keyed, strict=True)
+        ]
 
     def block_hashes(self, request: InferenceRequest) -> list[int]:
-        """The keyed hash chain over the prompt's whole blocks (at most ``prompt_tokens // BLOCK_TOKENS``
-        of them, so that a replayed prompt holds every block)."""
-        data = request.prompt_text.encode("utf-8", "surrogatepass")
-        blocks = min(len(data) // BLOCK_BYTES, request.prompt_tokens // BLOCK_TOKENS)
-        key = self._key
-        previous = hashlib.blake2b(
-            (request.target_model + "\0" + request.cache_salt).encode("utf-8", "surrogatepass"),
-            digest_size=8,
-            key=key,
-        ).digest()
-        hashes = []
-        for start in range(0, blocks * BLOCK_BYTES, BLOCK_BYTES):
-            previous = hashlib.blake2b(
-                data[start : start + BLOCK_BYTES] + previous, digest_size=8, key=key
-            ).digest()
-            hashes.append(int.from_bytes(previous, "little"))
-        return hashes
+        """The recorded hashes of one request's prompt."""
+        return self._keyed([_chain(request)])[0]
+
+    def _keyed(self, chains: list[list[int]]) -> list[list[int]]:
+        """Every chain's values through SipHash-2-4 under the recording's key, in one numpy pass."""
+        flat = np.fromiter(
+            itertools.chain.from_iterable(chains), dtype=np.uint64, count=sum(map(len, chains))
+        )
+        values = siphash24(flat, self._key).tolist()
+        out = []
+        start = 0
+        for chain in chains:
+            out.append(values[start : start + len(chain)])
+            start += len(chain)
+        return out
+
+
+def _chain(request: InferenceRequest) -> list[int]:
+    """The prefix index's hash chain (xxhash64, ``scheduling.plugins.prefix``) over the prompt's whole
+    blocks: at most ``prompt_tokens // BLOCK_TOKENS`` of them, so that a replayed prompt holds every one."""
+    data = request.prompt_text.encode("utf-8", "surrogatepass")
+    blocks = min(len(data) // BLOCK_BYTES, request.prompt_tokens // BLOCK_TOKENS)
+    seed = prefix_seed(request.target_model, request.cache_salt)
+    return prefix_block_hashes(data[: blocks * BLOCK_BYTES], seed, BLOCK_BYTES, blocks)
+
+
+def _record(pending: _Pending, hashes: list[int]) -> dict[str, Any]:
+    request = pending.request
+    return {
+        "arrival": round(pending.arrival, 6),
+        "api": pending.api,
+        "prompt_tokens": request.prompt_tokens,
+        "max_tokens": request.max_tokens,
+        "output_tokens": _output_tokens(pending),
+        "stream": request.stream,
+        "slo_ttft_ms": request.slo_ttft_ms,
+        "slo_tpot_ms": request.slo_tpot_ms,
+        "objective": _objective(request.headers),
+        "priority": request.priority,
+        "status": pending.status,
+        "endpoint": pending.endpoint,
+        "route": pending.route,
+        "ttft_ms": None if pending.ttft_ms is None else round(pending.ttft_ms, 3),
+        "tpot_ms": None if pending.tpot_ms is None else round(pending.tpot_ms, 3),
+        "block_hashes": hashes,
+    }
 
 
 def _output_tokens(pending: _Pending) -> int | None:
