@@ -332,7 +332,7 @@ class Pipeline:
             lifecycle.on_reply_text("Hello, \u00e9\U0001f600 world")
             lifecycle.on_complete({"prompt_tokens": request.prompt_tokens, "completion_tokens": 2})
             metrics = GatewayMetrics(self.pool)  # the request's outcome, as the front-ends record it
-            OutcomeRecorder(metrics, e2e_as_ttft=False).record(lifecycle)
+            OutcomeRecorder(metrics, e2e_as_ttft=False).record(lifecycle, "/v1/completions")
             metrics.render()  # what GET /metrics answers next
         assert not errors, f"errors logged while serving it: {errors[0][:100]} | {errors}"
         inflight = {

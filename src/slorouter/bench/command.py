@@ -16,6 +16,8 @@ from slorouter.bench.policies import POLICY_NAMES, PolicyError, load_flow_contro
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
 from slorouter.bench.workloads import workload_defaults, workload_names
+from slorouter.bench.workloads.trace import Replay, replay
+from slorouter.bench.workloads.trace_formats import FORMATS, read_trace
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.sim.variants import VariantError, parse_variant
 
@@ -90,7 +92,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="compare routing policies on a simulated pool (discrete-event, virtual time)",
         description=(
             "Run workloads against a simulated vLLM pool in virtual time, once per policy with the same "
-            "arrivals, and write results.json, results.md and plots."
+            "arrivals, and write results.json, results.md and plots. With --trace, the workload is a "
+            "recorded trace (slorouter serve --record, Mooncake JSONL, Azure LLM CSV) replayed at its own "
+            "times: it replaces --workload, --workload-param and --qps (giving them too is an error), and "
+            "--duration defaults to the trace's span divided by --speed (a shorter one replays its start)."
         ),
     )
     parser.add_argument("--workload", type=_names, default=None, help="workload name(s), comma-separated")
@@ -111,7 +116,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(docs/simulator.md); a pool term's own '@SPEC' applies on top",
     )
     parser.add_argument("--qps", type=_qps_list, default=None, help="offered loads, comma-separated")
-    parser.add_argument("--duration", type=_positive_float, default=None, help="seconds of arrivals")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay this trace instead of --workload/--qps (docs/replay.md)",
+    )
+    parser.add_argument(
+        "--trace-format",
+        choices=["auto", *FORMATS],
+        default="auto",
+        help="the trace's format (default: detected from its first line)",
+    )
+    parser.add_argument(
+        "--trace-block-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per hash of the trace (default: Mooncake 512, a recording's header)",
+    )
+    parser.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=None,
+        help="with --trace: divide the trace's times by this (2 = twice the rate; default 1)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=None,
+        help="seconds of arrivals (with --trace: default the trace's span / --speed)",
+    )
     parser.add_argument(
         "--warmup", type=_non_negative_float, default=None, help="first seconds not measured (default 20%%)"
     )
@@ -206,15 +242,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def build_plan(args: argparse.Namespace) -> BenchPlan:
     """The plan from parsed arguments; ValueError (naming the flag) on bad input."""
+    if args.trace is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("--workload", args.workload),
+                ("--workload-param", args.workload_param),
+                ("--qps", args.qps),
+                ("--quick", args.quick),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(f"--trace replaces {', '.join(given)}: give one or the other")
+    elif args.speed is not None:
+        raise ValueError("--speed needs --trace")
     quick: dict[str, Any] = QUICK if args.quick else {}
-    workloads = args.workload or quick.get("workloads") or ["maas-mix"]
-    qps = args.qps or quick.get("qps")
-    if not qps:
-        raise ValueError("--qps is required (e.g. --qps 5,10,15), or use --quick")
-    duration = args.duration or quick.get("duration_s") or 300.0
-    warmup = args.warmup if args.warmup is not None else quick.get("warmup_s", 0.2 * duration)
-    if warmup >= duration:
-        raise ValueError(f"--warmup ({warmup:g} s) must be shorter than --duration ({duration:g} s)")
     try:
         variant = parse_variant(args.engine_variant)
     except VariantError as exc:
@@ -223,6 +266,32 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         profiles = parse_pool(args.pool or quick.get("pool") or "16", variant)
     except PoolSpecError as exc:
         raise ValueError(f"--pool: {exc}") from None
+    replayed: Replay | None = None
+    workloads: list[str]
+    qps: list[float]
+    if args.trace is not None:
+        try:
+            trace = read_trace(args.trace, args.trace_format, args.trace_block_tokens)
+            replayed = replay(
+                trace,
+                speed=args.speed or 1.0,
+                duration_s=args.duration,
+                max_model_len=min(p.max_model_len for p in profiles),
+            )
+        except ValueError as exc:
+            raise ValueError(f"--trace {exc}") from None
+        workloads = [replayed.requests.name]
+        qps = [replayed.qps]
+        duration = replayed.duration_s
+    else:
+        workloads = args.workload or quick.get("workloads") or ["maas-mix"]
+        qps = args.qps or quick.get("qps") or []
+        if not qps:
+            raise ValueError("--qps is required (e.g. --qps 5,10,15), or use --quick or --trace")
+        duration = args.duration or quick.get("duration_s") or 300.0
+    warmup = args.warmup if args.warmup is not None else quick.get("warmup_s", 0.2 * duration)
+    if warmup >= duration:
+        raise ValueError(f"--warmup ({warmup:g} s) must be shorter than --duration ({duration:g} s)")
     try:
         flow = None if args.flow_control_config is None else load_flow_control_file(args.flow_control_config)
     except PolicyError as exc:
@@ -255,7 +324,7 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     except ValueError as exc:
         raise ValueError(f"--shared-inflight-*: {exc}") from None
     known = workload_names()
-    for name in workloads:
+    for name in [] if replayed is not None else workloads:
         if name not in known:
             raise ValueError(f"--workload: unknown workload {name!r} (known: {', '.join(known)})")
     params = dict(args.workload_param)
@@ -274,6 +343,7 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         seed=args.seed,
         workload_params=params,
         settings=settings,
+        replay=replayed,
     )
 
 

@@ -14,6 +14,7 @@ from slorouter.bench.policies import Policy
 from slorouter.bench.pool import describe_pool
 from slorouter.bench.results import summarize_run
 from slorouter.bench.workloads import generate
+from slorouter.bench.workloads.trace import Replay
 from slorouter.sim.profiles import Profile
 
 
@@ -28,6 +29,8 @@ class BenchPlan:
     seed: int = 0
     workload_params: Mapping[str, str] = field(default_factory=dict)
     settings: ClusterSettings = field(default_factory=ClusterSettings)
+    # A trace's requests (``--trace``): the one workload, at its own rate, instead of a generated one.
+    replay: Replay | None = None
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or not 0 <= self.warmup_s < self.duration_s:
@@ -61,13 +64,17 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
     pool = describe_pool(plan.profiles)
     for workload in plan.workloads:
         for qps in plan.qps:
-            requests = generate(
-                workload,
-                qps=qps,
-                duration_s=plan.duration_s,
-                seed=plan.seed,
-                params=plan.workload_params,
-                max_model_len=plan.max_model_len,
+            requests = (
+                plan.replay.requests
+                if plan.replay is not None
+                else generate(
+                    workload,
+                    qps=qps,
+                    duration_s=plan.duration_s,
+                    seed=plan.seed,
+                    params=plan.workload_params,
+                    max_model_len=plan.max_model_len,
+                )
             )
             for policy in plan.policies:
                 label = f"{workload} @ {qps:g} QPS · {policy.name}"

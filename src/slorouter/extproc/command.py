@@ -16,7 +16,13 @@ from slorouter.extproc.runtime import EndpointPicker, PickerPorts
 from slorouter.extproc.workers import READY_LINE, WorkerPool
 from slorouter.http.running import wait_for_signal
 from slorouter.pool.inflight_sharing import InFlightSharing, ReplicaPeers, parse_peers
-from slorouter.serving.command_line import LOG_LEVELS, port, run_command
+from slorouter.serving.command_line import (
+    LOG_LEVELS,
+    add_record_arguments,
+    port,
+    record_settings,
+    run_command,
+)
 
 log = logging.getLogger("slorouter")
 MAX_WORKERS = 64
@@ -97,6 +103,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=9004,
         help="with --replica-peers: the UDP base port; worker i listens on it + i (default 9004)",
     )
+    add_record_arguments(parser)
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--share-inflight", metavar="DIR", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
@@ -137,6 +144,8 @@ def _run(args: argparse.Namespace) -> int:
             parse_peers(args.replica_peers, args.replica_port)
         except ValueError as exc:
             raise ConfigError(f"--replica-peers: {exc}") from None
+    if args.record is not None and args.workers > 1:
+        raise ConfigError("--record needs one worker (--workers 1): the workers would write one file at once")
     supervising = args.workers > 1 and args.worker_index is None
     if supervising and (args.grpc_port == 0 or args.grpc_health_port == 0):
         raise ConfigError("--workers needs fixed --grpc-port and --grpc-health-port (the workers share them)")
@@ -198,6 +207,7 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
         ports,
         state_name="epp" if worker is None else f"epp-worker-{worker}",
         config_path=args.config,
+        record=record_settings(args),
     )
     replicas = None
     if args.replica_peers is not None:

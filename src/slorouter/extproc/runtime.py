@@ -23,6 +23,7 @@ from slorouter.http.grpc_server import GrpcServer
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
 from slorouter.pool.inflight_sharing import InFlightSharing
 from slorouter.serving.assembly import RouterCore
+from slorouter.serving.recording import RecordSettings, TrafficRecorder
 from slorouter.serving.status import STATUS_PATH, encode_status
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class EndpointPicker:
     ports: PickerPorts
     bound: PickerPorts | None = None  # the ports actually bound (0 picks free ones)
     sharing: InFlightSharing | None = None  # the in-flight view shared with other workers and replicas
+    traffic: TrafficRecorder | None = None  # --record
     _grpc: GrpcServer | None = field(default=None, repr=False)
     _health_server: grpc.aio.Server | None = field(default=None, repr=False)
     _http: HttpServer | None = field(default=None, repr=False)
@@ -65,11 +67,14 @@ class EndpointPicker:
         state_name: str = "epp",
         config_path: str | Path | None = None,
         span_exporter: SpanExporter | None = None,
+        record: RecordSettings | None = None,
     ) -> EndpointPicker:
-        """``span_exporter``: see ``RouterCore.build``."""
+        """``span_exporter``: see ``RouterCore.build``. ``record``: record every request to a file
+        (``slorouter.serving.recording``)."""
         core = RouterCore.build(
             config, clock, state_name=state_name, config_path=config_path, span_exporter=span_exporter
         )
+        traffic = None if record is None else TrafficRecorder(record, core.clock)
         picker = Picker(
             core.director,
             core.metrics,
@@ -78,13 +83,16 @@ class EndpointPicker:
             prediction_by_default=core.prediction_by_default,
             tracing=core.tracing,
             stats=core.stats,
+            traffic=traffic,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))
-        return cls(core, processor, Health(core.director), ports)
+        return cls(core, processor, Health(core.director), ports, traffic=traffic)
 
     async def start(self) -> None:
-        """Scrape the pool once, then listen on the three ports."""
+        """Open the recording, scrape the pool once, then listen on the three ports."""
+        if self.traffic is not None:
+            self.traffic.open()
         await self.core.start()
         if self.sharing is not None:
             self.sharing.start()
@@ -140,6 +148,8 @@ class EndpointPicker:
             await self._http.close()
             self._http = None
         await self.core.stop()
+        if self.traffic is not None:
+            self.traffic.close()
 
     async def _metrics(self, _request: HttpRequest) -> Response:
         return Response(200, self.core.metrics.render(), content_type=b"text/plain; charset=utf-8")

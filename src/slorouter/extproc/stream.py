@@ -35,9 +35,10 @@ from slorouter.extproc import messages
 from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.metrics import GatewayMetrics
-from slorouter.scheduling.types import SchedulingError
+from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER, routing_response_headers
 from slorouter.serving.outcome import OutcomeRecorder
+from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS, RequestIds, inference_request
 from slorouter.serving.tracing import (
     outcome_attributes,
@@ -91,10 +92,14 @@ class Picker:
     prediction_by_default: bool
     tracing: Tracing | None = None  # None: tracing is off
     stats: RouterStats | None = None  # the status page's per-request figures
+    traffic: TrafficRecorder | None = None  # --record
 
     def __post_init__(self) -> None:
         self.outcomes = OutcomeRecorder(
-            self.metrics, e2e_as_ttft=self.director.predicts_end_to_end, stats=self.stats
+            self.metrics,
+            e2e_as_ttft=self.director.predicts_end_to_end,
+            stats=self.stats,
+            traffic=self.traffic,
         )
         self.ids = RequestIds()
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
@@ -121,6 +126,8 @@ class PickerStream:
         self._response_mode: int | None = None  # unknown until Envoy says (protocol_config)
         self._headers: dict[str, str] = {}
         self._parse: Callable[[bytes], ParsedRequest] | None = None
+        self._path = ""  # the inference route
+        self._request: InferenceRequest | None = None  # once parsed
         self._subset: list[str] | None = None
         self._body = bytearray()
         self._lifecycle: RequestLifecycle | None = None
@@ -222,6 +229,7 @@ class PickerStream:
                 "the body and needs request_body_mode BUFFERED or FULL_DUPLEX_STREAMED",
             )
         self._parse = parse
+        self._path = path
         self._phase = _Phase.REQUEST_BODY
         if message.request_headers.end_of_stream:  # no body: the parser says what is missing
             return self._no_body()
@@ -293,6 +301,7 @@ class PickerStream:
             request_id = picker.ids.next()
             set_headers.append(("x-request-id", request_id))
         request = inference_request(parsed, hints, self._headers, request_id, picker.director.clock.now())
+        self._request = request
         trace = self._trace
         if trace is not None:
             trace.set(parsed_attributes(request))
@@ -395,6 +404,9 @@ class PickerStream:
         self.closed = True
         self._phase = _Phase.DONE
         self._picker.metrics.count_request("none", status)
+        traffic = self._picker.traffic
+        if traffic is not None and self._request is not None:
+            traffic.unanswered(self._request, self._path, status)
         if self._trace is not None:
             self._trace.end(status, message)
         return [messages.immediate(status, message, param=param, code=code, headers=headers)]
@@ -531,7 +543,8 @@ class PickerStream:
             elif self._kept is not None:
                 observe_body(lifecycle, bytes(self._kept), lifecycle.request.history_form)
         lifecycle.on_complete(usage=usage, error=error)
-        self._picker.outcomes.record(lifecycle)
+        kept = self._kept if self._picker.traffic is not None else None  # its usage, for the recording
+        self._picker.outcomes.record(lifecycle, self._path, None if kept is None else bytes(kept))
         trace = self._trace
         if trace is not None:
             trace.end_upstream(self._status, error, outcome_attributes(lifecycle))

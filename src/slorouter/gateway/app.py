@@ -35,6 +35,7 @@ from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER
+from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import RequestIds, inference_request
 from slorouter.serving.tracing import (
     outcome_attributes,
@@ -68,9 +69,11 @@ class Gateway:
         tracing: Tracing | None = None,
         stats: RouterStats | None = None,
         status: Callable[[], RouterStatus] | None = None,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         """``stats``: where the relay records finished requests for the status page; ``status``: the page
-        (``GET /v1/router/status``; not served without it)."""
+        (``GET /v1/router/status``; not served without it); ``traffic``: the recording of ``--record``
+        (opened and closed by the caller)."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -84,6 +87,7 @@ class Gateway:
         self._tracing = tracing
         self._stats = stats
         self._status = status
+        self._traffic = traffic
 
     # --- server --------------------------------------------------------------------------------------
     def build_server(self, limits: ServerLimits) -> HttpServer:
@@ -115,6 +119,7 @@ class Gateway:
             e2e_as_ttft=self.director.predicts_end_to_end,
             max_body_bytes=config.max_upstream_body_bytes,
             stats=self._stats,
+            traffic=self._traffic,
         )
 
     async def close(self) -> None:
@@ -250,6 +255,8 @@ class Gateway:
             raise
         except SchedulingError as exc:
             self.metrics.count_request("none", exc.status)
+            if self._traffic is not None:
+                self._traffic.unanswered(request, path, exc.status)
             return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
         try:
             return await self._attempts(http, request, admission, path, raw, forward_head, attempts, trace)
@@ -287,6 +294,8 @@ class Gateway:
                 if tried:  # the failed endpoint was the only one left
                     break
                 self.metrics.count_request("none", exc.status)
+                if self._traffic is not None:
+                    self._traffic.unanswered(request, path, exc.status)
                 return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
             self.metrics.scheduling_duration.observe(time.perf_counter() - started)
             if attempt:
@@ -323,6 +332,8 @@ class Gateway:
             finally:
                 lifecycle.on_complete(error="aborted")  # a no-op when the relay completed it
         self.metrics.count_request(tried[-1] if tried else "none", status)
+        if self._traffic is not None:
+            self._traffic.unanswered(request, path, status, tried[-1] if tried else None)
         if status == 504:
             return json_error(504, f"the model server did not answer in time ({last_failure})")
         return json_error(502, f"the model server failed before responding ({last_failure})")

@@ -19,7 +19,14 @@ import uvloop
 from slorouter.config import Config, ConfigError, PredictorConfig, load_config
 from slorouter.gateway.runtime import Router
 from slorouter.pool.config import PoolConfig
-from slorouter.serving.command_line import LOG_LEVELS, port, run_command
+from slorouter.serving.command_line import (
+    LOG_LEVELS,
+    add_record_arguments,
+    port,
+    record_settings,
+    run_command,
+)
+from slorouter.serving.recording import RecordSettings
 
 log = logging.getLogger("slorouter")
 
@@ -56,6 +63,7 @@ def register(
     )
     parser.add_argument("--host", help="listen address (overrides gateway.host)")
     parser.add_argument("--port", type=port, help="listen port (overrides gateway.port)")
+    add_record_arguments(parser)
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     parser.set_defaults(func=functools.partial(run, start_pods=start_pods))
 
@@ -71,10 +79,12 @@ def _run(args: argparse.Namespace, start_pods: StartPods) -> int:
         config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
     if args.config and config.pool is None:
         raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
-    return uvloop.run(_serve(config, args.config, start_pods))
+    return uvloop.run(_serve(config, args.config, start_pods, record_settings(args)))
 
 
-async def _serve(config: Config, config_path: str | None, start_pods: StartPods) -> int:
+async def _serve(
+    config: Config, config_path: str | None, start_pods: StartPods, record: RecordSettings | None = None
+) -> int:
     """``config_path`` None: the embedded default."""
     embedded = config_path is None
     cluster = None
@@ -88,7 +98,7 @@ async def _serve(config: Config, config_path: str | None, start_pods: StartPods)
         log.info(
             "embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses
         )
-    router = Router.build(config, config_path=config_path)
+    router = Router.build(config, config_path=config_path, record=record)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

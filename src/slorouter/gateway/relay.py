@@ -32,6 +32,7 @@ from slorouter.serving.headers import (
     ROUTE_HEADER,
 )
 from slorouter.serving.outcome import OutcomeRecorder
+from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.status import RouterStats
 
 PREDICTED_TTFT = PREDICTED_TTFT_HEADER.encode()
@@ -111,11 +112,12 @@ class Relay:
         e2e_as_ttft: bool,
         max_body_bytes: int | None = None,
         stats: RouterStats | None = None,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         self._client = client
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
-        self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft, stats=stats)
+        self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft, stats=stats, traffic=traffic)
         self._own_headers: dict[tuple[str, str, str | None], bytes] = {}
 
     async def relay(
@@ -138,13 +140,15 @@ class Relay:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
             lifecycle.on_headers(upstream.status, streaming)
             if streaming and upstream.status == 200:
-                await self._relay_stream(http, lifecycle, upstream)
+                await self._relay_stream(http, lifecycle, upstream, path)
                 return None
-            return await self._relay_whole(lifecycle, upstream)
+            return await self._relay_whole(lifecycle, upstream, path)
         finally:
             upstream.release()
 
-    async def _relay_whole(self, lifecycle: RequestLifecycle, upstream: UpstreamResponse) -> Response:
+    async def _relay_whole(
+        self, lifecycle: RequestLifecycle, upstream: UpstreamResponse, path: str
+    ) -> Response:
         address = lifecycle.target.address
         try:
             body = await upstream.read(self._max_body_bytes)
@@ -159,11 +163,11 @@ class Relay:
         if error is None:
             observe_body(lifecycle, body, lifecycle.request.history_form)
         lifecycle.on_complete(error=error)
-        self._outcomes.record(lifecycle)
+        self._outcomes.record(lifecycle, path, body)
         return Response(upstream.status, body, raw_headers=self._response_head(upstream, lifecycle))
 
     async def _relay_stream(
-        self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse
+        self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse, path: str
     ) -> None:
         address = lifecycle.target.address
         # Hold the client's headers back until the first whole event arrives (or _HOLD_BYTES of it), so
@@ -206,7 +210,7 @@ class Relay:
                     await writer.write(event + _SSE_DONE)
                     break
             lifecycle.on_complete(usage=observer.finish())
-            self._outcomes.record(lifecycle)
+            self._outcomes.record(lifecycle, path)
             await writer.write_eof()
         except ConnectionResetError:
             self._metrics.client_disconnects.inc()

@@ -20,6 +20,7 @@ from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.serving.assembly import RouterCore
+from slorouter.serving.recording import RecordSettings, TrafficRecorder
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -35,6 +36,7 @@ class Router:
     gateway: Gateway
     _server: HttpServer | None = field(default=None, repr=False)
     address: str = ""
+    traffic: TrafficRecorder | None = None  # --record
 
     @classmethod
     def build(
@@ -44,10 +46,13 @@ class Router:
         *,
         config_path: str | Path | None = None,
         span_exporter: SpanExporter | None = None,
+        record: RecordSettings | None = None,
     ) -> Router:
         """``config_path``: the file ``config`` was read from (None: the embedded default), which keys the
-        embedded predictor's default state directory. ``span_exporter``: see ``RouterCore.build``."""
+        embedded predictor's default state directory. ``span_exporter``: see ``RouterCore.build``.
+        ``record``: record every request to a file (``slorouter.serving.recording``)."""
         core = RouterCore.build(config, clock, config_path=config_path, span_exporter=span_exporter)
+        traffic = None if record is None else TrafficRecorder(record, core.clock)
         gateway = Gateway(
             config.gateway,
             core.director,
@@ -58,8 +63,9 @@ class Router:
             tracing=core.tracing,
             stats=core.stats,
             status=lambda: core.status("gateway"),
+            traffic=traffic,
         )
-        return cls(core, gateway)
+        return cls(core, gateway, traffic=traffic)
 
     @property
     def config(self) -> Config:
@@ -94,7 +100,10 @@ class Router:
         return self.core.discovery
 
     async def start(self) -> None:
-        """Discover the pool, scrape every endpoint once, then serve; returns once the gateway listens."""
+        """Open the recording, discover the pool, scrape every endpoint once, then serve; returns once the
+        gateway listens."""
+        if self.traffic is not None:
+            self.traffic.open()
         await self.core.start()
         await self.gateway.open()
         self._server = self.gateway.build_server(server_limits(self.config.gateway))
@@ -122,6 +131,8 @@ class Router:
             await self._server.close()
             self._server = None
         await self.gateway.close()
+        if self.traffic is not None:
+            self.traffic.close()
 
 
 # vLLM's default max_num_seqs: the requests one engine runs at once (those beyond wait in its queue).

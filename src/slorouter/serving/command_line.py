@@ -1,4 +1,5 @@
-"""What the front-ends' commands share: a port argument, logging, and configuration errors as exit codes."""
+"""What the front-ends' commands share: a port argument, the recording's arguments, logging, and
+configuration errors as exit codes."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from slorouter.config import ConfigError
 from slorouter.scheduling.config_schema import SchedulerConfigError
+from slorouter.serving.record_file import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+from slorouter.serving.recording import RecordSettings
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -22,6 +26,65 @@ def port(value: str) -> int:
     if not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"a port must be between 0 and 65535, got {number}")
     return number
+
+
+def _byte_count(value: str) -> int:
+    """An argparse type: a size in bytes, with an optional K, M or G suffix (powers of 1024)."""
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if text and text[-1] in "KMG":
+        scale = 1024 ** ("KMG".index(text[-1]) + 1)
+        text = text[:-1]
+    try:
+        number = int(text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes (e.g. 100M), got {value!r}") from None
+    if number < 4096:
+        raise argparse.ArgumentTypeError(f"must be at least 4096 bytes, got {value!r}")
+    return number
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {number}")
+    return number
+
+
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--record FILE`` and its bounds (docs/replay.md)."""
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="record every inference request to FILE (JSON Lines, no prompt or completion text: token "
+        "counts, keyed prefix-block hashes, SLO headers, observed latency), for `slorouter bench --trace`",
+    )
+    parser.add_argument(
+        "--record-max-bytes",
+        type=_byte_count,
+        default=DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help="with --record: rotate FILE when it would grow past this (K, M, G suffixes; default 100M)",
+    )
+    parser.add_argument(
+        "--record-backups",
+        type=_count,
+        default=DEFAULT_BACKUPS,
+        metavar="N",
+        help=f"with --record: rotated files kept, FILE.1 (newest) to FILE.N (default {DEFAULT_BACKUPS})",
+    )
+
+
+def record_settings(args: argparse.Namespace) -> RecordSettings | None:
+    """The recording the parsed arguments ask for (None without ``--record``)."""
+    if args.record is None:
+        return None
+    return RecordSettings(args.record, args.record_max_bytes, args.record_backups)
 
 
 def run_command(log_level: str, main: Callable[[], int]) -> int:

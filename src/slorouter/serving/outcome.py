@@ -1,26 +1,37 @@
 """A finished request's outcome in the front-end metrics: its count by endpoint and status, the TTFT and
-TPOT histograms the predictor's series compare against, and the status page's per-request figures
-(``slorouter.serving.status``). Both front-ends record through this one place."""
+TPOT histograms the predictor's series compare against, the status page's per-request figures
+(``slorouter.serving.status``) and, with ``--record``, the traffic recording
+(``slorouter.serving.recording``). Both front-ends record through this one place."""
 
 from __future__ import annotations
 
 from slorouter.director import RequestLifecycle
 from slorouter.metrics import GatewayMetrics
+from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.status import RouterStats
 
 
 class OutcomeRecorder:
     def __init__(
-        self, metrics: GatewayMetrics, *, e2e_as_ttft: bool, stats: RouterStats | None = None
+        self,
+        metrics: GatewayMetrics,
+        *,
+        e2e_as_ttft: bool,
+        stats: RouterStats | None = None,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         self._metrics = metrics
         # With streamingMode false the predictor models E2E latency, and the TTFT histograms hold E2E
         # latency, as in the original, so that actual and predicted series compare like with like.
         self._e2e_as_ttft = e2e_as_ttft
         self._stats = stats
+        self.traffic = traffic
 
-    def record(self, lifecycle: RequestLifecycle) -> None:
-        """Count the answered request; observe TTFT (and TPOT when streamed) when it succeeded."""
+    def record(self, lifecycle: RequestLifecycle, path: str, body: bytes | None = None) -> None:
+        """Count the answered request; observe TTFT (and TPOT when streamed) when it succeeded. ``path``:
+        the inference route it came on; ``body``: the whole response body, when the front-end read it."""
+        if self.traffic is not None:
+            self.traffic.answered(lifecycle, path, body)
         response = lifecycle.response
         request = lifecycle.request
         address = response.endpoint.address
