@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
 HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean helm tmux
+.PHONY: run test lint bench clean helm tmux vllm-parity
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,19 @@ tmux:
 
 test: lint $(HELM) tmux
 	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest
+
+# vLLM's own block hashing asked directly (tests/kvevents/vllm_reference.py), not only the vectors it recorded
+# in tests/kvevents/data: vLLM's wheel without its dependencies (about 340 MB, no torch) in .cache, then the
+# parity tests against it (Hypothesis-generated prompts included). Not part of `make test`.
+VLLM_VERSION := 0.33.0
+VLLM_SITE := .cache/vllm-$(VLLM_VERSION)
+
+$(VLLM_SITE)/vllm: | $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps --target $(VLLM_SITE) vllm==$(VLLM_VERSION)
+
+vllm-parity: $(STAMP_DEV) $(VLLM_SITE)/vllm
+	SLOROUTER_VLLM_SITE=$(abspath $(VLLM_SITE)) $(BIN)/pytest tests/kvevents/test_vllm_hash.py \
+		tests/scheduling/test_precise_prefix_vllm.py
 
 # Every benchmark script in turn; results are recorded in docs/benchmarks.md.
 bench: $(STAMP_DEV)

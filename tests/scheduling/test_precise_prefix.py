@@ -21,11 +21,11 @@ from slorouter.scheduling.datakeys import (
 )
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext, ResponseInfo
+from slorouter.scheduling.plugins.pod_hashing import pod_token_bytes
 from slorouter.scheduling.plugins.precise_prefix import (
     PrecisePrefixCacheParams,
     PrecisePrefixCacheProducer,
     PrecisePrefixCacheScorer,
-    pod_token_bytes,
 )
 from slorouter.scheduling.types import CycleState, InferenceRequest
 from slorouter.tokenizer import chat_to_prompt, encode_bytes

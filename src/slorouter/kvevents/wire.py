@@ -12,6 +12,10 @@ the event structs (vllm-project/vllm#42892); older vLLM sent each event as a pos
 element is the tag (``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
 medium, ...]``). ``decode_batch`` reads both event forms, and a batch sent as a map too. Anything else raises
 ``KVEventDecodeError`` with what was wrong; unknown extra fields are ignored (vLLM keeps adding some).
+
+Block hashes arrive as 64-bit ints (vLLM's default, ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or as the
+digest's bytes (``=0``); ``decode_batch`` turns bytes into the int vLLM would have sent, the digest's low 64
+bits (its last 8 bytes, big-endian), so the index holds one form whatever the pod's setting.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ import msgspec
 
 # Block hashes are integers: vLLM publishes its block hashes as 64-bit ints, the simulator its xxh3 chain.
 BlockHash = int
+# What a payload may carry for one: an int, or a digest's bytes.
+WireHash = int | bytes
+_MASK64 = (1 << 64) - 1
 
 SEQ_BYTES = 8
 END_OF_REPLAY = (-1).to_bytes(SEQ_BYTES, "big", signed=True)
@@ -67,9 +74,24 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 # --- decoding: the two event forms --------------------------------------------------------------------
 
 
+class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
+    block_hashes: list[WireHash]
+    parent_block_hash: WireHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+
+
+class _MapRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
+    block_hashes: list[WireHash]
+    medium: str | None = None
+
+
 class _LegacyStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
+    block_hashes: list[WireHash]
+    parent_block_hash: WireHash | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
@@ -78,7 +100,7 @@ class _LegacyStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False
 
 
 class _LegacyRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
-    block_hashes: list[BlockHash]
+    block_hashes: list[WireHash]
     medium: str | None = None
 
 
@@ -101,7 +123,7 @@ class _RawMapBatch(msgspec.Struct, gc=False):
 _encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
 _map_batch_decoder = msgspec.msgpack.Decoder(_RawMapBatch)
-_event_decoder = msgspec.msgpack.Decoder(KVEvent)
+_event_decoder = msgspec.msgpack.Decoder(_MapStored | _MapRemoved | AllBlocksCleared)
 _legacy_decoder = msgspec.msgpack.Decoder(_LegacyStored | _LegacyRemoved | _LegacyCleared)
 
 
@@ -129,22 +151,34 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     return KVEventBatch(raw.ts, events, raw.data_parallel_rank)
 
 
+def wire_hash(value: WireHash) -> BlockHash:
+    """A block hash as the index keeps it: ints as they are, a digest's bytes as its low 64 bits."""
+    if isinstance(value, bytes):
+        if not value:
+            raise KVEventDecodeError("malformed KV event batch: an empty block hash")
+        return int.from_bytes(value, "big") & _MASK64
+    return value
+
+
+def _hashes(values: list[WireHash]) -> list[BlockHash]:
+    return [v if isinstance(v, int) else wire_hash(v) for v in values]
+
+
 def _decode_event(data: bytes) -> KVEvent:
-    if _is_map(data):
-        return _event_decoder.decode(data)
-    legacy = _legacy_decoder.decode(data)
-    if isinstance(legacy, _LegacyStored):
+    event = _event_decoder.decode(data) if _is_map(data) else _legacy_decoder.decode(data)
+    if isinstance(event, _MapStored | _LegacyStored):
+        parent = event.parent_block_hash
         return BlockStored(
-            legacy.block_hashes,
-            legacy.parent_block_hash,
-            legacy.token_ids,
-            legacy.block_size,
-            legacy.lora_id,
-            legacy.medium,
-            legacy.lora_name,
+            _hashes(event.block_hashes),
+            None if parent is None else wire_hash(parent),
+            event.token_ids,
+            event.block_size,
+            event.lora_id,
+            event.medium,
+            event.lora_name,
         )
-    if isinstance(legacy, _LegacyRemoved):
-        return BlockRemoved(legacy.block_hashes, legacy.medium)
+    if isinstance(event, _MapRemoved | _LegacyRemoved):
+        return BlockRemoved(_hashes(event.block_hashes), event.medium)
     return AllBlocksCleared()
 
 

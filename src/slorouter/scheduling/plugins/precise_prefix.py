@@ -10,10 +10,12 @@ where), and overwrites its figures where the real ones exist. It writes the same
 ``prefix-cache-scorer``, ``token-load-scorer``, the affinity filter and the latency plugins read the real
 cache unchanged; ``prefix_match_from_events`` says which candidates' figures are real.
 
-The pod's hashes are ``slorouter.kvevents.sim_hash`` over the prompt's token ids as the simulated server
-tokenizes it (``slorouter.tokenizer``; chat messages through its template), which is what ``slorouter sim``
-publishes. A real vLLM hashes its own tokenizer's ids with its own (seeded) hash, which this producer does
-not reproduce: such pods' events never match and their candidates score 0.
+The pod's hashes (``hash``, ``slorouter.scheduling.plugins.pod_hashing``): with ``sim`` (the default),
+``slorouter.kvevents.sim_hash`` over the prompt's token ids as the simulated server tokenizes it, which is
+what ``slorouter sim`` publishes; with ``vllm``, vLLM's own block hashes (``slorouter.kvevents.vllm_hash``)
+over the ids of the model's tokenizer and chat template (``tokenizer``), with the pods' hash algorithm and
+``PYTHONHASHSEED``. A prompt that cannot be tokenized as the pod would (a chat with image parts, a template
+that rejects the messages) keeps the approximate estimate.
 
 **Speculative entries** (``speculativeIndexing``): a pod reports a prompt's blocks once it has computed them,
 which under load is seconds after the dispatch (the request waits in the pod's queue). Meanwhile the next
@@ -25,15 +27,14 @@ first token (or its end, if it failed first): by then the pod's own events say w
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from slorouter.api.replies import CHAT
-from slorouter.kvevents.sim_hash import block_hashes
+from slorouter.hftokenizer.model import ModelTokenizer
+from slorouter.kvevents.vllm_hash import HASH_ALGORITHMS, VllmBlockHasher
 from slorouter.scheduling.datakeys import (
     PREFIX_BLOCK_SIZE_TOKENS,
     PREFIX_MATCH_BLOCKS,
@@ -41,6 +42,7 @@ from slorouter.scheduling.datakeys import (
     PREFIX_TOTAL_BLOCKS,
 )
 from slorouter.scheduling.plugin import PluginContext, PreRequestResult, ResponseInfo
+from slorouter.scheduling.plugins.pod_hashing import PodHashing, SimPodHashing, VllmPodHashing
 from slorouter.scheduling.plugins.prefix import (
     ApproxPrefixCacheParams,
     ApproxPrefixCacheProducer,
@@ -48,23 +50,51 @@ from slorouter.scheduling.plugins.prefix import (
 )
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, InferenceRequest, SchedulingResult
-from slorouter.tokenizer import chat_to_prompt, encode_bytes
 
-
-def pod_token_bytes(request: InferenceRequest) -> bytes:
-    """The prompt's token ids as the simulated server computes them (packed little-endian uint32)."""
-    if request.history_form == CHAT:
-        try:
-            messages = json.loads(request.prompt_text)
-            return encode_bytes(chat_to_prompt(messages))
-        except (ValueError, TypeError):  # not the messages JSON the API layer writes: hash the text
-            pass
-    return encode_bytes(request.prompt_text)
+HashAlgorithm = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+assert set(get_args(HashAlgorithm)) == set(HASH_ALGORITHMS)
 
 
 class PrecisePrefixCacheParams(ApproxPrefixCacheParams):
     speculative_indexing: bool = Field(True, alias="speculativeIndexing")
     speculative_grace_ms: float = Field(1000.0, alias="speculativeGraceMs", ge=0, allow_inf_nan=False)
+    hash: Literal["sim", "vllm"] = "sim"
+    tokenizer: str | None = None
+    chat_template: str | None = Field(None, alias="chatTemplate")
+    hash_algorithm: HashAlgorithm = Field("sha256", alias="hashAlgorithm")
+    hash_seed: str | None = Field(None, alias="hashSeed")
+    lora_adapters: dict[str, str] = Field(default_factory=dict, alias="loraAdapters")
+
+    @model_validator(mode="after")
+    def _vllm_needs_a_tokenizer(self) -> PrecisePrefixCacheParams:
+        if self.hash == "vllm" and not self.tokenizer:
+            raise ValueError("hash: vllm needs tokenizer (a tokenizer.json or a model directory)")
+        vllm_only = {"tokenizer", "chat_template", "hash_algorithm", "hash_seed", "lora_adapters"}
+        set_here = sorted(vllm_only & self.model_fields_set)
+        if self.hash == "sim" and set_here:
+            aliases = [type(self).model_fields[f].alias or f for f in set_here]
+            raise ValueError(f"{', '.join(aliases)} only apply with hash: vllm")
+        return self
+
+
+def pod_hashing(params: PrecisePrefixCacheParams) -> PodHashing:
+    """The pods' tokenizer and hash chain from the parameters; ``ValueError`` naming the parameter and the
+    file when the tokenizer or the hash seed cannot be used."""
+    if params.hash == "sim":
+        return SimPodHashing()
+    assert params.tokenizer is not None
+    try:
+        tokenizer = ModelTokenizer.load(params.tokenizer, params.chat_template)
+    except ValueError as exc:
+        keys = f"tokenizer {params.tokenizer!r}"
+        if params.chat_template:
+            keys += f", chatTemplate {params.chat_template!r}"
+        raise ValueError(f"{keys}: cannot load: {exc}") from None
+    try:
+        hasher = VllmBlockHasher(params.hash_algorithm, params.hash_seed)
+    except ValueError as exc:
+        raise ValueError(f"hashSeed: {exc}") from None
+    return VllmPodHashing(tokenizer, hasher, params.lora_adapters)
 
 
 class PreciseMatch:
@@ -99,6 +129,7 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
         super().__init__(name, params, ctx)
         self.precise_key = f"precise-prefix-cache:{self.name}"
         self._releases: deque[tuple[float, str, list[int]]] = deque()  # (when, pod, hashes), in time order
+        self.pod_hashing = pod_hashing(params)
 
     def produce(self, request: InferenceRequest, candidates: Candidates) -> None:
         super().produce(request, candidates)
@@ -118,15 +149,17 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
                 by_block_size.setdefault(size, []).append(i)
         if not by_block_size:
             return
+        prompt_hashes = self.pod_hashing.prompt(request)
+        if prompt_hashes is None:  # not tokenizable as the pods would: the approximate figures stand
+            return
         attrs = candidates.attrs
         match_blocks = attrs[PREFIX_MATCH_BLOCKS] = attrs[PREFIX_MATCH_BLOCKS].copy()
         total_blocks = attrs[PREFIX_TOTAL_BLOCKS] = attrs[PREFIX_TOTAL_BLOCKS].copy()
         block_size = attrs[PREFIX_BLOCK_SIZE_TOKENS] = attrs[PREFIX_BLOCK_SIZE_TOKENS].copy()
-        tokens = pod_token_bytes(request)
         state = PreciseMatch()
         for size, members in by_block_size.items():
             # Every full block: the pod caches them all.
-            hashes = state.hashes[size] = block_hashes(tokens, size)
+            hashes = state.hashes[size] = prompt_hashes(size)
             matched = index.match(hashes, [addresses[i] for i in members])
             for i in members:
                 address = addresses[i]

@@ -1,0 +1,1 @@
+"""A model's own tokenizer (Hugging Face ``tokenizer.json``) and chat template, as a vLLM pod applies them."""
