@@ -226,11 +226,21 @@ class Result:
     predicted_ttft_ms: float = math.nan  # the gateway's prediction for the chosen pod (response headers)
     predicted_tpot_ms: float = math.nan
     error: str = ""
+    queued_ms: float = math.nan  # time held by flow control (x-slorouter-queued-ms), when it is on
+    dropped_reason: str = ""  # x-slorouter-dropped-reason of a refused request
 
 
 TOKEN_MARK = b'"delta":{"content":"'
 EMPTY_TOKEN = b'"delta":{"content":""'
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+
+def _header_number(value: str | None) -> float:
+    """A numeric response header; NaN when it is missing or not a number."""
+    try:
+        return float(value) if value is not None else math.nan
+    except ValueError:
+        return math.nan
 
 
 async def _one(
@@ -245,6 +255,8 @@ async def _one(
             result.endpoint = response.headers.get("x-slorouter-endpoint", "")
             result.predicted_ttft_ms = float(response.headers.get("x-slorouter-predicted-ttft-ms", "nan"))
             result.predicted_tpot_ms = float(response.headers.get("x-slorouter-predicted-tpot-ms", "nan"))
+            result.queued_ms = _header_number(response.headers.get("x-slorouter-queued-ms"))
+            result.dropped_reason = response.headers.get("x-slorouter-dropped-reason", "")
             if response.status != 200:
                 result.error = (await response.text())[:200]
                 return
