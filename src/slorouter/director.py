@@ -20,7 +20,7 @@ import numpy as np
 from slorouter.api.replies import history_text
 from slorouter.clock import Clock
 from slorouter.flowcontrol.controller import FlowController, Ticket
-from slorouter.flowcontrol.types import Outcome
+from slorouter.flowcontrol.types import QUEUED_HEADER, Outcome
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
 from slorouter.pool.state import Endpoint, PoolState
@@ -148,20 +148,21 @@ class Director:
     def admitted(self, ticket: Ticket) -> Admission:
         """The admission of a ticket that left flow control; raises for any outcome but DISPATCHED."""
         if ticket.rejection is not None:
-            raise QueueRejectedError(ticket.rejection.message, headers=_dropped("queue-full"))
+            raise QueueRejectedError(ticket.rejection.message, headers=_dropped("queue-full", ticket))
         if ticket.outcome is Outcome.EVICTED:
             if ticket.reason == "slo":
                 raise QueueRejectedError(
                     "evicted from the queue: its TTFT SLO can no longer be met",
-                    headers=_dropped("slo-unattainable"),
+                    headers=_dropped("slo-unattainable", ticket),
                 )
             raise QueueRejectedError(
                 "evicted from the queue: room was needed for a request of higher priority",
-                headers=_dropped("queue-full"),
+                headers=_dropped("queue-full", ticket),
             )
         if ticket.outcome is Outcome.EXPIRED:
             raise QueueTimeoutError(
-                "the request waited in the queue longer than its time-to-live", headers=_dropped("queue-ttl")
+                "the request waited in the queue longer than its time-to-live",
+                headers=_dropped("queue-ttl", ticket),
             )
         assert ticket.outcome is Outcome.DISPATCHED, ticket.outcome
         return Admission(self.flow_control, ticket)
@@ -277,8 +278,13 @@ class Director:
             self.latency_metrics.producer_skips.labels(repr(producer)).inc()
 
 
-def _dropped(reason: str) -> dict[str, str]:
-    return {"Retry-After": "1", DROPPED_REASON_HEADER: reason}
+def _dropped(reason: str, ticket: Ticket) -> dict[str, str]:
+    """The headers of a request flow control turned away: why, and how long it waited."""
+    return {
+        "Retry-After": "1",
+        DROPPED_REASON_HEADER: reason,
+        QUEUED_HEADER: f"{ticket.queued_s * 1000:.1f}",
+    }
 
 
 def _discard(pending: Awaitable[None]) -> None:

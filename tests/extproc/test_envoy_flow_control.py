@@ -241,6 +241,7 @@ async def test_a_full_queue_answers_429_through_envoy(
         async with http.post(f"{url}/v1/completions", json=_body(model, "full")) as full:
             assert full.status == 429
             assert full.headers["x-slorouter-dropped-reason"] == "queue-full"
+            assert float(full.headers["x-slorouter-queued-ms"]) < 300  # refused on arrival, not held
             assert full.headers["retry-after"] == "1"
             assert full.headers["content-type"] == "application/json"
             assert "x-slorouter-endpoint" not in full.headers
@@ -269,6 +270,7 @@ async def test_the_queue_ttl_answers_503_through_envoy(
         async with http.post(f"{url}/v1/completions", json=_body(flow_world.sim.model, "expire")) as expired:
             assert expired.status == 503
             assert expired.headers["x-slorouter-dropped-reason"] == "queue-ttl"
+            assert float(expired.headers["x-slorouter-queued-ms"]) > 0
             assert expired.headers["retry-after"] == "1"
             error = (await expired.json())["error"]
             assert error["type"] == "ServiceUnavailableError" and "time-to-live" in error["message"]

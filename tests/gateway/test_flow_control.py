@@ -123,8 +123,10 @@ async def test_limits_answer_429_and_the_ttl_503(http: aiohttp.ClientSession) ->
         assert full.status == 429
         error = (await full.json())["error"]
         assert error["type"] == "RateLimitError" and "queue is full" in error["message"]
+        assert float(full.headers["x-slorouter-queued-ms"]) < 300  # refused on arrival, not held
         expired = await queued
         assert expired.status == 503
+        assert float(expired.headers["x-slorouter-queued-ms"]) >= 300  # it waited out its TTL
         assert (await expired.json())["error"]["type"] == "ServiceUnavailableError"
         gate.open.set()
         response = await first

@@ -47,12 +47,12 @@ from slorouter.extproc.messages import (
     SUBSET_NAMESPACE,
     UPSTREAM_ADDRESS,
 )
+from slorouter.flowcontrol.types import QUEUED_HEADER
 from slorouter.serving.headers import (
     ENDPOINT_HEADER,
     FALLBACK_REASON_HEADER,
     PREDICTED_TPOT_HEADER,
     PREDICTED_TTFT_HEADER,
-    QUEUED_HEADER,
     ROUTE_HEADER,
 )
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+QUEUED_HEADER = "x-slorouter-queued-ms"  # on responses: milliseconds the request waited in flow control
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class FlowKey:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import RequestLifecycle
+from slorouter.flowcontrol.types import QUEUED_HEADER
 from slorouter.http.errors import sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
@@ -28,7 +29,6 @@ from slorouter.serving.headers import (
     FALLBACK_REASON_HEADER,
     PREDICTED_TPOT_HEADER,
     PREDICTED_TTFT_HEADER,
-    QUEUED_HEADER,
     ROUTE_HEADER,
 )
 from slorouter.serving.outcome import OutcomeRecorder

@@ -4,6 +4,7 @@ the prediction it was picked on."""
 from __future__ import annotations
 
 from slorouter.director import RequestLifecycle
+from slorouter.flowcontrol.types import QUEUED_HEADER
 
 ENDPOINT_HEADER = "x-slorouter-endpoint"
 ROUTE_HEADER = "x-slorouter-route"
@@ -11,7 +12,6 @@ ROUTE_HEADER = "x-slorouter-route"
 FALLBACK_REASON_HEADER = "x-slorouter-fallback-reason"
 PREDICTED_TTFT_HEADER = "x-slorouter-predicted-ttft-ms"
 PREDICTED_TPOT_HEADER = "x-slorouter-predicted-tpot-ms"
-QUEUED_HEADER = "x-slorouter-queued-ms"  # time held by flow control (with flow control on)
 
 
 def routing_response_headers(lifecycle: RequestLifecycle) -> list[tuple[str, str]]:
