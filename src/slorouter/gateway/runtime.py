@@ -135,7 +135,8 @@ class Router:
             self.traffic.close()
 
 
-# vLLM's default max_num_seqs: the requests one engine runs at once (those beyond wait in its queue).
+# Requests one engine runs at once (those beyond wait in its queue): the simulated profiles' max_num_seqs, a
+# common vLLM setting. Engines configured for more need a larger gateway.max_concurrent_requests.
 SLOTS_PER_ENDPOINT = 256
 
 
