@@ -30,8 +30,8 @@ Per request: class, HTTP status, TTFT at the client (the first SSE chunk carryin
 ``x-slorouter-queued-ms`` header (time held by flow control) and the completion tokens. Reported per
 front-end, flow control off/on and class, over the whole run and over the requests that arrived in the
 burst: TTFT p50/p90/p99 (nearest rank; a request that got no first token counts as infinitely slow, ∞),
-queue time p50/p99 (of the responses carrying the header: the 200s, as flow control's refusals carry
-none), the counts of 200, 429 and 503 answers and of
+queue time p50/p99 (of the responses carrying the header: the 200s and flow control's own 429s and
+503s), the counts of 200, 429 and 503 answers and of
 errors (any other status, a transport error, a stream cut short: the script exits 1 if there is any), and
 goodput (requests per second, over the phase's arrival span, answered 200 within their TTFT SLO). After
 each run, once the load has drained and before the router stops, its /metrics (the gateway's port or the

@@ -60,7 +60,7 @@ def classes(args: argparse.Namespace) -> None:
         reference = light.get(base_policy(run["policy"]), {}).get("critical_ttft_p99_ms")
         p99 = run.get("critical_ttft_p99_ms")
         ratio = (
-            "–" if not reference or p99 is None else ("∞" if math.isinf(p99) else f"{p99 / reference:.1f}×")
+            "–" if not reference or p99 is None else ("∞" if math.isinf(p99) else f"{p99 / reference:.2f}×")
         )
         print(
             f"| {run['policy']} | {cell(run, 'nonsheddable_ttft_p90_ms')} | "
