@@ -40,6 +40,7 @@ from slorouter.serving.headers import ENDPOINT_HEADER, routing_response_headers
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS, RequestIds, inference_request
+from slorouter.serving.status import RouterStats
 from slorouter.serving.tracing import (
     outcome_attributes,
     parsed_attributes,
@@ -50,7 +51,6 @@ from slorouter.serving.tracing import (
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import RequestTrace, Tracing
-from slorouter.serving.status import RouterStats
 
 log = logging.getLogger(__name__)
 

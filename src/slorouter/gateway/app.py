@@ -37,6 +37,7 @@ from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import RequestIds, inference_request
+from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
 from slorouter.serving.tracing import (
     outcome_attributes,
     parsed_attributes,
@@ -47,7 +48,6 @@ from slorouter.serving.tracing import (
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import RequestTrace, Tracing
-from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
 
 log = logging.getLogger(__name__)
 
