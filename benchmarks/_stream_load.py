@@ -3,6 +3,8 @@ counted against the process measured.
 
     python benchmarks/_stream_load.py SPEC.json OUT.json
 
+or, from another benchmark, ``stream_load(url, rate=..., ...)``, which runs it so.
+
 SPEC: {"url", "rate", "seconds", "prompt_tokens", "max_tokens", "model", "timeout_s"}. OUT: the number of
 requests sent, answered 200 with a whole stream (``[DONE]`` seen), failed, and per-request client-side TTFT
 (first token chunk), E2E and completion tokens (from ``usage``).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,6 +102,26 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
             await asyncio.wait(set(tasks), timeout=spec["timeout_s"] + 5)
     out["errors"] = out["errors"][:10]
     return out
+
+
+def stream_load(
+    url: str,
+    *,
+    rate: float,
+    seconds: float,
+    prompt_tokens: int,
+    max_tokens: int,
+    directory: Path,
+    model: str = "sim-llama3-8b",
+) -> dict[str, Any]:
+    """Run this load against ``url``'s chat completions in its own process (SPEC and OUT in ``directory``)."""
+    spec = {"url": f"{url}/v1/chat/completions", "rate": rate, "seconds": seconds, "model": model,
+            "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "timeout_s": 120}  # fmt: skip
+    spec_path, out_path = directory / "load-spec.json", directory / "load-out.json"
+    spec_path.write_text(json.dumps(spec))
+    subprocess.run([sys.executable, __file__, str(spec_path), str(out_path)], check=True)
+    result: dict[str, Any] = json.loads(out_path.read_text())
+    return result
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ runs in the mode given (full-duplex by default, as the original's picker).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from _harness import (
     run_wrk,
     wait_for_port,
 )
+from _stream_load import stream_load
 from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
 
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
@@ -243,14 +243,9 @@ def scrape_pods(endpoints: list[str]) -> dict[str, float]:
     return totals
 
 
-def stream_load(url: str, rate: float, seconds: float, args: argparse.Namespace, directory: Path) -> dict:
-    spec = {"url": f"{url}/v1/chat/completions", "rate": rate, "seconds": seconds, "model": "sim-llama3-8b",
-            "prompt_tokens": args.prompt_tokens, "max_tokens": args.output_tokens,
-            "timeout_s": 120}  # fmt: skip
-    spec_path, out_path = directory / "load-spec.json", directory / "load-out.json"
-    spec_path.write_text(json.dumps(spec))
-    subprocess.run([sys.executable, str(HERE / "_stream_load.py"), str(spec_path), str(out_path)], check=True)
-    return json.loads(out_path.read_text())
+def run_load(url: str, seconds: float, args: argparse.Namespace, directory: Path) -> dict:
+    return stream_load(url, rate=args.stream_rate, seconds=seconds, prompt_tokens=args.prompt_tokens,
+                       max_tokens=args.output_tokens, directory=directory)  # fmt: skip
 
 
 def delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
@@ -276,7 +271,7 @@ def streamed(args: argparse.Namespace) -> None:
         targets = start_targets(stack, directory, endpoints, args, "sim-llama3-8b")
         for name, target in targets.items():  # warm up, and train the predictors
             print(f"warming up {name}", file=sys.stderr, flush=True)
-            stream_load(target.url, args.stream_rate, args.stream_warmup, args, directory)
+            run_load(target.url, args.stream_warmup, args, directory)
         idle: dict[str, float] = {}  # the router's CPU with no traffic (scraping the pods), in cores
         for name, target in targets.items():
             if target.router_pid is not None:
@@ -289,7 +284,7 @@ def streamed(args: argparse.Namespace) -> None:
                 router_before = scrape(target.metrics_url) if target.metrics_url else {}
                 pods_before = scrape_pods(endpoints)
                 cpu_before = [cpu_seconds(pid) for pid in target.pids]
-                load = stream_load(target.url, args.stream_rate, args.stream_seconds, args, directory)
+                load = run_load(target.url, args.stream_seconds, args, directory)
                 cpu_after = [cpu_seconds(pid) for pid in target.pids]
                 router_after = scrape(target.metrics_url) if target.metrics_url else {}
                 pods_after = scrape_pods(endpoints)

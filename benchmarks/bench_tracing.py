@@ -19,7 +19,6 @@ that the spans were exported (three per sampled request).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -39,8 +38,8 @@ from _harness import (
     process,
     run_wrk,
 )
+from _stream_load import stream_load
 
-HERE = Path(__file__).resolve().parent
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
 SETUPS = {"off": None, "on, 100 % sampled": 1.0, "on, 10 % sampled": 0.1}
 
@@ -111,14 +110,9 @@ def one_token(args: argparse.Namespace, receiver: str, directory: Path) -> list[
     return rows
 
 
-def stream_load(url: str, args: argparse.Namespace, seconds: float, directory: Path) -> dict:
-    spec = {"url": f"{url}/v1/chat/completions", "rate": args.stream_rate, "seconds": seconds,
-            "model": "sim-llama3-8b", "prompt_tokens": args.prompt_tokens, "max_tokens": args.output_tokens,
-            "timeout_s": 120}  # fmt: skip
-    spec_path, out_path = directory / "load-spec.json", directory / "load-out.json"
-    spec_path.write_text(json.dumps(spec))
-    subprocess.run([sys.executable, str(HERE / "_stream_load.py"), str(spec_path), str(out_path)], check=True)
-    return json.loads(out_path.read_text())
+def run_load(url: str, args: argparse.Namespace, seconds: float, directory: Path) -> dict:
+    return stream_load(url, rate=args.stream_rate, seconds=seconds, prompt_tokens=args.prompt_tokens,
+                       max_tokens=args.output_tokens, directory=directory)  # fmt: skip
 
 
 def streamed(args: argparse.Namespace, receiver: str, directory: Path) -> list[list[str]]:
@@ -132,12 +126,12 @@ def streamed(args: argparse.Namespace, receiver: str, directory: Path) -> list[l
         stack.enter_context(process(sim, [sim_port + i for i in range(pods)]))
         gateways = start_gateways(stack, directory, endpoints, receiver, "streamed")
         for url, _ in gateways.values():
-            stream_load(url, args, 3.0, directory)
+            run_load(url, args, 3.0, directory)
         for round_index in range(args.rounds):
             for name, (url, pid) in gateways.items():
                 print(f"streamed round {round_index + 1}: {name}", file=sys.stderr, flush=True)
                 before = cpu_seconds(pid)
-                load = stream_load(url, args, args.stream_seconds, directory)
+                load = run_load(url, args, args.stream_seconds, directory)
                 ok = max(load["ok"], 1)
                 ttft = sorted(load["ttft_ms"])
                 results.setdefault(name, []).append(
