@@ -37,6 +37,7 @@ def _value(any_value: object) -> object:
 @dataclass
 class _Store:
     spans: list[ReceivedSpan] = field(default_factory=list)
+    count: int = 0
     exports: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -62,10 +63,8 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
                     received.append(_span(span, service))
         with self.store.lock:
             self.store.exports += 1
-            if self.keep:
-                self.store.spans.extend(received)
-            else:
-                self.store.spans.extend([_COUNTED] * count)
+            self.store.count += count
+            self.store.spans.extend(received)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -79,9 +78,6 @@ def _span(span: trace_pb2.Span, service: str) -> ReceivedSpan:
         attributes={a.key: _value(a.value) for a in span.attributes},
         service_name=service,
     )
-
-
-_COUNTED = ReceivedSpan("", "", "", "", 0, {}, "")  # stands for a span counted, not kept
 
 
 class OtlpReceiver:
@@ -107,7 +103,7 @@ class OtlpReceiver:
 
     def count(self) -> int:
         with self._store.lock:
-            return len(self._store.spans)
+            return self._store.count
 
     def __enter__(self) -> OtlpReceiver:
         self._server.start()
