@@ -42,8 +42,8 @@ each seed's value in brackets.
 Every subprocess runs the code this script is beside: ``ROOT/src`` is put first on their PYTHONPATH.
 
     .venv/bin/python benchmarks/bench_flow_control_realtime.py [--seeds 0,1,2] [--pods 2]
-        [--profile llama3-8b-h100] [--base-load 0.5] [--burst-factor 2.0] [--base-seconds 20]
-        [--burst-seconds 20] [--after-seconds 40] [--slo-ttft 1000] [--policy NAME]
+        [--profile llama3-8b-h100] [--engine-variant SPEC] [--base-load 0.5] [--burst-factor 2.0]
+        [--base-seconds 20] [--burst-seconds 20] [--after-seconds 40] [--slo-ttft 1000] [--policy NAME]
         [--front-ends gateway,epp] [--flow-control off,on] [--json FILE]
 """
 
@@ -279,7 +279,7 @@ def run_one(front_end: str, fc: bool, seed: int, args: argparse.Namespace, tmp: 
     config_path = tmp / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(router_config(port, endpoints, args.policy, seed, fc)))
     sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", args.profile,
-           "--model", MODEL, "--seed", str(seed)]  # fmt: skip
+           "--model", MODEL, "--seed", str(seed), "--engine-variant", args.engine_variant]  # fmt: skip
     if front_end == "gateway":
         router = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
         metrics_port = port
@@ -448,6 +448,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; figures are medians over them")
     parser.add_argument("--pods", type=int, default=2)
     parser.add_argument("--profile", default="llama3-8b-h100", help="the pods' profile (slorouter sim)")
+    parser.add_argument("--engine-variant", default="", metavar="SPEC", help="the pods' engine variant")
     parser.add_argument("--base-load", type=float, default=0.5, help="base load, a share of the capacity")
     parser.add_argument("--burst-factor", type=float, default=2.0, help="the burst's load, × the capacity")
     parser.add_argument("--base-seconds", type=float, default=20.0, help="base load before the burst")
@@ -480,9 +481,11 @@ def main() -> None:
     from slorouter.bench.pool import parse_pool
 
     try:
-        profile = parse_pool(f"1x {args.profile}")[0]
+        profile = parse_pool(
+            f"1x {args.profile}" + (f"@{args.engine_variant}" if args.engine_variant else "")
+        )[0]
     except ValueError as exc:
-        parser.error(f"--profile: {exc}")
+        parser.error(f"--profile / --engine-variant: {exc}")
     # The subprocesses (pods, routers) run the code beside this script, whatever is installed.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -496,7 +499,7 @@ def main() -> None:
         "after": (args.after_seconds, base_rate),
     }
     p50, p99 = unloaded_ttft_ms(profile, WORKLOAD, CAPACITY_SEED)
-    print(f"capacity of {args.pods}x {args.profile}: {capacity:.1f} req/s (engines in virtual time, "
+    print(f"capacity of {args.pods}x {profile.name}: {capacity:.1f} req/s (engines in virtual time, "
           f"overloaded); base {base_rate:.1f} req/s, burst {burst_rate:.1f} req/s; unloaded TTFT p50 "
           f"{p50:.0f} ms, p99 {p99:.0f} ms; SLO TTFT {args.slo_ttft:g} ms", flush=True)  # fmt: skip
     outputs: dict[str, list[dict[str, Any]]] = {}
@@ -550,7 +553,7 @@ def main() -> None:
     print("\nCPU, cores over each run (median of the seeds):\n")
     print(markdown_table(["run", "CPU cores"], cpu_rows))
     print(
-        f"\n{args.pods}x `{args.profile}`, capacity {capacity:.1f} req/s (derived); base "
+        f"\n{args.pods}x `{profile.name}`, capacity {capacity:.1f} req/s (derived); base "
         f"{base_rate:.1f} req/s for {args.base_seconds:g} s, burst {burst_rate:.1f} req/s for "
         f"{args.burst_seconds:g} s, base for {args.after_seconds:g} s; classes critical / standard / "
         f"sheddable 20 / 50 / 30 %; SLO TTFT {args.slo_ttft:g} ms; scheduler "
