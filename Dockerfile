@@ -7,8 +7,12 @@ WORKDIR /src
 # Exactly the tested versions (requirements.lock) in a virtual environment that the next stage copies.
 COPY requirements.lock pyproject.toml README.md ./
 COPY src ./src
+# opentelemetry-proto goes in again, alone: xds-protos ships a stale copy of its modules under the same
+# import path, and whichever is installed last wins (grpc/grpc#42926).
 RUN python -m venv /opt/slorouter \
-    && /opt/slorouter/bin/pip install --no-cache-dir --no-compile -c requirements.lock ".[tracing]"
+    && /opt/slorouter/bin/pip install --no-cache-dir --no-compile -c requirements.lock ".[tracing]" \
+    && /opt/slorouter/bin/pip install --no-cache-dir --no-compile --no-deps --force-reinstall \
+        -c requirements.lock opentelemetry-proto
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 slorouter \

@@ -17,8 +17,12 @@ $(STAMP_RUN): pyproject.toml requirements.lock | $(BIN)/python
 	$(BIN)/pip install --quiet -c requirements.lock -e .
 	touch $@
 
+# xds-protos ships a stale copy of opentelemetry-proto's modules (InstrumentationLibrary, not
+# InstrumentationScope) under the same import path, and whichever is installed last wins
+# (grpc/grpc#42926): opentelemetry-proto is installed again, alone, so the OTLP exporter can import.
 $(STAMP_DEV): pyproject.toml requirements.lock | $(BIN)/python
 	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps --force-reinstall -c requirements.lock opentelemetry-proto
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)

@@ -77,6 +77,37 @@ def test_without_the_sdk_a_router_starts_with_tracing_off_and_names_the_extra_wi
     assert "pip install 'slorouter[tracing]'" in done.stdout
 
 
+_WITH_OVERWRITTEN_PROTOS = """
+import sys, types
+# What xds-protos leaves when it is installed after opentelemetry-proto: an old common_pb2 without
+# InstrumentationScope.
+sys.modules["opentelemetry.proto.common.v1.common_pb2"] = types.ModuleType(
+    "opentelemetry.proto.common.v1.common_pb2"
+)
+from slorouter.config import ConfigError, parse_config
+from slorouter.gateway.runtime import Router
+tracing = {"enabled": True, "otelExporterEndpoint": "http://127.0.0.1:9"}
+try:
+    Router.build(parse_config({"pool": {"endpoints": ["127.0.0.1:9"]}, "tracing": tracing}))
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_overwritten_otlp_protos_are_named_with_the_fix():
+    done = subprocess.run(
+        [sys.executable, "-c", _WITH_OVERWRITTEN_PROTOS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tracing.enabled" in done.stdout
+    assert "opentelemetry.proto.common.v1.common_pb2" in done.stdout
+    assert "pip install --no-deps --force-reinstall opentelemetry-proto" in done.stdout
+
+
 def test_a_predicted_pick_carries_its_predictions():
     lifecycle: Any = SimpleNamespace(
         target=SimpleNamespace(address="10.0.0.1:8000"),

@@ -48,11 +48,7 @@ class Tracing:
             sampler=sampler, resource=Resource.create({SERVICE_NAME: config.service_name})
         )
         if exporter is None:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-            endpoint = config.otel_exporter_endpoint
-            otlp = OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
-            provider.add_span_processor(BatchSpanProcessor(otlp))
+            provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(config.otel_exporter_endpoint)))
         else:
             provider.add_span_processor(SimpleSpanProcessor(exporter))
         return cls(provider)
@@ -74,6 +70,24 @@ class Tracing:
     def shutdown(self) -> None:
         """Export what is still buffered, then stop (blocks: run it off the event loop)."""
         self._provider.shutdown()
+
+
+def _otlp_exporter(endpoint: str) -> SpanExporter:
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        if not (exc.name or "").startswith("opentelemetry.proto"):
+            raise
+        from slorouter.tracing.config import TracingUnavailableError
+
+        # xds-protos (the ext_proc protos) ships an old copy of these modules under the same import path;
+        # whichever package was installed last owns them (grpc/grpc#42926).
+        raise TracingUnavailableError(
+            f"the OTLP exporter cannot import {exc.name} ({exc}): another package (xds-protos) has "
+            "overwritten opentelemetry-proto's modules; reinstall it after the others: "
+            "pip install --no-deps --force-reinstall opentelemetry-proto"
+        ) from None
+    return OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
 
 
 class RequestTrace:
