@@ -10,7 +10,10 @@ from prometheus_client import CollectorRegistry
 
 from slorouter.api.replies import CHAT, TEXT
 from slorouter.clock import ManualClock
-from slorouter.director import Director
+from slorouter.director import Admission, Director
+from slorouter.flowcontrol.config import FlowControlConfig
+from slorouter.flowcontrol.controller import Ticket
+from slorouter.flowcontrol.types import Outcome
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
@@ -274,3 +277,41 @@ def test_no_reply_is_wanted_or_kept_when_the_prompt_cannot_be_continued_or_the_r
     broken.on_reply_text("partial")
     broken.on_complete(error="stream: reset")
     assert reader.histories == [None, None]
+
+
+def _lane_director(pick: str) -> tuple[Director, Admission, Admission]:
+    """A director with flow control's priority lane; a lane admission and one outside the lane."""
+    clock = ManualClock(100.0)
+    pool = PoolState([Endpoint(a) for a in ADDRESSES])
+    pool.set_metrics(ADDRESSES[0], MetricsSnapshot(kv_usage=0.95), at=clock.now())  # no lane room
+    for address in ADDRESSES[1:]:
+        pool.set_metrics(address, MetricsSnapshot(kv_usage=0.1), at=clock.now())
+    pool.add_inflight(ADDRESSES[1], 3, 300, 0, 0)
+    pool.add_inflight(ADDRESSES[2], 1, 900, 0, 0)
+    setup = build_scheduler_setup(None, PluginContext(clock=clock, rng=np.random.default_rng(0), pool=pool))
+    flow = FlowControlConfig.model_validate({"enabled": True, "priorityLane": {"pick": pick}})
+    controller = flow.build(pool, clock)
+    director = Director(pool, setup, InFlightTracker(pool), clock, flow_control=controller)
+    item = controller.queued_request(_request())
+    lane = Admission(controller, Ticket(item, outcome=Outcome.DISPATCHED, lane=True))
+    other = Admission(controller, Ticket(item, outcome=Outcome.DISPATCHED))
+    return director, lane, other
+
+
+def test_a_lane_request_goes_to_the_least_loaded_endpoint_with_lane_room():
+    director, lane, other = _lane_director("least-loaded")
+    for i in range(10):
+        assert director.schedule(_request(i), admission=lane).target.address == ADDRESSES[2]
+    assert (
+        director.schedule(_request(), exclude={ADDRESSES[2]}, admission=lane).target.address == (ADDRESSES[1])
+    )
+    picked = {director.schedule(_request(i), admission=other).target.address for i in range(30)}
+    assert ADDRESSES[1] in picked  # outside the lane the scheduler's pick stands
+
+
+def test_a_lane_request_with_the_scheduler_pick_avoids_endpoints_without_lane_room():
+    director, lane, _ = _lane_director("scheduler")
+    picked = {director.schedule(_request(i), admission=lane).target.address for i in range(30)}
+    assert picked and ADDRESSES[0] not in picked
+    only = director.schedule(_request(), exclude=set(ADDRESSES[1:]), admission=lane)
+    assert only.target.address == ADDRESSES[0]  # no candidate has lane room: all of them stay

@@ -19,7 +19,7 @@ import numpy as np
 
 from slorouter.api.replies import history_text
 from slorouter.clock import Clock
-from slorouter.flowcontrol.controller import FlowController, Ticket
+from slorouter.flowcontrol.controller import FlowController, LanePick, Ticket
 from slorouter.flowcontrol.types import QUEUED_HEADER, Outcome
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
@@ -168,15 +168,16 @@ class Director:
         return Admission(self.flow_control, ticket)
 
     async def schedule_async(
-        self, request: InferenceRequest, exclude: Collection[str] = ()
+        self, request: InferenceRequest, exclude: Collection[str] = (), admission: Admission = NOT_QUEUED
     ) -> SchedulingResult:
         """Pick the endpoint(s) for a request; raises ``SchedulingError`` (with its HTTP status).
 
         The data producers share one time budget (``SchedulerSetup.data_producer_timeout_s``): a producer
         that waits on I/O is awaited for what is left of it, in dependency order, and past it scheduling goes
-        on without that producer's data (and without the producers not yet started).
+        on without that producer's data (and without the producers not yet started). A request released by
+        flow control's priority lane is picked among the endpoints with lane room (``_lane_candidates``).
         """
-        candidates = self._candidates_or_raise(exclude)
+        candidates = self._lane_candidates(self._candidates_or_raise(exclude), admission)
         deadline = self.clock.now() + self.setup.data_producer_timeout_s
         for producer in self.setup.data_producers:
             remaining = deadline - self.clock.now()
@@ -194,13 +195,15 @@ class Director:
                 log.exception("data producer %r failed; scheduling without its data", producer)
         return self._admit_and_schedule(request, candidates)
 
-    def schedule(self, request: InferenceRequest, exclude: Collection[str] = ()) -> SchedulingResult:
+    def schedule(
+        self, request: InferenceRequest, exclude: Collection[str] = (), admission: Admission = NOT_QUEUED
+    ) -> SchedulingResult:
         """``schedule_async`` for front-ends without an event loop (the discrete-event simulator).
 
         Every producer must finish at once (in-process prediction); one that would wait on I/O is a
         configuration error here.
         """
-        candidates = self._candidates_or_raise(exclude)
+        candidates = self._lane_candidates(self._candidates_or_raise(exclude), admission)
         for producer in self.setup.data_producers:
             try:
                 pending = producer.produce(request, candidates)
@@ -256,6 +259,23 @@ class Director:
             raise NoCandidatesError(
                 "no healthy model-server endpoint is available", headers={"Retry-After": "1"}
             )
+        return candidates
+
+    def _lane_candidates(self, candidates: Candidates, admission: Admission) -> Candidates:
+        """A lane ticket's candidates: those with lane room (all of them if none has it), and of those
+        only the least loaded with ``LanePick.LEAST_LOADED``."""
+        controller = self.flow_control
+        ticket = admission.ticket
+        if controller is None or ticket is None or not ticket.lane:
+            return candidates
+        room = controller.detector.lane_mask(candidates.positions)
+        if room.any() and not room.all():
+            candidates = candidates.subset(room)
+        if controller.lane_pick is LanePick.LEAST_LOADED and len(candidates) > 1:
+            order = np.lexsort(
+                (candidates.column("inflight_prefill_tokens"), candidates.column("inflight_requests"))
+            )
+            candidates = candidates.subset(order[:1])
         return candidates
 
     def _admit_and_schedule(self, request: InferenceRequest, candidates: Candidates) -> SchedulingResult:

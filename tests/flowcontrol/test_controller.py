@@ -102,3 +102,92 @@ def test_a_newcomer_to_an_empty_queue_gets_the_looser_prefill_bound() -> None:
     pool.add_inflight("pod-0:8000", 0, -900, 0, 0)  # 100 tokens in flight: under the tight bound
     fc.service()
     assert second.outcome is Outcome.DISPATCHED and third.outcome is None  # one per pump
+
+
+def _lane_controller(pool: PoolState, clock: ManualClock) -> FlowController:
+    """A prefill rate of 10,000 tok/s on every endpoint: bounds 5,000 tokens (loose, the lane's) and 500
+    (while requests wait); the lane is priority ≥ 1."""
+    detector = SaturationDetector(
+        pool, SaturationThresholds(prefill_target_s=0.5, queued_prefill_target_s=0.05)
+    )
+    for endpoint in pool.endpoints:
+        for _ in range(detector.prefill_rates.min_samples):
+            detector.observe_first_token(endpoint.address, 10_000, 1.0)
+    return FlowController(FlowQueues(fairness=RoundRobin), detector, clock, lane_min_priority=1)
+
+
+def test_lane_room_uses_the_loose_prefill_bound_and_the_lane_kv_bound() -> None:
+    pool = _pool(3)
+    detector = _lane_controller(pool, ManualClock()).detector
+    pool.add_inflight("pod-0:8000", 1, 1_000, 0, 0)  # over the tight bound, under the loose one
+    pool.set_metrics("pod-1:8000", MetricsSnapshot(kv_usage=0.85), 0.0)  # over 0.8, under the lane's 0.9
+    pool.set_metrics("pod-2:8000", MetricsSnapshot(kv_usage=0.95), 0.0)  # over both
+    assert detector.room(contended=True) == 0
+    assert detector.room(contended=True, lane=True) == 2
+    assert detector.lane_mask(pool.healthy_positions()).tolist() == [True, True, False]
+
+
+def test_the_lane_releases_the_top_band_while_the_others_wait() -> None:
+    pool, clock = _pool(2), ManualClock()
+    fc = _lane_controller(pool, clock)
+    for endpoint in pool.endpoints:
+        pool.add_inflight(endpoint.address, 1, 6_000, 0, 0)  # over both bounds
+    standard = fc.submit(_item("standard", clock))
+    for endpoint in pool.endpoints:
+        pool.add_inflight(endpoint.address, 0, -5_000, 0, 0)  # lane room on both, no room otherwise
+    fc.service()
+    assert standard.outcome is None  # a standard request is not in the lane: it waits
+    critical = fc.submit(_item("critical", clock, priority=1))
+    assert critical.outcome is Outcome.DISPATCHED and critical.reason == "lane" and critical.lane
+    assert standard.outcome is None and fc.reserved == 1
+    second = fc.submit(_item("critical-2", clock, priority=2))
+    assert second.outcome is Outcome.DISPATCHED and second.lane  # the other endpoint's lane room
+    third = fc.submit(_item("critical-3", clock, priority=1))
+    assert third.outcome is None  # lane room 2, both reserved
+    for ticket in (critical, second):
+        pool.add_inflight("pod-0:8000" if ticket is critical else "pod-1:8000", 1, 5_000, 0, 0)
+        fc.release(ticket)
+    assert third.outcome is None  # both endpoints over the loose bound now
+
+
+def test_lane_tickets_only_while_others_wait() -> None:
+    pool, clock = _pool(1), ManualClock()
+    fc = _lane_controller(pool, clock)
+    alone = fc.submit(_item("alone", clock, priority=1))
+    assert alone.outcome is Outcome.DISPATCHED and alone.reason == "room" and not alone.lane
+    pool.add_inflight("pod-0:8000", 1, 6_000, 0, 0)  # over both bounds
+    fc.release(alone)
+    waiting = [fc.submit(_item(f"w{i}", clock, priority=p)) for i, p in enumerate((0, 1))]
+    assert all(t.outcome is None for t in waiting)
+    pool.add_inflight("pod-0:8000", 0, -5_900, 0, 0)  # 100 tokens: room under the tight bound
+    fc.service()
+    critical = waiting[1]  # strict priority: the critical one goes first, and in the lane
+    assert critical.outcome is Outcome.DISPATCHED and critical.reason == "room" and critical.lane
+    assert waiting[0].outcome is None
+
+
+def test_no_lane_without_a_lane_priority() -> None:
+    pool, clock = _pool(1), ManualClock()
+    fc = _lane_controller(pool, clock)
+    fc.lane_min_priority = None
+    pool.add_inflight("pod-0:8000", 1, 6_000, 0, 0)
+    fc.submit(_item("standard", clock))
+    pool.add_inflight("pod-0:8000", 0, -5_000, 0, 0)  # lane room, had there been a lane
+    critical = fc.submit(_item("critical", clock, priority=1))
+    assert critical.outcome is None and len(fc) == 2
+
+
+def test_a_cap_learned_below_the_slot_cap_grows_with_what_the_engine_runs() -> None:
+    pool = _pool(1)
+    detector = SaturationDetector(pool, SaturationThresholds(queue_depth_threshold=5))
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=0, running=40), 0.0)
+    assert detector.room() == math.inf and detector.cap("pod-0:8000") is None  # never made one wait
+    # Long prompts wait on the prefill token budget with only 9 running: a cap far below the slots.
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=3, running=9), 1.0)
+    pool.add_inflight("pod-0:8000", 14, 0, 0, 0)
+    assert detector.room() == 0 and detector.cap("pod-0:8000") == 9
+    # The engine runs all 14 (nothing waits): the cap follows, so the slot room opens again.
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=0, running=14), 2.0)
+    assert detector.room() == 5 and detector.cap("pod-0:8000") == 14
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=0, running=2), 3.0)
+    assert detector.cap("pod-0:8000") == 14  # the most it was seen running

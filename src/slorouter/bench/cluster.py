@@ -634,7 +634,7 @@ class ClusterSimulator:
         director = stack.director
         rec.queued_s[i] = admission.queued_s
         try:
-            result = director.schedule(inference)
+            result = director.schedule(inference, admission=admission)
         except SchedulingError as exc:
             admission.release()
             rec.status[i] = exc.status

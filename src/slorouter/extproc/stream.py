@@ -324,7 +324,7 @@ class PickerStream:
         if trace is not None:
             trace.begin_schedule({"slorouter.attempt": 1})
         try:
-            result = await director.schedule_async(request, exclude=exclude)
+            result = await director.schedule_async(request, exclude=exclude, admission=admission)
         except BaseException as exc:
             admission.release()  # the room reserved for it goes back
             if isinstance(exc, SchedulingError):

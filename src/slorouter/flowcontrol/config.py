@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from slorouter.clock import Clock
-from slorouter.flowcontrol.controller import FlowController
+from slorouter.flowcontrol.controller import FlowController, LanePick
 from slorouter.flowcontrol.metrics import FlowControlMetrics
 from slorouter.flowcontrol.policies import fairness_policy
 from slorouter.flowcontrol.queue import FlowQueues
@@ -85,7 +85,7 @@ class SaturationDetectorConfig(_CamelModel):
         classmethod(lambda cls, value: _seconds(value))
     )
 
-    def thresholds(self) -> SaturationThresholds:
+    def thresholds(self, lane: PriorityLaneConfig | None = None) -> SaturationThresholds:
         return SaturationThresholds(
             self.queue_depth_threshold,
             self.kv_cache_util_threshold,
@@ -93,7 +93,18 @@ class SaturationDetectorConfig(_CamelModel):
             self.max_inflight_prefill_tokens,
             self.prefill_target_s,
             self.queued_prefill_target_s,
+            (lane or PriorityLaneConfig()).kv_cache_util_threshold,
         )
+
+
+class PriorityLaneConfig(_CamelModel):
+    min_priority: int | None = Field(
+        default=1,
+        alias="minPriority",
+        description="requests of this priority or higher form the lane; null: no lane",
+    )
+    kv_cache_util_threshold: float = Field(default=0.9, gt=0, le=1, alias="kvCacheUtilThreshold")
+    pick: LanePick = Field(default=LanePick.SCHEDULER)
 
 
 class FlowControlConfig(_CamelModel):
@@ -119,6 +130,7 @@ class FlowControlConfig(_CamelModel):
     saturation_detector: SaturationDetectorConfig = Field(
         default_factory=SaturationDetectorConfig, alias="saturationDetector"
     )
+    priority_lane: PriorityLaneConfig = Field(default_factory=PriorityLaneConfig, alias="priorityLane")
     poll_interval_s: float = Field(default=0.02, gt=0, alias="pollInterval")
 
     _durations = field_validator(
@@ -150,7 +162,8 @@ class FlowControlConfig(_CamelModel):
             band_limits={band.priority: band.limits() for band in self.priority_bands},
             default_band_limits=self.default_priority_band.limits(),
         )
-        detector = SaturationDetector(pool, self.saturation_detector.thresholds())
+        lane = self.priority_lane
+        detector = SaturationDetector(pool, self.saturation_detector.thresholds(lane))
         return FlowController(
             queues,
             detector,
@@ -159,4 +172,6 @@ class FlowControlConfig(_CamelModel):
             request_ttl_s=self.default_request_ttl_s,
             fairness_header=self.fairness_id_header,
             metrics=metrics,
+            lane_min_priority=lane.min_priority,
+            lane_pick=lane.pick,
         )

@@ -9,6 +9,13 @@ counts now, or failed). Who calls ``service`` (expiry, eviction, the pump) and w
 every change of in-flight load; with an event loop, a pump task that lives while requests are queued and
 wakes at the next deadline or every ``poll_interval_s`` (new scraped signals); in the discrete-event
 benchmark, its event loop at ``next_wakeup``.
+
+The priority lane (``lane_min_priority``; None: none): while requests wait, a queued request of at least that
+priority is also released when the pool has only *lane* room (``SaturationDetector``: the looser prefill
+bound, a higher KV bound), and every request of the lane released while others wait is a *lane* ticket,
+whose pick the Director restricts to the endpoints with lane room (``LanePick``). At saturation the pool's
+room opens in small steps that the bands share; the lane lets the top band take the endpoints that can
+still serve it soon instead of waiting for a step of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from slorouter.clock import Clock
 from slorouter.flowcontrol.metrics import FlowControlMetrics
@@ -29,10 +37,19 @@ from slorouter.scheduling.types import InferenceRequest
 log = logging.getLogger(__name__)
 
 
+class LanePick(StrEnum):
+    """Where a lane ticket goes: the scheduler's pick among the endpoints with lane room, or the least
+    loaded of them (fewest requests in flight, then fewest uncached prompt tokens)."""
+
+    SCHEDULER = "scheduler"
+    LEAST_LOADED = "least-loaded"
+
+
 @dataclass(eq=False, slots=True)
 class Ticket:
     """One request's passage through flow control. ``outcome`` None: still queued (or rejected, with
-    ``rejection`` set); ``reason`` says which rule decided an eviction or a rejection."""
+    ``rejection`` set); ``reason`` says which rule decided a dispatch, an eviction or a rejection;
+    ``lane``: released by the priority lane or in it while others waited (its pick is restricted)."""
 
     item: QueuedRequest
     on_outcome: Callable[[Ticket], None] | None = None
@@ -41,6 +58,7 @@ class Ticket:
     reason: str = ""
     left_at: float | None = None
     reserved: bool = field(default=False)
+    lane: bool = False
 
     @property
     def queued_s(self) -> float:
@@ -58,8 +76,12 @@ class FlowController:
         request_ttl_s: float | None = None,
         fairness_header: str = "x-llm-d-inference-fairness-id",
         metrics: FlowControlMetrics | None = None,
+        lane_min_priority: int | None = None,
+        lane_pick: LanePick = LanePick.SCHEDULER,
     ) -> None:
         self.queues = queues
+        self.lane_min_priority = lane_min_priority
+        self.lane_pick = lane_pick
         self.request_ttl_s = request_ttl_s
         self.fairness_header = fairness_header
         self.detector = detector
@@ -141,19 +163,37 @@ class FlowController:
         self._pump(now)
 
     def _pump(self, now: float, newcomer: bool = False) -> None:
-        """Release while there is room. Contended (the detector's tighter bound) when a request other than
-        the ``newcomer`` submitted just now waits."""
+        """Release while there is room, then, while the top band queued is the lane's, while there is lane
+        room. Contended (the detector's tighter bound) when a request other than the ``newcomer`` submitted
+        just now waits."""
         queues = self.queues
         queued = len(queues)
         if not queued:
             return
-        room = self.detector.room(contended=queued > (1 if newcomer else 0)) - self.reserved
+        contended = queued > (1 if newcomer else 0)
+        lane = self.lane_min_priority
+        room = self.detector.room(contended=contended) - self.reserved
         while room >= 1:
             released = queues.pop(now)
             if released is None:
                 break
-            self._finish(released, Outcome.DISPATCHED, "room")
+            self._finish(released, Outcome.DISPATCHED, "room", contended and self._in_lane(released))
             room -= 1
+        if lane is None or not self._lane_waits():
+            return
+        room = self.detector.room(contended=True, lane=True) - self.reserved
+        while room >= 1 and self._lane_waits():
+            released = queues.pop(now)
+            assert released is not None
+            self._finish(released, Outcome.DISPATCHED, "lane", True)
+            room -= 1
+
+    def _in_lane(self, item: QueuedRequest) -> bool:
+        return self.lane_min_priority is not None and item.priority >= self.lane_min_priority
+
+    def _lane_waits(self) -> bool:
+        top = self.queues.top_priority()
+        return top is not None and self.lane_min_priority is not None and top >= self.lane_min_priority
 
     def next_wakeup(self) -> float | None:
         """When ``service`` has timed work next (a TTL or SLO deadline); None: nothing queued with one."""
@@ -187,10 +227,11 @@ class FlowController:
                 await task
 
     # --- internals ------------------------------------------------------------------------------------
-    def _finish(self, item: QueuedRequest, outcome: Outcome, reason: str) -> None:
+    def _finish(self, item: QueuedRequest, outcome: Outcome, reason: str, lane: bool = False) -> None:
         ticket = self._tickets.pop(id(item))
         ticket.outcome = outcome
         ticket.reason = reason
+        ticket.lane = lane
         ticket.left_at = self.clock.now()
         if outcome is Outcome.DISPATCHED:
             ticket.reserved = True

@@ -239,6 +239,13 @@ class FlowQueues:
         for priority in self._priorities:
             yield from self._band_items(self._bands[priority])
 
+    def top_priority(self) -> int | None:
+        """The priority ``pop`` takes from next (None when empty)."""
+        for priority in self._priorities:
+            if self._bands[priority].count:
+                return priority
+        return None
+
     def band_counts(self) -> dict[int, int]:
         return {p: band.count for p, band in self._bands.items()}
 

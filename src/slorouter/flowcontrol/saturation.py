@@ -13,13 +13,18 @@ Per healthy endpoint, from the router's own fresh in-flight counts and the scrap
   a prefill bound an endpoint takes at most one request per pump: the next is released once the previous
   one is counted in flight, so a queue drains on fresh counts instead of all at once;
 - otherwise it has room for ``limit − in-flight requests`` more, where ``limit`` is
-  ``max_inflight_requests`` if set, else derived from the pool: the endpoint's batch-slot cap (the most
-  requests it was seen running while others waited, as the load-latency producer learns it) plus
+  ``max_inflight_requests`` if set, else derived from the pool: the endpoint's batch-slot cap (learned once
+  its engine made requests wait: the most requests it was seen running since, see ``learn``) plus
   ``queue_depth_threshold`` waiting in its engine. An endpoint whose cap is not known yet (it never queued)
   is unbounded unless its scraped engine queue has reached ``queue_depth_threshold``.
 
 The pool's room is the sum. Requests the pump released and the front-end has not dispatched yet are counted
 by the controller, not here.
+
+*Lane* room is the room of the priority lane (``FlowController``): the same rules with the looser prefill
+bound (``prefill_target_s`` even while requests wait) and ``lane_kv_cache_util_threshold`` in place of
+``kv_cache_util_threshold``. It lets a request of high priority go on, to an endpoint that has it, while the
+pool is too full for the others.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class SaturationThresholds:
     prefill_target_s: float | None = 0.1  # the derived prefill bound's time; None: no derived bound
     # Its time while requests wait in the router; None: prefill_target_s.
     queued_prefill_target_s: float | None = 0.02
+    lane_kv_cache_util_threshold: float = 0.9  # the KV bound of lane room
 
     def __post_init__(self) -> None:
         for name in ("prefill_target_s", "queued_prefill_target_s"):
@@ -50,8 +56,9 @@ class SaturationThresholds:
                 raise ValueError(f"{name} must be > 0 (or None)")
         if self.queue_depth_threshold < 0:
             raise ValueError("queue_depth_threshold must be >= 0")
-        if not 0 < self.kv_cache_util_threshold <= 1:
-            raise ValueError("kv_cache_util_threshold must be in (0, 1]")
+        for name in ("kv_cache_util_threshold", "lane_kv_cache_util_threshold"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1]")
 
 
 class SaturationDetector:
@@ -66,7 +73,7 @@ class SaturationDetector:
         self.pool = pool
         self.thresholds = thresholds or SaturationThresholds()
         self.prefill_rates = prefill_rates or PrefillRates()
-        self._caps: dict[str, int] = {}  # address -> most requests seen running while others waited
+        self._caps: dict[str, int] = {}  # address -> most requests seen running since it made some wait
 
     def observe_first_token(self, address: str, tokens_ahead: int, seconds: float) -> None:
         """A request's first token: ``tokens_ahead`` uncached tokens were in flight on ``address`` when it
@@ -88,25 +95,42 @@ class SaturationDetector:
         return None if rate is None else rate * target
 
     def learn(self) -> None:
-        """Read the latest scrape into the learned batch-slot caps (cheap; called before each decision)."""
+        """Read the latest scrape into the learned batch-slot caps (cheap; called before each decision).
+
+        An endpoint's cap is first learned when its engine makes requests wait, and from then on it is the
+        most requests it was seen running: requests also wait on a prefill token budget or on KV blocks,
+        well below the slot cap, and a cap learned there must grow once the engine runs more (the slot
+        room of ``queue_depth_threshold`` above the cap lets it)."""
         pool = self.pool
         columns = pool.columns
         waiting = columns["waiting"]
         running = columns["running"]
-        for position in np.flatnonzero(waiting > 0).tolist():
-            address = pool.endpoints[position].address
+        caps = self._caps
+        for position, endpoint in enumerate(pool.endpoints):
+            known = caps.get(endpoint.address)
+            if known is None and not waiting[position] > 0:
+                continue
             seen = int(running[position])
-            if seen > self._caps.get(address, 0):
-                self._caps[address] = seen
+            if known is None or seen > known:
+                caps[endpoint.address] = seen
 
     def cap(self, address: str) -> int | None:
         return self._caps.get(address)
 
-    def room(self, contended: bool = False) -> float:
+    def room(self, contended: bool = False, lane: bool = False) -> float:
         """More requests the pool can take now (``math.inf``: no bound applies); ``contended``: requests
-        wait in the router."""
+        wait in the router; ``lane``: the priority lane's room."""
         self.learn()
-        return sum(self._endpoint_room(p, contended) for p in self.pool.healthy_positions().tolist())
+        return sum(self._endpoint_room(p, contended, lane) for p in self.pool.healthy_positions().tolist())
+
+    def lane_mask(self, positions: np.ndarray) -> np.ndarray:
+        """Which of the endpoints at pool ``positions`` have lane room (a boolean array aligned with them)."""
+        self.learn()
+        return np.fromiter(
+            (self._endpoint_room(p, True, True) > 0 for p in positions.tolist()),
+            dtype=bool,
+            count=len(positions),
+        )
 
     def saturation(self, contended: bool = False) -> float:
         """The share of healthy endpoints without room (1.0 when none is healthy)."""
@@ -119,14 +143,15 @@ class SaturationDetector:
                 full += 1
         return full / len(healthy)
 
-    def _endpoint_room(self, position: int, contended: bool) -> float:
+    def _endpoint_room(self, position: int, contended: bool, lane: bool = False) -> float:
         pool = self.pool
         t = self.thresholds
         columns = pool.columns
-        if columns["kv_usage"][position] >= t.kv_cache_util_threshold:
+        kv_threshold = t.lane_kv_cache_util_threshold if lane else t.kv_cache_util_threshold
+        if columns["kv_usage"][position] >= kv_threshold:
             return 0.0
         address = pool.endpoints[position].address
-        bound = self.prefill_bound(address, contended)
+        bound = self.prefill_bound(address, contended and not lane)
         if bound is not None and columns["inflight_prefill_tokens"][position] >= bound:
             return 0.0
         room = self._slot_room(position, address)

@@ -284,7 +284,7 @@ class Gateway:
                 trace.begin_schedule({"slorouter.attempt": attempt + 1})
             try:
                 # Awaited: a data producer may wait on I/O (a remote latency predictor).
-                result = await self.director.schedule_async(request, exclude=tried)
+                result = await self.director.schedule_async(request, exclude=tried, admission=admission)
             except asyncio.CancelledError:
                 self.metrics.client_disconnects.inc()
                 raise
