@@ -171,29 +171,27 @@ class FlowController:
         if not queued:
             return
         contended = queued > (1 if newcomer else 0)
-        lane = self.lane_min_priority
         room = self.detector.room(contended=contended) - self.reserved
         while room >= 1:
             released = queues.pop(now)
             if released is None:
                 break
-            self._finish(released, Outcome.DISPATCHED, "room", contended and self._in_lane(released))
+            self._finish(released, Outcome.DISPATCHED, "room", contended and self._in_lane(released.priority))
             room -= 1
-        if lane is None or not self._lane_waits():
+        if not self._in_lane(queues.top_priority()):
             return
         room = self.detector.room(contended=True, lane=True) - self.reserved
-        while room >= 1 and self._lane_waits():
+        while room >= 1 and self._in_lane(queues.top_priority()):
             released = queues.pop(now)
             assert released is not None
             self._finish(released, Outcome.DISPATCHED, "lane", True)
             room -= 1
 
-    def _in_lane(self, item: QueuedRequest) -> bool:
-        return self.lane_min_priority is not None and item.priority >= self.lane_min_priority
-
-    def _lane_waits(self) -> bool:
-        top = self.queues.top_priority()
-        return top is not None and self.lane_min_priority is not None and top >= self.lane_min_priority
+    def _in_lane(self, priority: int | None) -> bool:
+        """Whether requests of ``priority`` (None: the queue is empty) are in the priority lane."""
+        return (
+            priority is not None and self.lane_min_priority is not None and priority >= self.lane_min_priority
+        )
 
     def next_wakeup(self) -> float | None:
         """When ``service`` has timed work next (a TTL or SLO deadline); None: nothing queued with one."""
