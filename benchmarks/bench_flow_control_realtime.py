@@ -7,7 +7,8 @@ generates) without and with it. Each run starts a fresh pool (`slorouter sim`, `
 ``--profile`` in one process, seeded by the seed: identical pods, cold caches) and a fresh router from the
 same config: the built-in default scheduler (or ``--policy``, one of ``slorouter bench``'s policies,
 slorouter.bench.policies), the objectives ``critical`` (priority 1), ``standard`` (0) and ``sheddable``
-(-1), and for the flow-control runs ``flowControl: {enabled: true}`` (its defaults), nothing else.
+(-1), and for the flow-control runs ``flowControl: {enabled: true}`` (its defaults, or the section in
+``--flow-control-config``), nothing else.
 
 Workload (deterministic from the seed; the same for the four runs of a seed): streamed chat completions
 (``stream_options.include_usage``) built by bench_quality_realtime.build_requests, half short chat (one of 4
@@ -44,7 +45,7 @@ Every subprocess runs the code this script is beside: ``ROOT/src`` is put first 
     .venv/bin/python benchmarks/bench_flow_control_realtime.py [--seeds 0,1,2] [--pods 2]
         [--profile llama3-8b-h100] [--engine-variant SPEC] [--base-load 0.5] [--burst-factor 2.0]
         [--base-seconds 20] [--burst-seconds 20] [--after-seconds 40] [--slo-ttft 1000] [--policy NAME]
-        [--front-ends gateway,epp] [--flow-control off,on] [--json FILE]
+        [--front-ends gateway,epp] [--flow-control off,on] [--flow-control-config FILE.yaml] [--json FILE]
 """
 
 from __future__ import annotations
@@ -230,8 +231,11 @@ def loadgen_main(spec_path: str, out_path: str) -> None:
 # --- orchestration ----------------------------------------------------------------------------------------
 
 
-def router_config(port: int, endpoints: list[str], policy: str | None, seed: int, fc: bool) -> dict[str, Any]:
-    """The config of both front-ends: the default scheduler (or ``policy``), the objectives, flow control."""
+def router_config(
+    port: int, endpoints: list[str], policy: str | None, seed: int, fc: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The config of both front-ends: the default scheduler (or ``policy``), the objectives, and ``fc`` as
+    the ``flowControl`` section (None: disabled)."""
     if policy is None:
         config: dict[str, Any] = {
             "gateway": {"host": "127.0.0.1", "port": port},
@@ -241,7 +245,7 @@ def router_config(port: int, endpoints: list[str], policy: str | None, seed: int
     else:
         config = gateway_config(port, endpoints, policy, seed)
     config["objectives"] = {name: {"priority": priority} for name, priority, _ in CLASSES}
-    config["flowControl"] = {"enabled": fc}
+    config["flowControl"] = {"enabled": False} if fc is None else fc
     return config
 
 
@@ -277,7 +281,8 @@ def run_one(front_end: str, fc: bool, seed: int, args: argparse.Namespace, tmp: 
     port = free_port()
     endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(args.pods)]
     config_path = tmp / f"{name}.yaml"
-    config_path.write_text(yaml.safe_dump(router_config(port, endpoints, args.policy, seed, fc)))
+    flow_control = args.flow_control_section if fc else None
+    config_path.write_text(yaml.safe_dump(router_config(port, endpoints, args.policy, seed, flow_control)))
     sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", args.profile,
            "--model", MODEL, "--seed", str(seed), "--engine-variant", args.engine_variant]  # fmt: skip
     if front_end == "gateway":
@@ -458,6 +463,13 @@ def main() -> None:
     parser.add_argument("--policy", default=None, help="a slorouter bench policy (default: built-in default)")
     parser.add_argument("--front-ends", default="gateway,epp", help="gateway, epp or both")
     parser.add_argument("--flow-control", default="off,on", help="off, on or both")
+    parser.add_argument(
+        "--flow-control-config",
+        type=Path,
+        default=None,
+        metavar="FILE.yaml",
+        help="the flowControl section of the runs with flow control (default: its defaults, enabled)",
+    )
     parser.add_argument("--request-timeout", type=float, default=180.0, help="seconds, per request")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
@@ -471,14 +483,21 @@ def main() -> None:
     modes = args.flow_control.split(",")
     if not modes or any(m not in ("off", "on") for m in modes):
         parser.error(f"--flow-control: off, on or both, got {args.flow_control!r}")
-    if args.policy is not None:
-        from slorouter.bench.policies import PolicyError, resolve_policy
+    from slorouter.bench.policies import PolicyError, load_flow_control_file, resolve_policy
+    from slorouter.bench.pool import parse_pool
 
+    if args.policy is not None:
         try:
             resolve_policy(args.policy)
         except (PolicyError, ValueError) as exc:
             parser.error(f"--policy: {exc}")
-    from slorouter.bench.pool import parse_pool
+    args.flow_control_section = {"enabled": True}
+    if args.flow_control_config is not None:
+        try:
+            section = load_flow_control_file(args.flow_control_config)
+        except PolicyError as exc:
+            parser.error(f"--flow-control-config: {exc}")
+        args.flow_control_section = section.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
     try:
         profile = parse_pool(
@@ -530,7 +549,7 @@ def main() -> None:
                 }
             )
     if args.json:
-        written = {k: v for k, v in vars(args).items() if k != "json"}
+        written = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}
         args.json.write_text(
             json.dumps({"args": written, "capacity": capacity, "summaries": summaries, "outputs": outputs})
         )

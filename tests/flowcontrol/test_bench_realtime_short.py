@@ -23,8 +23,12 @@ SCRIPT = ROOT / "benchmarks" / "bench_flow_control_realtime.py"
 def test_short_burst_answers_every_request_and_drains_the_gauges(tmp_path: Path) -> None:
     front_ends = "gateway,epp" if envoy_binary() is not None else "gateway"
     out = tmp_path / "results.json"
+    # The lane's default, spelled out in a file: the runs with flow control use the section given.
+    flow_control = tmp_path / "fc.yaml"
+    flow_control.write_text("flowControl: {priorityLane: {minPriority: 1}}\n")
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--seeds", "0", "--front-ends", front_ends, "--flow-control", "on",
+         "--flow-control-config", str(flow_control),
          "--base-seconds", "2", "--burst-seconds", "3", "--after-seconds", "2", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
@@ -33,6 +37,7 @@ def test_short_burst_answers_every_request_and_drains_the_gauges(tmp_path: Path)
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
+    assert result["args"]["flow_control_section"] == {"enabled": True, "priorityLane": {"minPriority": 1}}
     assert sorted(result["outputs"]) == sorted(f"{f} on" for f in front_ends.split(","))
     for config, (output,) in result["outputs"].items():
         rows = output["results"]
@@ -46,3 +51,17 @@ def test_short_burst_answers_every_request_and_drains_the_gauges(tmp_path: Path)
         assert gauges["slorouter_flow_control_queue_size"] == 0, (config, gauges)
         summary = result["summaries"][config][0]["whole run"]["all"]
         assert summary["error"] == 0 and summary["requests"] == len(rows) > 0, (config, summary)
+
+
+def test_a_flow_control_config_with_a_bad_key_is_refused_by_name(tmp_path: Path) -> None:
+    config = tmp_path / "fc.yaml"
+    config.write_text("priorityLane: {minPriority: high}\n")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--flow-control-config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "--flow-control-config" in proc.stderr and "flowControl.priorityLane.minPriority" in proc.stderr
