@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from slorouter.clock import ManualClock
 from slorouter.flowcontrol.controller import FlowController, Ticket
 from slorouter.flowcontrol.policies import RoundRobin
@@ -191,3 +193,35 @@ def test_a_cap_learned_below_the_slot_cap_grows_with_what_the_engine_runs() -> N
     assert detector.room() == 5 and detector.cap("pod-0:8000") == 14
     pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=0, running=2), 3.0)
     assert detector.cap("pod-0:8000") == 14  # the most it was seen running
+
+
+def test_while_requests_wait_an_endpoint_holds_only_the_queued_depth_beyond_its_cap() -> None:
+    pool = _pool(2)
+    detector = SaturationDetector(pool, SaturationThresholds(queue_depth_threshold=5))
+    assert detector.thresholds.queued_queue_depth_threshold == 1
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=2, running=14), 0.0)
+    pool.add_inflight("pod-0:8000", 16, 0, 0, 0)
+    pool.set_metrics("pod-1:8000", MetricsSnapshot(waiting=1, running=0, kv_usage=0.95), 0.0)
+    assert detector.room() == 3  # pod-0: cap 14 + 5 − 16; pod-1: KV full
+    assert detector.room(contended=True) == 0  # 14 + 1 − 16: its engine queue is long enough
+    pool.add_inflight("pod-0:8000", -2, 0, 0, 0)
+    assert detector.room(contended=True) == 1
+    # The one above the cap lets a cap learned low grow while requests wait.
+    pool.add_inflight("pod-0:8000", 1, 0, 0, 0)
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=0, running=15), 1.0)
+    assert detector.room(contended=True) == 1 and detector.cap("pod-0:8000") == 15
+    same = SaturationDetector(
+        pool, SaturationThresholds(queue_depth_threshold=5, queued_queue_depth_threshold=None)
+    )
+    pool.set_metrics("pod-0:8000", MetricsSnapshot(waiting=1, running=15), 2.0)
+    assert same.room(contended=True) == same.room() == 5  # cap 15 + 5 − 15
+
+
+def test_the_queued_queue_depth_is_configured_by_name() -> None:
+    from slorouter.flowcontrol.config import FlowControlConfig
+
+    assert FlowControlConfig().saturation_detector.thresholds().queued_queue_depth_threshold == 1
+    section = FlowControlConfig.model_validate({"saturationDetector": {"queuedQueueDepthThreshold": None}})
+    assert section.saturation_detector.thresholds().queued_queue_depth_threshold is None
+    with pytest.raises(ValueError, match="queuedQueueDepthThreshold"):
+        FlowControlConfig.model_validate({"saturationDetector": {"queuedQueueDepthThreshold": -1}})

@@ -53,6 +53,13 @@ class SaturationDetectorConfig(_CamelModel):
     queue_depth_threshold: int = Field(
         default=5, ge=0, alias="queueDepthThreshold", description="engine queue an endpoint may hold"
     )
+    queued_queue_depth_threshold: int | None = Field(
+        default=1,
+        ge=0,
+        alias="queuedQueueDepthThreshold",
+        description="engine queue an endpoint may hold while requests wait in the router; null: "
+        "queueDepthThreshold",
+    )
     kv_cache_util_threshold: float = Field(default=0.8, gt=0, le=1, alias="kvCacheUtilThreshold")
     max_inflight_requests: int | None = Field(
         default=None,
@@ -87,13 +94,14 @@ class SaturationDetectorConfig(_CamelModel):
 
     def thresholds(self, lane: PriorityLaneConfig | None = None) -> SaturationThresholds:
         return SaturationThresholds(
-            self.queue_depth_threshold,
-            self.kv_cache_util_threshold,
-            self.max_inflight_requests,
-            self.max_inflight_prefill_tokens,
-            self.prefill_target_s,
-            self.queued_prefill_target_s,
-            (lane or PriorityLaneConfig()).kv_cache_util_threshold,
+            queue_depth_threshold=self.queue_depth_threshold,
+            kv_cache_util_threshold=self.kv_cache_util_threshold,
+            max_inflight_requests=self.max_inflight_requests,
+            max_inflight_prefill_tokens=self.max_inflight_prefill_tokens,
+            prefill_target_s=self.prefill_target_s,
+            queued_prefill_target_s=self.queued_prefill_target_s,
+            lane_kv_cache_util_threshold=(lane or PriorityLaneConfig()).kv_cache_util_threshold,
+            queued_queue_depth_threshold=self.queued_queue_depth_threshold,
         )
 
 

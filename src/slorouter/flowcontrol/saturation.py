@@ -14,9 +14,13 @@ Per healthy endpoint, from the router's own fresh in-flight counts and the scrap
   one is counted in flight, so a queue drains on fresh counts instead of all at once;
 - otherwise it has room for ``limit − in-flight requests`` more, where ``limit`` is
   ``max_inflight_requests`` if set, else derived from the pool: the endpoint's batch-slot cap (learned once
-  its engine made requests wait: the most requests it was seen running since, see ``learn``) plus
-  ``queue_depth_threshold`` waiting in its engine. An endpoint whose cap is not known yet (it never queued)
-  is unbounded unless its scraped engine queue has reached ``queue_depth_threshold``.
+  its engine made requests wait: the most requests it was seen running since, see ``learn``) plus the
+  requests it may hold waiting in its engine: ``queue_depth_threshold``, and ``queued_queue_depth_threshold``
+  (smaller) while requests wait in the router. An engine queues FCFS, so a request the router released by
+  priority would wait behind every request already waiting there for a batch slot; while the router holds
+  requests, it keeps the engines' queues short and its own order decides. The one request above the cap
+  is what lets a cap learned low grow. An endpoint whose cap is not known yet (it never queued) is
+  unbounded unless its scraped engine queue has reached that depth (at least 1).
 
 The pool's room is the sum. Requests the pump released and the front-end has not dispatched yet are counted
 by the controller, not here.
@@ -48,14 +52,18 @@ class SaturationThresholds:
     # Its time while requests wait in the router; None: prefill_target_s.
     queued_prefill_target_s: float | None = 0.02
     lane_kv_cache_util_threshold: float = 0.9  # the KV bound of lane room
+    # The engine queue an endpoint may hold while requests wait in the router; None: queue_depth_threshold.
+    queued_queue_depth_threshold: int | None = 1
 
     def __post_init__(self) -> None:
         for name in ("prefill_target_s", "queued_prefill_target_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 (or None)")
-        if self.queue_depth_threshold < 0:
-            raise ValueError("queue_depth_threshold must be >= 0")
+        for name in ("queue_depth_threshold", "queued_queue_depth_threshold"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0")
         for name in ("kv_cache_util_threshold", "lane_kv_cache_util_threshold"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1]")
@@ -154,15 +162,23 @@ class SaturationDetector:
         bound = self.prefill_bound(address, contended and not lane)
         if bound is not None and columns["inflight_prefill_tokens"][position] >= bound:
             return 0.0
-        room = self._slot_room(position, address)
+        room = self._slot_room(position, address, contended)
         return room if bound is None else min(room, 1.0)
 
-    def _slot_room(self, position: int, address: str) -> float:
+    def queue_depth(self, contended: bool = False) -> int:
+        """The engine queue an endpoint may hold beyond its batch-slot cap."""
+        t = self.thresholds
+        if contended and t.queued_queue_depth_threshold is not None:
+            return t.queued_queue_depth_threshold
+        return t.queue_depth_threshold
+
+    def _slot_room(self, position: int, address: str, contended: bool) -> float:
         t = self.thresholds
         columns = self.pool.columns
         if t.max_inflight_requests is not None:
             return max(0.0, t.max_inflight_requests - float(columns["inflight_requests"][position]))
+        depth = self.queue_depth(contended)
         cap = self._caps.get(address)
         if cap is None:
-            return 0.0 if columns["waiting"][position] >= max(1, t.queue_depth_threshold) else math.inf
-        return max(0.0, cap + t.queue_depth_threshold - float(columns["inflight_requests"][position]))
+            return 0.0 if columns["waiting"][position] >= max(1, depth) else math.inf
+        return max(0.0, cap + depth - float(columns["inflight_requests"][position]))
