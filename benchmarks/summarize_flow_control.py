@@ -28,9 +28,7 @@ def fmt(value: float | None, digits: int = 0) -> str:
         return "–"
     if math.isinf(value):
         return "∞"
-    if isinstance(value, int) or (digits == 0 and float(value).is_integer()):
-        return f"{value:,.0f}"
-    if digits == 0 and abs(value) >= 100:
+    if isinstance(value, int) or (digits == 0 and (abs(value) >= 100 or float(value).is_integer())):
         return f"{value:,.0f}"
     return f"{value:,.{max(digits, 1)}f}"
 

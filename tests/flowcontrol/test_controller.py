@@ -7,6 +7,7 @@ import math
 import pytest
 
 from slorouter.clock import ManualClock
+from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.flowcontrol.controller import FlowController, Ticket
 from slorouter.flowcontrol.policies import RoundRobin
 from slorouter.flowcontrol.queue import FlowQueues
@@ -218,8 +219,6 @@ def test_while_requests_wait_an_endpoint_holds_only_the_queued_depth_beyond_its_
 
 
 def test_the_queued_queue_depth_is_configured_by_name() -> None:
-    from slorouter.flowcontrol.config import FlowControlConfig
-
     assert FlowControlConfig().saturation_detector.thresholds().queued_queue_depth_threshold == 1
     section = FlowControlConfig.model_validate({"saturationDetector": {"queuedQueueDepthThreshold": None}})
     assert section.saturation_detector.thresholds().queued_queue_depth_threshold is None
