@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from slorouter.config import ConfigError, parse_config
+from slorouter.extras import install_hint
 from slorouter.scheduling.plugin import TargetPrediction
 from slorouter.scheduling.types import Route
 from slorouter.serving.tracing import pick_attributes
@@ -74,7 +75,7 @@ def test_without_the_sdk_a_router_starts_with_tracing_off_and_names_the_extra_wi
     )
     assert done.returncode == 0, done.stderr
     assert "tracing.enabled" in done.stdout
-    assert "pip install 'slorouter[tracing]'" in done.stdout
+    assert install_hint("tracing") in done.stdout
 
 
 _WITH_OVERWRITTEN_PROTOS = """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from slorouter.bench.pool import PoolSpecError, describe_pool, parse_pool
 from slorouter.bench.report import markdown_tables
 from slorouter.bench.results import summarize_run
 from slorouter.cli import main
+from slorouter.extras import install_hint
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
@@ -277,3 +279,42 @@ def test_baselines_index_prompts_only_and_only_the_ranking_pipeline_follows_repl
             assert [p.params.index_responses for p in producers] == [True]
         else:
             assert producers == []
+
+
+def test_tables_leave_out_slo_columns_when_no_request_carried_an_slo() -> None:
+    run = {"workload": "w", "qps": 1.0, "pool": "2x p", "duration_s": 10, "warmup_s": 2, "seed": 0}
+    without = markdown_tables([{**run, "policy": "a", "requests": 5, "slo_requests": 0, "goodput_rps": 0.5}])
+    assert "SLO att." not in without and "goodput rps" not in without
+    with_slo = markdown_tables([{**run, "policy": "a", "requests": 5, "slo_requests": 3, "goodput_rps": 0.5}])
+    assert "| SLO att. | goodput rps |" in with_slo
+
+
+def test_without_matplotlib_bench_writes_its_tables_and_names_the_install_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the bench extra were not installed
+    out = tmp_path / "results"
+    argv = ["bench", "--workload", "shared-prefix-a", "--pool", "2", "--qps", "4", "--duration", "8"]
+    code = main([*argv, "--warmup", "2", "--policies", "round-robin", "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md"]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == f"plots skipped: they need matplotlib ({install_hint('bench')})"
+
+
+def test_log_axes_label_only_one_two_and_five_times_powers_of_ten(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from slorouter.bench.report import _log_scale
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([0.11, 0.9], [0, 1])  # less than a decade: matplotlib's default labels the minor ticks too
+    _log_scale(ax.xaxis, ax.set_xscale)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_xticklabels() if t.get_text()]
+    visible = [float(label) for label in labels if 0.11 <= float(label) <= 0.9]
+    assert visible == [0.2, 0.5]
+    plt.close(fig)

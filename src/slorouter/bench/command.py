@@ -18,6 +18,7 @@ from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_
 from slorouter.bench.workloads import workload_defaults, workload_names
 from slorouter.bench.workloads.trace import Replay, replay
 from slorouter.bench.workloads.trace_formats import FORMATS, read_trace
+from slorouter.extras import has_module, install_hint
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.sim.variants import VariantError, parse_variant
 
@@ -372,9 +373,12 @@ def run(args: argparse.Namespace) -> int:
         "wall_s": round(time.perf_counter() - started, 1),
         "cdf_qps": args.cdf_qps,
     }
-    written = write_results(outputs, args.out, meta)
+    plots = has_module("matplotlib")
+    written = write_results(outputs, args.out, meta, plots=plots)
     print(markdown_tables([o.summary for o in outputs]))
     print(f"wrote {', '.join(str(p) for p in written)} in {meta['wall_s']} s")
+    if not plots:
+        print(f"plots skipped: they need matplotlib ({install_hint('bench')})")
     return 0
 
 

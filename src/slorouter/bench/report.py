@@ -32,6 +32,7 @@ TABLE_COLUMNS: list[tuple[str, str]] = [
     ("ttft_p90_coverage", "TTFT p90 cov."),
     ("e2e_mape", "E2E MAPE"),
 ]
+SLO_COLUMNS = frozenset({"slo_attainment", "goodput_rps"})
 
 
 def _cell(value: Any) -> str:
@@ -71,10 +72,11 @@ def markdown_tables(runs: Sequence[dict[str, Any]], baseline: str | None = "heur
             f"{first['requests']:g} measured requests"
         )
         lines.append("")
-        lines.append("| " + " | ".join(title for _, title in TABLE_COLUMNS) + " |")
-        lines.append("|" + "|".join("---" if key == "policy" else "---:" for key, _ in TABLE_COLUMNS) + "|")
+        columns = _columns(group)
+        lines.append("| " + " | ".join(title for _, title in columns) + " |")
+        lines.append("|" + "|".join("---" if key == "policy" else "---:" for key, _ in columns) + "|")
         for run in group:
-            lines.append("| " + " | ".join(_cell(run.get(key)) for key, _ in TABLE_COLUMNS) + " |")
+            lines.append("| " + " | ".join(_cell(run.get(key)) for key, _ in columns) + " |")
         base = next((r for r in group if r["policy"] == baseline), None)
         others = [r for r in group if r is not base]
         if base is not None and others:
@@ -93,14 +95,24 @@ def markdown_tables(runs: Sequence[dict[str, Any]], baseline: str | None = "heur
     return "\n".join(lines)
 
 
+def _columns(group: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The table's columns: without SLO attainment and goodput when no request carried an SLO (they would
+    be blank and the finished rate)."""
+    if any(run.get("slo_requests") for run in group):
+        return TABLE_COLUMNS
+    return [(key, title) for key, title in TABLE_COLUMNS if key not in SLO_COLUMNS]
+
+
 def _ratio(value: float | None, base: float | None) -> str:
     if value is None or base is None or base == 0 or math.isinf(base) or math.isinf(value):
         return "–"
     return f"{value / base:.2f}×"
 
 
-def write_results(outputs: Sequence[RunOutput], out_dir: Path, meta: dict[str, Any]) -> list[Path]:
-    """Write results.json, results.md and the plots; the paths written."""
+def write_results(
+    outputs: Sequence[RunOutput], out_dir: Path, meta: dict[str, Any], *, plots: bool = True
+) -> list[Path]:
+    """Write results.json, results.md and, with ``plots``, the plots; the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = [o.summary for o in outputs]
     written = []
@@ -111,7 +123,8 @@ def write_results(outputs: Sequence[RunOutput], out_dir: Path, meta: dict[str, A
     header = f"# slorouter bench\n\n`{meta.get('command', '')}`\n\n"
     md_path.write_text(header + markdown_tables(runs) + "\n", encoding="utf-8")
     written.append(md_path)
-    written += write_plots(outputs, out_dir, meta.get("cdf_qps"))
+    if plots:
+        written += write_plots(outputs, out_dir, meta.get("cdf_qps"))
     return written
 
 
@@ -140,7 +153,7 @@ def write_plots(outputs: Sequence[RunOutput], out_dir: Path, cdf_qps: float | No
                 if finite:
                     ax.plot(*zip(*finite, strict=True), marker="o", label=policy)
             ax.set(xlabel="offered load (QPS)", ylabel="TTFT p90 (s)", title=f"{workload}: TTFT p90 vs load")
-            ax.set_yscale("log")
+            _log_scale(ax.yaxis, ax.set_yscale)
             written.append(_finish(plt, fig, ax, out_dir / f"{workload}-ttft-p90-vs-qps.png"))
         load = cdf_qps if cdf_qps in loads else loads[len(loads) // 2]
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -152,9 +165,20 @@ def write_plots(outputs: Sequence[RunOutput], out_dir: Path, cdf_qps: float | No
             measured = np.isfinite(ttft_s)
             ax.plot(ttft_s[measured], shares[measured], label=output.summary["policy"])
         ax.set(xlabel="TTFT (s)", ylabel="share of requests", title=f"{workload}: TTFT CDF at {load:g} QPS")
-        ax.set_xscale("log")
+        _log_scale(ax.xaxis, ax.set_xscale)
         written.append(_finish(plt, fig, ax, out_dir / f"{workload}-ttft-cdf-{load:g}qps.png"))
     return written
+
+
+def _log_scale(axis: Any, set_scale: Any) -> None:
+    """A log scale labelled at 1, 2 and 5 times the powers of ten only: matplotlib's default also labels
+    minor ticks when the data spans less than a decade or so, and those labels overlap."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    set_scale("log")
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _finish(plt: Any, fig: Any, ax: Any, path: Path) -> Path:

