@@ -9,6 +9,7 @@ import pytest
 from slorouter.api.requests import (
     CHAT_ASSUMED_MAX_TOKENS,
     COMPLETIONS_DEFAULT_MAX_TOKENS,
+    check_content_type,
     parse_chat_completion,
     parse_completion,
 )
@@ -71,3 +72,20 @@ def test_completion_errors_name_the_param(body, param):
         parse_completion(_raw(body))
     assert info.value.param == param
     assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/json", "Application/JSON; charset=utf-8", "application/vnd.api+json"],
+)
+def test_json_and_undeclared_bodies_are_taken(content_type: str | None) -> None:
+    check_content_type(content_type)
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x", "json"]
+)
+def test_other_content_types_are_415(content_type: str) -> None:
+    with pytest.raises(RequestError, match="is not supported: send the body as JSON") as caught:
+        check_content_type(content_type)
+    assert caught.value.status == 415 and caught.value.param == "content-type"

@@ -241,6 +241,18 @@ async def test_bad_bodies_are_400s_with_the_gateways_message(pods, picker, chann
     assert error["error"]["type"] == "BadRequestError"
 
 
+async def test_a_body_not_declared_json_is_415_as_at_the_gateway(pods, picker, channel):
+    call = open_call(channel)
+    headers = request_headers(**{"content-type": "text/plain"})
+    await call.send(
+        headers_message(headers, request_mode=DUPLEX), body_message(b'{"model": "m", "prompt": "x"}')
+    )
+    (answer,) = await call.receive()
+    code, _, error = immediate_of(answer)
+    assert code == 415 and error["error"]["type"] == "UnsupportedMediaTypeError"
+    assert error["error"]["message"].startswith("Content-Type 'text/plain' is not supported")
+
+
 async def test_requests_that_cannot_be_routed_are_named(pods, picker, channel):
     cases = [
         (headers_message({":method": "POST"}), 400, "no :path pseudo-header"),

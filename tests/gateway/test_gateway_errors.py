@@ -50,6 +50,22 @@ async def test_bad_bodies_get_400(small_router, http, path, body, status, needle
     assert error["type"] == "BadRequestError"
 
 
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "application/octet-stream"]
+)
+async def test_a_body_not_declared_json_gets_415_naming_the_header(small_router, http, content_type):
+    url = f"http://{small_router.address}/v1/completions"
+    body = b'{"model": "m", "prompt": "hi"}'
+    async with http.post(url, data=body, headers={**AUTH, "Content-Type": content_type}) as resp:
+        assert resp.status == 415
+        error = (await resp.json())["error"]
+    assert error["type"] == "UnsupportedMediaTypeError" and error["param"] == "content-type"
+    assert error["message"] == (
+        f"Content-Type {content_type!r} is not supported: send the body as JSON with "
+        "Content-Type: application/json"
+    )
+
+
 async def test_body_over_the_limit_gets_413(small_router, http):
     body = b'{"model": "m", "prompt": "' + b"x" * 8000 + b'"}'
     async with http.post(f"http://{small_router.address}/v1/completions", data=body, headers=AUTH) as resp:
@@ -60,7 +76,10 @@ async def test_body_over_the_limit_gets_413(small_router, http):
 async def test_unknown_route_and_method(small_router, http):
     async with http.get(f"http://{small_router.address}/v1/nothing") as resp:
         assert resp.status == 404
-        assert (await resp.json())["error"]["type"] == "NotFoundError"
+        error = (await resp.json())["error"]
+        assert error["type"] == "NotFoundError"
+        assert error["message"].startswith("no route for GET /v1/nothing (known: POST /v1/completions, ")
+        assert "GET /v1/models" in error["message"] and "HEAD" not in error["message"]
     async with http.get(f"http://{small_router.address}/v1/completions", headers=AUTH) as resp:
         assert resp.status == 405
         assert (await resp.json())["error"]["type"] == "MethodNotAllowedError"

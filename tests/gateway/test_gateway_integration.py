@@ -227,6 +227,7 @@ async def test_body_is_forwarded_byte_for_byte_with_end_to_end_headers_only(http
             "X-Request-Id": "req-1",
             "X-Custom": "c",
             "Connection": "keep-alive",
+            "Content-Type": "application/json",
         }
         async with http.post(f"http://{router.address}/v1/completions", data=raw, headers=headers) as resp:
             assert resp.status == 200

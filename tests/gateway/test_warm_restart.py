@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from slorouter.config import ConfigError, load_config, parse_config
+from slorouter.config import load_config, parse_config
 from slorouter.gateway.runtime import Router
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.sample_window import read_window
-from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirLock, default_state_dir
+from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirBusyError, StateDirLock, default_state_dir
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.sim.profiles import LLAMA3_8B_H100
 from slorouter.sim.server import SimCluster
@@ -144,7 +144,9 @@ async def test_routers_of_two_config_files_keep_apart_state(
             await router.stop()
 
 
-async def test_a_state_directory_in_use_is_a_configuration_error(tmp_path: Path, cluster: SimCluster) -> None:
+async def test_a_state_directory_in_use_is_refused_saying_what_to_do(
+    tmp_path: Path, cluster: SimCluster
+) -> None:
     lock = StateDirLock(tmp_path / "state")
     config = parse_config(
         {
@@ -155,7 +157,8 @@ async def test_a_state_directory_in_use_is_a_configuration_error(tmp_path: Path,
     )
     router = Router.build(config)
     try:
-        with pytest.raises(ConfigError, match=r"predictor.embedded.state_dir: state directory .* is in use"):
+        busy = r"state directory .* is in use .*: stop that process, .* \(--state-dir DIR, or predictor"
+        with pytest.raises(StateDirBusyError, match=busy):
             await router.start()
     finally:
         await router.stop()

@@ -137,7 +137,7 @@ async def test_an_absolute_form_target_is_served_by_its_path(limited, target, pa
             assert head.startswith(b"HTTP/1.1 200 OK") and body == b"hi"
             assert b"X-Query: %s\r\n" % query in head
         else:
-            assert head.startswith(b"HTTP/1.1 404") and b"no route for /" in body
+            assert head.startswith(b"HTTP/1.1 404") and b"no route for POST / (known: " in body
     finally:
         client.close()
 

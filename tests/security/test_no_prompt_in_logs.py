@@ -53,7 +53,8 @@ async def _drive(http, address: str, model: str, headers: dict[str, str] | None 
     statuses = []
     for path, body in BODIES:
         body = body.replace(b'"M"', json.dumps(model).encode())
-        async with http.post(f"http://{address}{path}", data=body, headers=headers or {}) as resp:
+        json_body = {"Content-Type": "application/json", **(headers or {})}
+        async with http.post(f"http://{address}{path}", data=body, headers=json_body) as resp:
             await resp.read()
             statuses.append(resp.status)
     bad_header = {"x-slo-ttft-ms": MARKER, "x-gateway-inference-objective": MARKER}

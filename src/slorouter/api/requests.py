@@ -37,6 +37,24 @@ class ParsedRequest:
     )
 
 
+def check_content_type(content_type: str | None) -> None:
+    """``RequestError`` (415) unless the body is declared JSON (``application/json``, ``*/*+json``) or not
+    declared at all, as vLLM's server (FastAPI) takes it: a form or text body is refused, not parsed."""
+    if content_type is None:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        return
+    raise RequestError(
+        f"Content-Type {content_type.strip()!r} is not supported: send the body as JSON with "
+        "Content-Type: application/json",
+        param="content-type",
+        status=415,
+    )
+
+
 def _require_int(body: dict[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:

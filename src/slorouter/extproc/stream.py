@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from slorouter.api.requests import ParsedRequest
+from slorouter.api.requests import ParsedRequest, check_content_type
 from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.config import GatewayConfig
@@ -289,6 +289,7 @@ class PickerStream:
         self._body = bytearray()
         assert self._parse is not None
         try:
+            check_content_type(self._headers.get("content-type"))
             parsed = self._parse(body)
             hints = parse_routing_headers(
                 self._headers, picker.objectives, prediction_by_default=picker.prediction_by_default

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from slorouter.api.requests import ParsedRequest, parse_chat_completion, parse_completion
+from slorouter.api.requests import ParsedRequest, check_content_type, parse_chat_completion, parse_completion
 from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
@@ -233,6 +233,7 @@ class Gateway:
             )
         raw = http.body
         try:
+            check_content_type(headers.get("content-type"))
             parsed = parse(raw)
             hints = parse_routing_headers(
                 headers, self.objectives, prediction_by_default=self.prediction_by_default

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import functools
 import gc
 import logging
@@ -19,17 +20,24 @@ import uvloop
 from slorouter.config import Config, ConfigError, PredictorConfig, load_config
 from slorouter.gateway.runtime import Router
 from slorouter.pool.config import PoolConfig
+from slorouter.serving.assembly import predictor_state_dir
 from slorouter.serving.command_line import (
     LOG_LEVELS,
     add_record_arguments,
+    add_state_dir_argument,
+    address_in_use,
+    check_port_free,
+    check_state_dir_free,
     port,
     record_settings,
     run_command,
+    with_state_dir,
 )
 from slorouter.serving.recording import RecordSettings
 
 log = logging.getLogger("slorouter")
 
+PORT_CHANGE = "give this one another port with --port N (gateway.port in the config)"
 EMBEDDED_PODS = 4
 EMBEDDED_PROFILE = "llama3-8b-h100"
 
@@ -63,6 +71,7 @@ def register(
     )
     parser.add_argument("--host", help="listen address (overrides gateway.host)")
     parser.add_argument("--port", type=port, help="listen port (overrides gateway.port)")
+    add_state_dir_argument(parser, "serve")
     add_record_arguments(parser)
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     parser.set_defaults(func=functools.partial(run, start_pods=start_pods))
@@ -79,6 +88,12 @@ def _run(args: argparse.Namespace, start_pods: StartPods) -> int:
         config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
     if args.config and config.pool is None:
         raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
+    if args.config is None and config.predictor is None:
+        # The embedded default routes by predicted latency (heuristics until the first model is trained).
+        config = config.model_copy(
+            update={"predictor": PredictorConfig(mode="embedded", prediction_by_default=True)}
+        )
+    config = with_state_dir(config, args.state_dir)
     return uvloop.run(_serve(config, args.config, start_pods, record_settings(args)))
 
 
@@ -86,15 +101,14 @@ async def _serve(
     config: Config, config_path: str | None, start_pods: StartPods, record: RecordSettings | None = None
 ) -> int:
     """``config_path`` None: the embedded default."""
+    # What another router on this machine may hold, checked before the pods start and the pool is scraped.
+    check_port_free(config.gateway.host, config.gateway.port, PORT_CHANGE)
+    check_state_dir_free(predictor_state_dir(config, "serve", config_path))
     embedded = config_path is None
     cluster = None
     if embedded:
         cluster = await start_pods(EMBEDDED_PODS, EMBEDDED_PROFILE)
-        update: dict[str, object] = {"pool": PoolConfig(endpoints=list(cluster.addresses))}
-        if config.predictor is None:
-            # The embedded default routes by predicted latency (heuristics until the first model is trained).
-            update["predictor"] = PredictorConfig(mode="embedded", prediction_by_default=True)
-        config = config.model_copy(update=update)
+        config = config.model_copy(update={"pool": PoolConfig(endpoints=list(cluster.addresses))})
         log.info(
             "embedded pool: %d simulated %s pods at %s", EMBEDDED_PODS, EMBEDDED_PROFILE, cluster.addresses
         )
@@ -104,7 +118,12 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await router.start()
+        try:
+            await router.start()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise address_in_use(config.gateway.host, config.gateway.port, PORT_CHANGE) from None
         # Everything built so far lives as long as the process: keep the cyclic GC from rescanning it, and
         # let it run less often (the proxy path allocates many short-lived, acyclic objects).
         gc.collect()

@@ -14,6 +14,7 @@ ERROR_TYPES = {
     408: "RequestTimeoutError",
     413: "RequestTooLargeError",
     414: "URITooLongError",
+    415: "UnsupportedMediaTypeError",
     429: "RateLimitError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",

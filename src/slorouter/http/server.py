@@ -760,6 +760,15 @@ class HttpServer:
         if not bounded:
             self._unbounded.add(path)
 
+    def known_routes(self) -> str:
+        """Every route as ``METHOD /path``, in the order they were added (HEAD, implied by GET, left out)."""
+        return ", ".join(
+            f"{method} {path}"
+            for path, methods in self.routes.items()
+            for method in methods
+            if method != "HEAD"
+        )
+
     def limit_hit(self, name: str) -> None:
         if self.on_limit is not None:
             self.on_limit(name)
@@ -767,7 +776,9 @@ class HttpServer:
     async def dispatch(self, request: HttpRequest) -> Response | None:
         methods = self.routes.get(request.path)
         if methods is None:
-            return json_error(404, f"no route for {request.path}")
+            return json_error(
+                404, f"no route for {request.method} {request.path} (known: {self.known_routes()})"
+            )
         handler = methods.get(request.method)
         if handler is None:
             return json_error(

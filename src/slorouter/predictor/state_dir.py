@@ -64,8 +64,8 @@ class StateDirLock:
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
             raise StateDirBusyError(
-                f"state directory {directory} is in use by another slorouter process (pid {holder}); "
-                "give this one another state directory"
+                f"state directory {directory} is in use by another slorouter process (pid {holder}): "
+                "stop that process, or give this one another state directory"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

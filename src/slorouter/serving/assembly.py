@@ -43,6 +43,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import PluginContext
+from slorouter.serving.command_line import STATE_DIR_CHANGE
 from slorouter.tracing.config import TracingUnavailableError
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class RouterCore:
         scheduler_config = config.scheduler
         predictor = None
         if config.predictor is not None and config.predictor.mode != "off":
-            state_dir = default_state_dir(state_name, state_key(config_path))
+            state_dir = predictor_state_dir(config, state_name, config_path)
             predictor = _build_predictor(config.predictor, clock, metrics, pool, state_dir)
             ctx.predictor = predictor
             ctx.metrics = LatencyMetrics(metrics.registry, metrics.model_labels)
@@ -183,7 +184,7 @@ class RouterCore:
             try:
                 self.predictor.start()
             except StateDirBusyError as exc:
-                raise ConfigError(f"predictor.embedded.state_dir: {exc}") from None
+                raise StateDirBusyError(f"{exc} ({STATE_DIR_CHANGE})") from None
 
     async def stop(self) -> None:
         if self.director.flow_control is not None:
@@ -213,8 +214,21 @@ def _breaker_config(remote: RemotePredictorConfig) -> BreakerConfig:
     )
 
 
+def predictor_state_dir(config: Config, state_name: str, config_path: str | Path | None) -> Path | None:
+    """Where the embedded predictor of ``config`` keeps its state (``RouterCore.build`` says how the default
+    is chosen); None without an embedded predictor or with ``persist: false`` (a temporary directory)."""
+    if config.predictor is None or config.predictor.mode != "embedded":
+        return None
+    embedded = config.predictor.embedded
+    if not embedded.persist:
+        return None
+    if embedded.state_dir:
+        return Path(embedded.state_dir).expanduser()
+    return default_state_dir(state_name, state_key(config_path))
+
+
 def _build_predictor(
-    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, default_state: Path
+    config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, state_dir: Path | None
 ) -> LatencyPredictorBackend:
     if config.mode == "remote":
         assert config.remote is not None
@@ -246,9 +260,6 @@ def _build_predictor(
         min_samples=embedded.min_samples,
         nthread=1,  # leave the other core to the front-end: training never competes with requests for both
     )
-    state_dir = None
-    if embedded.persist:
-        state_dir = Path(embedded.state_dir).expanduser() if embedded.state_dir else default_state
     return EmbeddedPredictor(
         state_dir,
         store_config=StoreConfig(per_bucket=embedded.per_bucket),

@@ -4,17 +4,21 @@ configuration errors as exit codes."""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from slorouter.config import ConfigError
+from slorouter.config import Config, ConfigError
+from slorouter.predictor.state_dir import LOCK, StateDirBusyError, StateDirLock
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.serving.record_file import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
 from slorouter.serving.recording import RecordSettings
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+STATE_DIR_CHANGE = "--state-dir DIR, or predictor.embedded.state_dir in the config"
 
 
 def port(value: str) -> int:
@@ -78,6 +82,68 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"with --record: rotated files kept, FILE.1 (newest) to FILE.N (default {DEFAULT_BACKUPS})",
     )
+
+
+def add_state_dir_argument(parser: argparse.ArgumentParser, component: str) -> None:
+    """``--state-dir DIR``: the embedded predictor's models and sample window (a second router on the same
+    machine needs its own)."""
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where the embedded predictor keeps its models and sample window (overrides "
+        f"predictor.embedded.state_dir; default under ~/.local/state/slorouter/{component}/); "
+        "two routers on one machine need two",
+    )
+
+
+def with_state_dir(config: Config, state_dir: str | None) -> Config:
+    """``config`` with ``--state-dir`` applied: a ``ConfigError`` when it has no embedded predictor."""
+    if state_dir is None:
+        return config
+    if config.predictor is None or config.predictor.mode != "embedded":
+        why = (
+            "no predictor section" if config.predictor is None else f"predictor.mode {config.predictor.mode}"
+        )
+        raise ConfigError(f"--state-dir: this router has no embedded predictor (its config has {why})")
+    embedded = config.predictor.embedded.model_copy(update={"state_dir": state_dir, "persist": True})
+    predictor = config.predictor.model_copy(update={"embedded": embedded})
+    return config.model_copy(update={"predictor": predictor})
+
+
+class AddressInUseError(OSError):
+    """A port this command must listen on is taken; the message says what to do."""
+
+
+def address_in_use(host: str, port: int, change: str) -> AddressInUseError:
+    """The error for ``host:port`` taken, naming ``change`` (the flag or key that moves this command)."""
+    return AddressInUseError(
+        f"{host}:{port} is already in use by another process (another slorouter?): stop it, or {change}"
+    )
+
+
+def check_port_free(host: str, port: int, change: str) -> None:
+    """``AddressInUseError`` when ``host:port`` cannot be bound now (0, any free port, always can): checked
+    before the slow part of a start, so that a taken port is not found after it."""
+    if port == 0:
+        return
+    try:
+        probe = socket.create_server((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise address_in_use(host, port, change) from None
+        return  # any other problem is reported by the real bind, with its own words
+    probe.close()
+
+
+def check_state_dir_free(directory: Path | None) -> None:
+    """``StateDirBusyError``, saying what to do, when another process holds ``directory`` now (checked
+    before the slow part of a start, like ``check_port_free``)."""
+    if directory is None or not (directory / LOCK).exists():
+        return
+    try:
+        StateDirLock(directory).release()
+    except StateDirBusyError as exc:
+        raise StateDirBusyError(f"{exc} ({STATE_DIR_CHANGE})") from None
 
 
 def record_settings(args: argparse.Namespace) -> RecordSettings | None:
