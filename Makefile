@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
 HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean helm tmux vllm-parity
+.PHONY: run test lint bench clean helm tmux vllm-parity test-readme
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,16 @@ tmux:
 
 test: lint $(HELM) tmux
 	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest
+
+# The README followed as a new user would (tests/readme): a copy of this tree in .cache, installed the way
+# `make run` installs it (the base package, no extras), its commands run as written in a network namespace of
+# their own (so its ports are the README's). Run by .ci/run after `make test`.
+README_CHECKOUT := .cache/readme-checkout
+
+test-readme: $(STAMP_DEV)
+	$(BIN)/python -m tests.readme.checkout $(README_CHECKOUT)
+	$(MAKE) --no-print-directory -C $(README_CHECKOUT) .venv/.installed-run
+	SLOROUTER_README_CHECKOUT=$(abspath $(README_CHECKOUT)) $(BIN)/pytest tests/readme
 
 # vLLM's own block hashing asked directly (tests/kvevents/vllm_reference.py), not only the vectors it recorded
 # in tests/kvevents/data: vLLM's wheel without its dependencies (about 340 MB, no torch) in .cache, then the
