@@ -44,6 +44,12 @@ CRDS = {("inference.networking.k8s.io", "InferencePool"): CRD} | {
 KUBERNETES_VERSION = "1.32.0"
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
 RELEASE, NAMESPACE = "llama", "inference"
+# No slorouter image is published, so the chart requires one (docs/deploy.md, step 1): `render` and the
+# tests' own helm lines set this one unless they say otherwise.
+IMAGE = {
+    "inferenceExtension.image.registry": "registry.example.test/team",
+    "inferenceExtension.image.repository": "slorouter",
+}
 Render = Callable[..., list[dict[str, Any]]]
 
 
@@ -145,7 +151,8 @@ def set_flags(values: dict[str, str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def render(helm: Callable[..., subprocess.CompletedProcess[str]]) -> Render:
-    """`helm template` of the chart; namespace None renders as the seed's line does, without one."""
+    """`helm template` of the chart, with IMAGE and then `values`; namespace None renders as the seed's
+    line does, without one."""
 
     def run(
         values: dict[str, str] | None = None,
@@ -153,7 +160,8 @@ def render(helm: Callable[..., subprocess.CompletedProcess[str]]) -> Render:
         release: str = RELEASE,
         namespace: str | None = NAMESPACE,
     ) -> list[dict[str, Any]]:
-        options = [arg for path in files for arg in ("--values", str(path))] + set_flags(values or {})
+        options = [arg for path in files for arg in ("--values", str(path))]
+        options += set_flags({**IMAGE, **(values or {})})
         if namespace is not None:
             options += ["--namespace", namespace]
         out = helm("template", release, str(CHART), *options)

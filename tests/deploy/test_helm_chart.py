@@ -7,7 +7,6 @@ import base64
 import copy
 import json
 import shlex
-import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,16 +29,17 @@ from tests.deploy.conftest import (
     CHART,
     CLUSTER_SCOPED,
     CRDS,
+    IMAGE,
     NAMESPACE,
     RELEASE,
-    ROOT,
     Render,
     one,
     set_flags,
     validate,
 )
 
-# The GKE guide's install line, verbatim with this chart as <chart> (docs/deploy.md shows it so).
+# The GKE guide's install line, verbatim with this chart as <chart>. docs/deploy.md shows it with the image
+# values added (tests/deploy/test_deploy_doc.py); the cases here add IMAGE.
 SEED_LINE = """\
 helm upgrade --install vllm-llama3-8b-instruct deploy/helm/slorouter \\
   --set inferencePool.modelServers.matchLabels.app=vllm-llama3-8b-instruct \\
@@ -101,6 +101,19 @@ CASES: dict[str, Case] = {
     ),
     "prediction-server-count-3": Case(
         {PREDICTION: "true", "inferenceExtension.latencyPredictor.predictionServerCount": "3"}, PREDICTOR
+    ),
+    "predictor-pinned-token": Case({PREDICTION: "true", f"{LP}.token": "pinned-0123456789abcdef"}, PREDICTOR),
+    "predictor-persistent": Case(
+        {PREDICTION: "true", f"{LP}.persistence.enabled": "true", f"{LP}.predictionServerCount": "2"},
+        (*PREDICTOR, "PersistentVolumeClaim"),
+    ),
+    "predictor-existing-claim": Case(
+        {
+            PREDICTION: "true",
+            f"{LP}.persistence.enabled": "true",
+            f"{LP}.persistence.existingClaim": "models",
+        },
+        PREDICTOR,
     ),
     "inference-pool": Case(
         {
@@ -169,15 +182,17 @@ def pod_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLOROUTER_PREDICTOR_TOKEN", "token-from-the-secret")
 
 
-def test_docs_show_the_seed_line_unchanged():
-    # In a numbered step's code block: indented three spaces.
-    assert textwrap.indent(SEED_LINE, "   ") in (ROOT / "docs" / "deploy.md").read_text()
-
-
-def test_the_seed_line_lints_and_renders_as_written(helm):
-    """`helm lint --strict` and `helm template` with the seed's words (`upgrade --install` → `template`)."""
+def test_the_seed_line_stops_at_the_image_and_renders_with_it(helm):
+    """The seed's words (`upgrade --install` → `template`): without an image (none is published) rendering
+    stops, naming the values to set and the build step; with one it lints and renders."""
     words = shlex.split(SEED_LINE.replace("\\\n", " "))
     args = [str(CHART) if word == "deploy/helm/slorouter" else word for word in words[3:]]
+    result = helm("template", *args, check=False)
+    assert result.returncode != 0
+    assert "inferenceExtension.image.repository is not set: no slorouter image is published" in result.stderr
+    assert "inferenceExtension.image.registry, inferenceExtension.image.repository and" in result.stderr
+    assert 'docs/deploy.md, "Installing, step by step", step 1' in result.stderr
+    args += set_flags(IMAGE)
     assert "0 chart(s) failed" in helm("lint", "--strict", *args[1:]).stdout
     manifests = [doc for doc in yaml.safe_load_all(helm("template", *args).stdout) if doc]
     assert sorted(m["kind"] for m in manifests) == sorted((*BASE, *CASES["seed"].kinds))
@@ -188,7 +203,7 @@ def test_the_seed_line_lints_and_renders_as_written(helm):
 @pytest.mark.parametrize("case", CASES)
 def test_lint_strict(helm, case):
     options = [] if CASES[case].namespace is None else ["--namespace", NAMESPACE]
-    result = helm("lint", "--strict", str(CHART), *options, *set_flags(CASES[case].values))
+    result = helm("lint", "--strict", str(CHART), *options, *set_flags({**IMAGE, **CASES[case].values}))
     assert "0 chart(s) failed" in result.stdout
 
 
@@ -318,7 +333,7 @@ def test_the_seed_line_renders_the_picker_with_its_sidecars(render: Render):
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
 
 
-@pytest.mark.parametrize("case", ["default", "predictor-3", "seed"])
+@pytest.mark.parametrize("case", ["default", "predictor-3", "seed", "predictor-persistent"])
 def test_every_container_is_probed_non_root_read_only_and_sized(render: Render, case):
     manifests = render_case(render, case)
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
@@ -568,10 +583,27 @@ async def test_the_router_config_builds_a_router(render: Render, case):
             {PREDICTION: "true", f"{LP}.trainingServer.livenessProbe.httpGet.port": "9000"},
             "livenessProbe.httpGet.port is 9000, but the training server listens on trainingServer.port 8000",
         ),
+        ({f"{LP}.token": "too-short"}, f"at '{LP_PATH}/token': minLength: got 9, want 16"),
+        ({f"{LP}.token": "sixteen chars ok"}, f"at '{LP_PATH}/token': 'not' failed"),  # a space
+        (
+            {PREDICTION: "true", f"{LP}.token": "a" * 16, f"{LP}.tokenSecret": "mine"},
+            "give token (the chart's Secret holds it) or tokenSecret (a Secret of your own), not both",
+        ),
+        (
+            {PREDICTION: "true", f"{LP}.persistence.existingClaim": "models"},
+            "persistence.existingClaim is set but persistence.enabled is false",
+        ),
+        (
+            {PREDICTION: "true", f"{LP}.persistence.enabled": "true", "inferenceExtension.replicas": "2"},
+            "one claim holds one training server's state, and replicas is 2",
+        ),
+        ({f"{LP}.persistence.size": "1 GB"}, f"at '{LP_PATH}/persistence/size'"),
+        ({f"{LP}.persistence.existingClaim": "My_Claim"}, f"at '{LP_PATH}/persistence/existingClaim'"),
+        ({f"{LP}.persistence.accessModes[0]": "RWX"}, "additional properties 'accessModes' not allowed"),
     ],
 )
 def test_values_the_chart_cannot_honour_are_errors(helm, values, message):
-    result = helm("template", RELEASE, str(CHART), *set_flags(values), check=False)
+    result = helm("template", RELEASE, str(CHART), *set_flags({**IMAGE, **values}), check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
@@ -583,9 +615,15 @@ def test_the_templates_check_values_even_without_the_schema(helm):
             {PREDICTION: "true", f"{LP}.predictionServerCount": "0"},
             "predictionServerCount (or predictionServers",
         ),
+        ({"inferenceExtension.image.repository": ""}, "inferenceExtension.image.repository is not set"),
     ]:
         result = helm(
-            "template", RELEASE, str(CHART), "--skip-schema-validation", *set_flags(values), check=False
+            "template",
+            RELEASE,
+            str(CHART),
+            "--skip-schema-validation",
+            *set_flags({**IMAGE, **values}),
+            check=False,
         )
         assert result.returncode != 0 and message in result.stderr, result.stderr
 
@@ -594,13 +632,14 @@ def test_every_metric_preset_is_a_model_server_type(helm, render: Render):
     from slorouter.pool.dialects import PRESETS
 
     for name in PRESETS:
-        result = helm("template", RELEASE, str(CHART), *set_flags({"inferencePool.modelServerType": name}))
+        values = {**IMAGE, "inferencePool.modelServerType": name}
+        result = helm("template", RELEASE, str(CHART), *set_flags(values))
         assert result.returncode == 0, result.stderr
         # ... which the router reads its pods' metrics in.
         config = parse_config(_router_config(render({"inferencePool.modelServerType": name})), "config.yaml")
         assert config.pool is not None and config.pool.model_server_type == name
     result = helm(
         "template", RELEASE, str(CHART), "--skip-schema-validation",
-        *set_flags({"inferencePool.modelServerType": "ollama"}), check=False,
+        *set_flags({**IMAGE, "inferencePool.modelServerType": "ollama"}), check=False,
     )  # fmt: skip
     assert result.returncode != 0 and 'llamacpp and tgi metrics, not "ollama"' in result.stderr

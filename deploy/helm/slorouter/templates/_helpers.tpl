@@ -31,6 +31,9 @@ inferencepool: {{ include "slorouter.name" . }}
 {{- $registry := $own.registry | default $main.registry -}}
 {{- $repository := $own.repository | default $main.repository -}}
 {{- $tag := $own.tag | default $main.tag | default .root.Chart.AppVersion -}}
+{{- if not $repository -}}
+{{- fail "inferenceExtension.image.repository is not set: no slorouter image is published. Build one from the repository's Dockerfile, push it, and set inferenceExtension.image.registry, inferenceExtension.image.repository and inferenceExtension.image.tag to it (docs/deploy.md, \"Installing, step by step\", step 1)" -}}
+{{- end -}}
 {{- if $registry -}}{{ $registry }}/{{ end -}}{{ $repository }}:{{ $tag }}
 {{- end -}}
 
@@ -128,6 +131,16 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- fail (printf "inferenceExtension.latencyPredictor.trainingServer.%s.httpGet.port is %v, but the training server listens on trainingServer.port %v" $probe $port $lp.trainingServer.port) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $lp.token $lp.tokenSecret -}}
+{{- fail "inferenceExtension.latencyPredictor: give token (the chart's Secret holds it) or tokenSecret (a Secret of your own), not both" -}}
+{{- end -}}
+{{- $persistence := $lp.persistence -}}
+{{- if and $persistence.existingClaim (not $persistence.enabled) -}}
+{{- fail "inferenceExtension.latencyPredictor.persistence.existingClaim is set but persistence.enabled is false: set enabled=true to use the claim" -}}
+{{- end -}}
+{{- if and $lp.enabled $persistence.enabled (gt (int .Values.inferenceExtension.replicas) 1) -}}
+{{- fail (printf "inferenceExtension.latencyPredictor.persistence: one claim holds one training server's state, and replicas is %v; use persistence with one replica" .Values.inferenceExtension.replicas) -}}
+{{- end -}}
 {{- $plugins := .Values.inferenceExtension.pluginsCustomConfig | default dict -}}
 {{- if and $plugins (not (hasKey $plugins .Values.inferenceExtension.pluginsConfigFile)) -}}
 {{- fail (printf "inferenceExtension.pluginsCustomConfig has no entry %q (inferenceExtension.pluginsConfigFile)" .Values.inferenceExtension.pluginsConfigFile) -}}
@@ -137,6 +150,11 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{/* The Secret holding the predictor sidecars' token (key `token`). */}}
 {{- define "slorouter.predictorTokenSecret" -}}
 {{- .Values.inferenceExtension.latencyPredictor.tokenSecret | default (printf "%s-predictor-token" (include "slorouter.name" .)) -}}
+{{- end -}}
+
+{{/* The PersistentVolumeClaim of the predictor's state with persistence: existingClaim, or the chart's. */}}
+{{- define "slorouter.predictorClaim" -}}
+{{- .Values.inferenceExtension.latencyPredictor.persistence.existingClaim | default (printf "%s-predictor" (include "slorouter.name" .)) -}}
 {{- end -}}
 
 {{/* The env entry giving a container the predictor token. */}}
