@@ -1,6 +1,6 @@
 # The slorouter image the Helm chart (deploy/helm/slorouter) runs: `slorouter epp`, and the predictor's
 # training and prediction servers, from one image. Build from the repository root:
-#   docker build -t ghcr.io/slorouter/slorouter:0.1.0 .
+#   docker build -t "$REGISTRY/slorouter:0.1.0" .   (then push it; docs/deploy.md, step 1)
 
 FROM python:3.11-slim AS build
 WORKDIR /src
