@@ -11,20 +11,12 @@ traceback. Every command line of the README is either walked here or listed in `
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.doc_commands import SHELL_BLOCKS, fenced_blocks, logical_lines
+from tests.readme.shell import CHECKOUT, DocCommands, Namespace
 
-CHECKOUT = os.environ.get("SLOROUTER_README_CHECKOUT", "")
 pytestmark = pytest.mark.skipif(
     not CHECKOUT, reason="the README walkthrough runs in its own install: `make test-readme`"
 )
@@ -57,123 +49,12 @@ PLOTS_SKIPPED = (
 )
 
 
-@dataclass
-class Readme:
-    """The README's command lines (continuations joined), as ``tests/doc_commands.py`` reads them."""
-
-    lines: list[str] = field(default_factory=list)
-
-    @classmethod
-    def read(cls, path: Path) -> Readme:
-        readme = cls()
-        for info, start, block in fenced_blocks(path.read_text(encoding="utf-8")):
-            if info in SHELL_BLOCKS:
-                readme.lines += [text for _, text, _ in logical_lines(start, block)]
-        return readme
-
-    def line(self, beginning: str) -> str:
-        found = [line for line in self.lines if line.startswith(beginning)]
-        assert len(found) == 1, f"the README has {len(found)} command lines beginning {beginning!r}"
-        return found[0]
-
-
-@dataclass
-class Started:
-    process: subprocess.Popen[bytes]
-    stdout: Path
-    stderr: Path
-
-    def output(self) -> str:
-        return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
-
-
-class Namespace:
-    """A network namespace with only a loopback, where the README's commands run in ``cwd``."""
-
-    def __init__(self, name: str, cwd: Path, logs: Path) -> None:
-        self.name, self.cwd, self.logs = name, cwd, logs
-        self.started: list[Started] = []
-
-    def _argv(self, command: str) -> list[str]:
-        return ["ip", "netns", "exec", self.name, "bash", "-c", command]
-
-    def run(self, command: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self._argv(command), cwd=self.cwd, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-
-    def start(self, command: str) -> Started:
-        """``command`` in the background, in a process group of its own (as a terminal runs it)."""
-        index = len(self.started)
-        out, err = self.logs / f"{index}.out", self.logs / f"{index}.err"
-        with out.open("wb") as stdout, err.open("wb") as stderr:
-            process = subprocess.Popen(
-                self._argv(command), cwd=self.cwd, stdout=stdout, stderr=stderr, start_new_session=True
-            )
-        started = Started(process, out, err)
-        self.started.append(started)
-        return started
-
-    def wait_until_answers(self, url: str, started: Started, timeout_s: float = 90) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if started.process.poll() is not None:
-                raise AssertionError(f"exited with {started.process.returncode}: {started.output()[-3000:]}")
-            if self.run(f"curl -sf -o /dev/null {url}", timeout_s=10).returncode == 0:
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"{url} did not answer in {timeout_s} s: {started.output()[-3000:]}")
-
-    def interrupt(self, started: Started, timeout_s: float = 30) -> str:
-        """Ctrl-C: SIGINT to the command's process group; its output once it exited."""
-        os.killpg(started.process.pid, signal.SIGINT)
-        try:
-            started.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(started.process.pid, signal.SIGKILL)
-            started.process.wait()
-            raise AssertionError(
-                f"still running {timeout_s} s after Ctrl-C: {started.output()[-3000:]}"
-            ) from None
-        output = started.output()
-        assert "Traceback" not in output, output[-3000:]
-        return output
-
-    def close(self) -> None:
-        for started in self.started:
-            if started.process.poll() is None:
-                os.killpg(started.process.pid, signal.SIGKILL)
-                started.process.wait()
-
-
 @pytest.fixture(scope="module")
-def readme() -> Readme:
-    return Readme.read(Path(CHECKOUT) / "README.md")
+def readme() -> DocCommands:
+    return DocCommands.read(Path(CHECKOUT) / "README.md")
 
 
-@pytest.fixture(scope="module")
-def netns() -> Iterator[str]:
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.fail("the README walkthrough needs iproute2's `ip` and root, for a network namespace")
-    name = f"slorouter-readme-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False)
-
-
-@pytest.fixture
-def shell(netns: str, tmp_path: Path) -> Iterator[Namespace]:
-    namespace = Namespace(netns, Path(CHECKOUT), tmp_path)
-    try:
-        yield namespace
-    finally:
-        namespace.close()
-
-
-def _try_it(shell: Namespace, readme: Readme) -> None:
+def _try_it(shell: Namespace, readme: DocCommands) -> None:
     """The three curl commands of "Try it", against whatever serves 127.0.0.1:8080."""
     done = shell.run(readme.line(TRY_COMPLETION))
     assert done.returncode == 0 and json.loads(done.stdout)["choices"][0]["text"], done
@@ -185,14 +66,14 @@ def _try_it(shell: Namespace, readme: Readme) -> None:
     assert "x-slorouter-route: " in done.stdout.lower()
 
 
-def test_every_readme_command_is_walked_or_said_why_not(readme: Readme) -> None:
+def test_every_readme_command_is_walked_or_said_why_not(readme: DocCommands) -> None:
     for beginning in [*WALKED, *NOT_RUN]:
         readme.line(beginning)
     unknown = [line for line in readme.lines if not line.startswith((*WALKED, *NOT_RUN))]
     assert unknown == [], f"README command lines this walkthrough does not run: {unknown}"
 
 
-def test_make_run_then_try_it_and_watch_it(shell: Namespace, readme: Readme) -> None:
+def test_make_run_then_try_it_and_watch_it(shell: Namespace, readme: DocCommands) -> None:
     run = shell.start(readme.line(MAKE_RUN))
     shell.wait_until_answers("http://127.0.0.1:8080/ready", run)
     assert "slorouter is routing on http://127.0.0.1:8080" in run.output()
@@ -203,7 +84,7 @@ def test_make_run_then_try_it_and_watch_it(shell: Namespace, readme: Readme) -> 
 
 
 def test_record_then_replay_under_every_policy_without_the_bench_extra(
-    shell: Namespace, readme: Readme
+    shell: Namespace, readme: DocCommands
 ) -> None:
     record = shell.start(readme.line(RECORD))
     shell.wait_until_answers("http://127.0.0.1:8080/ready", record)
@@ -218,7 +99,7 @@ def test_record_then_replay_under_every_policy_without_the_bench_extra(
     assert "| heuristic |" in done.stdout and "| predicted-latency |" in done.stdout
 
 
-def test_own_servers_behind_serve_and_behind_the_picker(shell: Namespace, readme: Readme) -> None:
+def test_own_servers_behind_serve_and_behind_the_picker(shell: Namespace, readme: DocCommands) -> None:
     sim = shell.start(readme.line(SIM))
     shell.wait_until_answers("http://127.0.0.1:8103/health", sim)
     for command in (SERVE_HEURISTIC, SERVE_PREDICTED):
@@ -239,7 +120,7 @@ def test_own_servers_behind_serve_and_behind_the_picker(shell: Namespace, readme
     shell.interrupt(sim)
 
 
-def test_bench_quick_without_the_bench_extra(shell: Namespace, readme: Readme) -> None:
+def test_bench_quick_without_the_bench_extra(shell: Namespace, readme: DocCommands) -> None:
     done = shell.run(readme.line(BENCH_QUICK), timeout_s=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == PLOTS_SKIPPED
