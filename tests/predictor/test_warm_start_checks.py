@@ -24,7 +24,8 @@ from tests.predictor.test_warm_start import H100, TRAINING
 HOUR = 3600.0
 DAY = 24 * HOUR
 # The previous runs' pool served the same features this much slower: their model predicts 3-7× the live
-# latencies, as in the reported case (321-856 ms predicted against about 123 ms observed).
+# latencies, as when the embedded default took over a window of longer outputs (321-856 ms predicted against
+# about 123 ms observed).
 SLOW = 4.5
 
 
@@ -193,7 +194,7 @@ async def test_an_accurate_restored_model_is_kept_and_training_resumes(
 async def test_a_model_of_a_slower_pool_gives_way_within_the_live_check(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The reported case, at the predictor level: the window and models of earlier runs on a pool of the same
+    """A stale warm start, at the predictor level: the window and models of earlier runs on a pool of the same
     shape, several times slower; the live pool is faster. The restored models serve for the first
     LIVE_SAMPLES requests only; then they and the restored samples are dropped, and the next models are
     trained on live samples only, as soon as there are enough of them."""
