@@ -51,6 +51,7 @@ def test_full_file(tmp_path):
         ({"predictor": {"embedded": {"model_dir": "/x"}}}, "predictor.embedded.model_dir"),
         ({"predictor": {"embedded": {"state_dir": ""}}}, "predictor.embedded.state_dir"),
         ({"predictor": {"embedded": {"save_interval_s": 0}}}, "predictor.embedded.save_interval_s"),
+        ({"predictor": {"embedded": {"max_state_age_s": 0}}}, "predictor.embedded.max_state_age_s"),
         ({"predictor": {"embedded": {"persist": "maybe"}}}, "predictor.embedded.persist"),
         ({"predictor": {"embedded": {"persist": False, "state_dir": "/x"}}}, "predictor.embedded"),
     ],
@@ -64,6 +65,9 @@ def test_errors_name_the_key(data, needle):
 def test_predictor_state_defaults():
     embedded = parse_config({"predictor": {}}).predictor.embedded  # type: ignore[union-attr]
     assert (embedded.persist, embedded.state_dir, embedded.save_interval_s) == (True, None, 60.0)
+    assert embedded.max_state_age_s == 24 * 3600  # a day; null: no limit
+    unlimited = parse_config({"predictor": {"embedded": {"max_state_age_s": None}}}).predictor.embedded  # type: ignore[union-attr]
+    assert unlimited.max_state_age_s is None
 
 
 def test_top_level_must_be_a_mapping():

@@ -26,6 +26,16 @@ class MonotonicClock:
         return time.monotonic()
 
 
+class WallClock:
+    """Unix time: ``time.time``. Not monotonic: only for comparing with times other processes wrote (the
+    age of saved state)."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.time()
+
+
 class ManualClock:
     """Virtual time that only moves when told to (tests and the discrete-event simulator)."""
 

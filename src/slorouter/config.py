@@ -11,6 +11,7 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_valid
 from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.http.auth import check_token_text, read_token_env, read_token_file
 from slorouter.pool.config import PoolConfig
+from slorouter.predictor.state_dir import DEFAULT_MAX_AGE_S
 from slorouter.tracing.config import TracingConfig
 from slorouter.validation import StrictModel, format_validation_error
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
@@ -136,6 +137,12 @@ class EmbeddedPredictorConfig(StrictModel):
         "<state> $XDG_STATE_HOME or ~/.local/state, <key> the config file's name and a hash of its path",
     )
     save_interval_s: float = Field(default=60.0, gt=0, description="how often the sample window is saved")
+    max_state_age_s: float | None = Field(
+        default=DEFAULT_MAX_AGE_S,
+        gt=0,
+        description="saved models and a sample window older than this are refused at start (reason stale); "
+        "null: no limit",
+    )
     retrain_interval_s: float = Field(default=5.0, gt=0)
     min_samples: int = Field(default=200, ge=10)
     objective: Literal["conformal", "quantile", "mean"] = "conformal"

@@ -163,3 +163,15 @@ async def test_a_state_directory_in_use_is_refused_saying_what_to_do(
     finally:
         await router.stop()
         lock.release()
+
+
+def test_the_state_age_limit_reaches_the_embedded_predictor(state_home: Path) -> None:
+    for embedded, limit in (
+        ({}, 24 * 3600.0),
+        ({"max_state_age_s": 60}, 60.0),
+        ({"max_state_age_s": None}, None),
+    ):
+        config = parse_config({"pool": {"endpoints": ["127.0.0.1:9"]}, "predictor": {"embedded": embedded}})
+        predictor = Router.build(config).core.predictor
+        assert isinstance(predictor, EmbeddedPredictor) and predictor.persistence is not None
+        assert predictor.persistence.max_age_s == limit

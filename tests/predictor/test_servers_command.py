@@ -50,6 +50,7 @@ def test_defaults() -> None:
     assert args.func is command.run_training_server
     args = parser().parse_args(["predictor", "training-server"])  # models and samples in the state dir
     assert (args.state_dir, args.model_dir, args.save_interval_s) == (None, None, 60.0)
+    assert args.max_state_age_s == 86_400.0  # a day
     args = parser().parse_args(["predictor", "prediction-server", "--training-server", "http://h:8000/"])
     assert (args.host, args.port, args.training_server, args.model_dir, args.poll_interval_s) == (
         "127.0.0.1",
@@ -68,6 +69,7 @@ def test_defaults() -> None:
     "argv",
     [
         ["training-server", "--save-interval-s", "0"],
+        ["training-server", "--max-state-age-s", "-1"],
         ["training-server", "--model-dir", "m", "--port", "70000"],
         ["training-server", "--model-dir", "m", "--quantile", "1.5"],
         ["training-server", "--model-dir", "m", "--quantile", "nan"],

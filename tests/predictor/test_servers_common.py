@@ -46,9 +46,10 @@ def samples_request(samples: list[dict[str, Any]], **members: Any) -> dict[str, 
     return {"schema": SAMPLES_SCHEMA, "samples": samples, **members}
 
 
-def samples_body(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` TTFT and ``n`` TPOT samples for ``POST /v1/samples`` with a learnable relation."""
-    x_ttft, y_ttft, x_tpot, y_tpot = synthetic(n, seed)
+def samples_body(n: int, seed: int = 0, *, scale: float = 1.0) -> list[dict[str, Any]]:
+    """``n`` TTFT and ``n`` TPOT samples for ``POST /v1/samples`` with a learnable relation (latencies
+    × ``scale``)."""
+    x_ttft, y_ttft, x_tpot, y_tpot = synthetic(n, seed, scale=scale)
     rows = feature_rows(x_ttft, x_tpot)
     samples = [
         {"model": "ttft", "features": row, "latency_ms": float(y)}

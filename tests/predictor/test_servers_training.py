@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from slorouter.clock import ManualClock
 from slorouter.predictor.features import DEFAULT_SCHEMA
+from slorouter.predictor.live_check import LIVE_SAMPLES
 from slorouter.predictor.model_store import decode_model_file
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.sample_sink import TrainingSampleSink
@@ -324,12 +327,16 @@ H100 = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 29205}]}
 H100_AND_A100 = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 17187}, *H100["kv_caches"]]}
 
 
-async def previous_run(state_dir: Path, http: aiohttp.ClientSession, shape: dict[str, Any]) -> dict[str, Any]:
-    """A training server's run on samples of ``shape``'s pool, trained and stopped; its model versions."""
+async def previous_run(
+    state_dir: Path, http: aiohttp.ClientSession, shape: dict[str, Any], scale: float = 1.0
+) -> dict[str, Any]:
+    """A training server's run on samples of ``shape``'s pool (latencies × ``scale``), trained and stopped;
+    its model versions."""
     server = TrainingServer(state_dir / "models", state_dir=state_dir, trainer_config=FAST_TRAINING)
     await server.start()
     try:
-        status, _ = await post_samples(http, server.url, samples_request(samples_body(200), pool_shape=shape))
+        body = samples_request(samples_body(200, scale=scale), pool_shape=shape)
+        status, _ = await post_samples(http, server.url, body)
         assert status == 202
         await eventually(lambda: all(server.trainer.current_version(k) for k in ("ttft", "tpot")))
     finally:
@@ -418,6 +425,81 @@ async def test_a_damaged_window_is_refused_and_training_starts_over(
         assert server.store.count("ttft") == 0 and all(server.status()["model_versions"].values())
         (refusal,) = server.status()["state"]["warm_start"]["refused"]
         assert (refusal["item"], refusal["reason"]) == ("samples", "damaged")
+    finally:
+        await server.stop()
+
+
+async def test_restart_refuses_stale_state(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    await previous_run(tmp_path / "state", http, H100)
+    server = TrainingServer(
+        tmp_path / "state" / "models",
+        state_dir=tmp_path / "state",
+        trainer_config=FAST_TRAINING,
+        wall_clock=ManualClock(time.time() + 2 * 24 * 3600),
+    )
+    await server.start()
+    try:
+        assert server.store.count("ttft") == 0 and server.status()["model_versions"] == dict.fromkeys(
+            ("ttft", "tpot")
+        )
+        refused = [
+            (r["item"], r["kind"], r["reason"]) for r in server.status()["state"]["warm_start"]["refused"]
+        ]
+        assert refused == [
+            ("model", "ttft", "stale"),
+            ("model", "tpot", "stale"),
+            ("samples", "all", "stale"),
+        ]
+        for kind in ("ttft", "tpot"):
+            async with http.get(f"{server.url}/v1/models/{kind}") as r:
+                assert r.status == 404  # neither baselines nor downloadable
+        async with http.get(server.url + "/metrics") as r:
+            text = await r.text()
+        assert 'slorouter_training_warm_start_refused_total{item="model",reason="stale"} 2.0' in text
+        assert "slorouter_training_model_version_info{" not in text
+    finally:
+        await server.stop()
+
+
+async def test_restart_drops_state_the_first_live_samples_show_wrong(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    versions = await previous_run(tmp_path / "state", http, H100, scale=4.5)  # a slower pool, same shape
+    server = TrainingServer(
+        tmp_path / "state" / "models", state_dir=tmp_path / "state", trainer_config=FAST_TRAINING
+    )
+    await server.start()
+    try:
+        async with http.get(server.url + "/v1/models/ttft") as r:
+            assert r.status == 200  # served until the live check
+        body = samples_request(samples_body(LIVE_SAMPLES, seed=1), pool_shape=H100)
+        assert (await post_samples(http, server.url, body))[0] == 202
+        await eventually(lambda: len(server.status()["state"]["warm_start"]["refused"]) == 4)
+        assert server.status()["model_versions"] == dict.fromkeys(versions)
+        for kind in ("ttft", "tpot"):
+            async with http.get(f"{server.url}/v1/models/{kind}") as r:
+                assert r.status == 404
+            assert server.store.count(kind) == LIVE_SAMPLES  # the restored samples are gone
+        warm_start = server.status()["state"]["warm_start"]
+        assert {kind: check["state"] for kind, check in warm_start["live_checks"].items()} == {
+            "ttft": "dropped",
+            "tpot": "dropped",
+        }
+        assert [(r["item"], r["kind"], r["reason"]) for r in warm_start["refused"]] == [
+            ("model", "ttft", "inaccurate"),
+            ("samples", "ttft", "inaccurate"),
+            ("model", "tpot", "inaccurate"),
+            ("samples", "tpot", "inaccurate"),
+        ]
+
+        async def unpublished() -> bool:  # the training thread withdraws the version series after the check
+            async with http.get(server.url + "/metrics") as r:
+                return "slorouter_training_model_version_info{" not in await r.text()
+
+        await eventually(unpublished)
+        async with http.get(server.url + "/metrics") as r:
+            text = await r.text()
+        assert 'slorouter_training_warm_start_refused_total{item="model",reason="inaccurate"} 2.0' in text
     finally:
         await server.stop()
 

@@ -16,6 +16,7 @@ from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.atomic import write_atomic
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.features import FeatureSchema
+from slorouter.predictor.live_check import LIVE_SAMPLES
 from slorouter.predictor.pool_shape import PoolShape, PoolShapeMismatchError
 from slorouter.predictor.sample_window import (
     WindowFileError,
@@ -218,10 +219,12 @@ async def test_a_restart_serves_the_saved_models_and_resumes_training(tmp_path: 
             embedded.trainer.current_version("ttft") == versions["ttft"]
         )  # the baseline of the next training
         assert embedded.maybe_train() == []  # nothing new since the saved models were trained
-        x_ttft, y_ttft, _, _ = synthetic(10, seed=9)
-        embedded.store.add("ttft", x_ttft, y_ttft)
-        (report,) = embedded.maybe_train()
-        assert report.sample_count == 410  # the saved window and the new samples
+        x_ttft, y_ttft, _, _ = synthetic(LIVE_SAMPLES, seed=9)
+        embedded.store.add("ttft", x_ttft[:-1], y_ttft[:-1])
+        assert embedded.maybe_train() == []  # not retrained before its live check
+        embedded.store.add("ttft", x_ttft[-1:], y_ttft[-1:])
+        (report,) = embedded.maybe_train()  # the live check kept it: training resumes at once
+        assert report.sample_count == 400 + LIVE_SAMPLES  # the saved window and the new samples
         assert report.current_version == versions["ttft"]
     finally:
         await embedded.stop()
@@ -237,7 +240,7 @@ async def test_models_and_window_of_another_pool_shape_are_refused(
     try:
         assert not embedded.ready and embedded.store.count("ttft") == 0
         assert embedded.trainer.current_version("ttft") is None
-        assert [(r["item"], r["kind"], r["reason"]) for r in embedded.persistence.report.refused] == [  # type: ignore[union-attr]
+        assert [(r.item, r.kind, r.reason) for r in embedded.persistence.report.refused] == [  # type: ignore[union-attr]
             ("model", "ttft", "pool_shape"),
             ("model", "tpot", "pool_shape"),
             ("samples", "all", "pool_shape"),
@@ -297,7 +300,7 @@ async def test_state_of_another_feature_schema_is_refused(tmp_path: Path) -> Non
     embedded.start()
     try:
         assert not embedded.ready and embedded.store.count("ttft") == 0
-        reasons = {(r["item"], r["reason"]) for r in embedded.persistence.report.refused}  # type: ignore[union-attr]
+        reasons = {(r.item, r.reason) for r in embedded.persistence.report.refused}  # type: ignore[union-attr]
         assert reasons == {("model", "schema"), ("samples", "schema")}
     finally:
         await embedded.stop()
@@ -327,7 +330,7 @@ async def test_a_damaged_model_is_refused_and_the_window_trains_at_once(tmp_path
     embedded = start_on(tmp_path / "state", H100)
     try:
         assert not embedded.ready and embedded.versions["tpot"] == versions["tpot"]
-        assert [r["reason"] for r in embedded.persistence.report.refused] == ["damaged"]  # type: ignore[union-attr]
+        assert [r.reason for r in embedded.persistence.report.refused] == ["damaged"]  # type: ignore[union-attr]
         # The restored TTFT samples have no model to show for them: they are trained on at once.
         assert [r.kind for r in embedded.maybe_train()] == ["ttft"] and embedded.ready
     finally:
@@ -339,8 +342,8 @@ async def test_models_saved_without_a_pool_shape_are_refused(tmp_path: Path) -> 
     embedded = start_on(tmp_path / "state", H100)
     try:
         assert not embedded.ready
-        assert {r["reason"] for r in embedded.persistence.report.refused} == {"pool_shape"}  # type: ignore[union-attr]
-        assert "records no pool shape" in embedded.persistence.report.refused[0]["error"]  # type: ignore[union-attr]
+        assert {r.reason for r in embedded.persistence.report.refused} == {"pool_shape"}  # type: ignore[union-attr]
+        assert "records no pool shape" in embedded.persistence.report.refused[0].error  # type: ignore[union-attr]
     finally:
         await embedded.stop()
 

@@ -9,6 +9,8 @@ import pytest
 
 from slorouter.clock import ManualClock
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
+from slorouter.predictor.live_check import LiveCheck
+from slorouter.predictor.warm_start import Refusal, WarmStartReport
 from slorouter.serving.status import (
     STATUS_SCHEMA,
     NotAStatusPageError,
@@ -87,3 +89,49 @@ def test_the_payload_round_trips_and_anything_else_is_refused():
             decode_status(other)
     with pytest.raises(NotAStatusPageError, match=r"expected 'slorouter\.router-status/v1'"):
         decode_status(body.replace(STATUS_SCHEMA.encode(), b"slorouter.router-status/v0"))
+
+
+class _Backend:
+    """What the status page reads of a predictor."""
+
+    def __init__(self, report: WarmStartReport | None) -> None:
+        self.ready = False
+        self.versions = {"ttft": None, "tpot": "v2"}
+        self.warm_start_report = report
+
+
+def test_the_page_says_what_the_warm_start_took_over_and_how_its_live_check_went():
+    clock = ManualClock()
+    report = WarmStartReport(
+        models={"ttft": "v1", "tpot": "v2"},
+        samples={"ttft": 290, "tpot": 290},
+        saved_at=1.7e9,
+        refused=[Refusal("model", "ttft", "inaccurate", "ttft model v1 predicted ...")],
+        live_checks={
+            "ttft": LiveCheck("dropped", 32, samples=32, ratio=4.4, mape=3.5, version="v1"),
+            "tpot": LiveCheck("pending", 32),
+        },
+    )
+    pool = _pool(clock)
+    status = RouterStats(clock).status(
+        "gateway", pool, predictor_mode="embedded", predictor=_Backend(report), queued=None
+    )
+    assert status.predictor.warm_start == report
+    assert decode_status(encode_status(status)) == status
+    page = json.loads(encode_status(status))["predictor"]["warm_start"]
+    assert page["live_checks"]["ttft"] == {
+        "state": "dropped",
+        "needed": 32,
+        "samples": 32,
+        "ratio": 4.4,
+        "mape": 3.5,
+        "version": "v1",
+    }
+    assert page["refused"] == [
+        {"item": "model", "kind": "ttft", "reason": "inaccurate", "error": "ttft model v1 predicted ..."}
+    ]
+    # Without a state directory (or a remote predictor): none.
+    status = RouterStats(clock).status(
+        "gateway", pool, predictor_mode="embedded", predictor=_Backend(None), queued=None
+    )
+    assert status.predictor.warm_start is None and decode_status(encode_status(status)) == status

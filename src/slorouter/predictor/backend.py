@@ -9,11 +9,14 @@ columns, as ``columns_to_union_matrix`` builds it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from slorouter.predictor.features import ModelKind
+
+if TYPE_CHECKING:
+    from slorouter.predictor.warm_start import WarmStartReport
 
 
 class PredictionUnavailable(Exception):
@@ -47,6 +50,13 @@ class LatencyPredictorBackend(Protocol):
     def versions(self) -> Mapping[str, str | None]:
         """The model version served per kind (None before its first training); empty where the backend does
         not know them (the remote one: each prediction server reports its own in ``/v1/status``)."""
+        ...
+
+    @property
+    def warm_start_report(self) -> WarmStartReport | None:
+        """What the start took over from the previous run, what it refused, and the live checks; None where
+        the backend keeps no state (a temporary directory; the remote one: the training server reports its
+        own in ``/v1/status``)."""
         ...
 
     def start(self) -> None:

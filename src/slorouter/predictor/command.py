@@ -15,7 +15,7 @@ import uvloop
 from slorouter.http.auth import TOKEN_ENV, InsecureBindError, is_loopback, read_token_env, read_token_file
 from slorouter.http.running import RunningServer, wait_for_signal
 from slorouter.predictor.model_store import MAX_MODEL_BYTES
-from slorouter.predictor.state_dir import MODELS, StateDirBusyError, default_state_dir
+from slorouter.predictor.state_dir import DEFAULT_MAX_AGE_S, MODELS, StateDirBusyError, default_state_dir
 
 PROG = "slorouter predictor"
 
@@ -117,6 +117,13 @@ def _add_training(servers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="seconds between saves of the sample window, also saved at shutdown (default %(default)s)",
     )
     parser.add_argument(
+        "--max-state-age-s",
+        type=_non_negative,
+        default=DEFAULT_MAX_AGE_S,
+        help="models and a sample window older than this are refused at start; 0: no limit "
+        "(default %(default)s, a day)",
+    )
+    parser.add_argument(
         "--objective",
         choices=["conformal", "quantile", "mean"],
         default="conformal",
@@ -214,6 +221,7 @@ def run_training_server(args: argparse.Namespace) -> int:
             Path(args.model_dir).expanduser() if args.model_dir else state_dir / MODELS,
             state_dir=state_dir,
             save_interval_s=args.save_interval_s,
+            max_state_age_s=args.max_state_age_s or None,
             store_config=StoreConfig(
                 queue_buckets=args.queue_buckets,
                 kv_buckets=args.kv_buckets,

@@ -8,8 +8,10 @@ simulator does, in virtual time).
 
 Warm start: with a ``state_dir`` the models live in ``state_dir/models`` and the sample window is saved to
 ``state_dir/samples.window`` every ``save_interval_s`` (by the training thread) and at ``stop``; ``start``
-takes both over (``warm_start.StatePersistence``), so a restarted router predicts at once and training
-resumes from the saved window. Without one, everything lives in a temporary directory removed by ``stop``.
+takes both over (``warm_start.StatePersistence``: what fits this pool and is at most ``max_state_age_s``
+old), so a restarted router predicts at once and training resumes from the saved window; ``maybe_train``
+checks what was taken over on the first live samples first, and stops serving a model they show wrong.
+Without one, everything lives in a temporary directory removed by ``stop``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from slorouter.predictor.features import DEFAULT_SCHEMA, FeatureSchema, ModelKin
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.predictor import Predictor, PredictorNotReady
-from slorouter.predictor.state_dir import MODELS, SAMPLE_WINDOW, StateDirLock
+from slorouter.predictor.state_dir import DEFAULT_MAX_AGE_S, MODELS, SAMPLE_WINDOW, StateDirLock
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import Trainer, TrainerConfig, TrainingReport
-from slorouter.predictor.warm_start import StatePersistence, refusal_counter
+from slorouter.predictor.warm_start import StatePersistence, WarmStartReport, refusal_counter
 
 log = logging.getLogger("slorouter.predictor.embedded")
 
@@ -56,6 +58,8 @@ class EmbeddedPredictor:
         save_interval_s: float = 60.0,
         pool_shape: Callable[[], PoolShape] | None = None,
         registry: CollectorRegistry | None = None,
+        max_state_age_s: float | None = DEFAULT_MAX_AGE_S,
+        wall_clock: Clock | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if state_dir is None:
@@ -82,6 +86,8 @@ class EmbeddedPredictor:
                 save_interval_s=save_interval_s,
                 clock=clock,
                 refused=counter,
+                max_age_s=max_state_age_s,
+                wall_clock=wall_clock,
             )
         self._pool_shape = pool_shape
         self._lock: StateDirLock | None = None
@@ -100,6 +106,11 @@ class EmbeddedPredictor:
     def versions(self) -> dict[str, str | None]:
         """The model version served per kind (None before its first training)."""
         return self.predictor.versions
+
+    @property
+    def warm_start_report(self) -> WarmStartReport | None:
+        """What the start took over and refused, and the live checks (None without a state directory)."""
+        return None if self.persistence is None else self.persistence.report.snapshot()
 
     def start(self) -> None:
         """Take over the saved state (once), then start the training thread (unless ``background=False``)."""
@@ -140,8 +151,12 @@ class EmbeddedPredictor:
                 self.persistence.maybe_save()
 
     def maybe_train(self) -> list[TrainingReport]:
-        """Train what is due and load accepted models (the background thread's work; callable directly)."""
+        """Check what the warm start took over, train what is due and load accepted models (the background
+        thread's work; callable directly)."""
         try:
+            if self.persistence is not None:
+                for dropped in self.persistence.check_live(self.trainer):
+                    self.predictor.withdraw(dropped.kind, dropped.error)
             reports = self.trainer.maybe_train()
         except Exception:
             self.training_errors += 1

@@ -187,6 +187,12 @@ class ModelStore:
         self._prune(kind, version)
         return version
 
+    def retire(self, kind: ModelKind) -> None:
+        """Leave ``kind`` without a current version (its pointer is removed; the model files stay until
+        pruned): a model shown wrong for this pool is not taken over again at the next start."""
+        with contextlib.suppress(FileNotFoundError):
+            self._pointer_path(check_kind(kind)).unlink()
+
     def latest_version(self, kind: ModelKind) -> str | None:
         """The current version of ``kind`` (None before the first save). One small file read."""
         try:

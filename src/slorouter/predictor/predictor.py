@@ -244,6 +244,18 @@ class Predictor:
         self._refused[check_kind(kind)] = version
         self.errors[kind] = error
 
+    def withdraw(self, kind: ModelKind, error: str) -> None:
+        """Stop serving the ``kind`` model for ``error``, which its caller has logged (without a TTFT model
+        the predictor is not ready); ``refresh`` does not load that version again until the store's moves."""
+        with self._load_lock:
+            model = self._models.get(check_kind(kind))
+            if model is None:
+                return
+            models = {k: m for k, m in self._models.items() if k != kind}
+            self._state = _State(models, self._joint_of(models))
+            self._refused[kind] = model.metadata.version
+            self.errors[kind] = error
+
     def load_raw(self, kind: ModelKind, raw: bytes, metadata: ModelMetadata) -> None:
         """Load booster bytes and their metadata (e.g. downloaded from a training server); make them current.
 

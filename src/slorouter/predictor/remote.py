@@ -46,6 +46,10 @@ class RemotePredictor:
     def versions(self) -> dict[str, str | None]:
         return {}
 
+    @property
+    def warm_start_report(self) -> None:
+        return None  # the training server's own, in its /v1/status
+
     def start(self) -> None:
         self.client.start()
         self.sink.start()

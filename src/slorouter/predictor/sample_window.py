@@ -140,9 +140,12 @@ def decode_window(data: bytes) -> SavedWindow:
     return SavedWindow(schema, None if shape is None else dict(shape), saved_at, kinds)
 
 
-def save_window(path: Path, store: SampleStore, pool_shape: PoolShape | None) -> int:
-    """Write ``store``'s window to ``path`` atomically; the bytes written."""
-    data = encode_window(store, pool_shape, time.time())
+def save_window(
+    path: Path, store: SampleStore, pool_shape: PoolShape | None, saved_at: float | None = None
+) -> int:
+    """Write ``store``'s window to ``path`` atomically, saved at ``saved_at`` (unix time, default now); the
+    bytes written."""
+    data = encode_window(store, pool_shape, time.time() if saved_at is None else saved_at)
     write_atomic(path, data)
     return len(data)
 

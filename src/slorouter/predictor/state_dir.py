@@ -23,6 +23,11 @@ MODELS = "models"
 SAMPLE_WINDOW = "samples.window"
 LOCK = "lock"
 EMBEDDED_KEY = "embedded"  # the key of a router run without a configuration file (the embedded default)
+# Saved models and windows older than this are refused at start (``max_state_age_s``). A day: a router
+# restarted within it (a deploy, a crash, a laptop the next morning) keeps its state; older state is from a
+# run that is over, under the traffic and the pool of then, and a cold start costs only the first
+# min_samples requests routed by heuristics.
+DEFAULT_MAX_AGE_S = 24 * 3600.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

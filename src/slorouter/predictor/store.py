@@ -302,6 +302,25 @@ class SampleStore:
         with self._lock:
             return ring.added - ring.trained_mark
 
+    def drop_before(self, kind: ModelKind, first_seq: int) -> int:
+        """Drop ``kind``'s samples that arrived before arrival number ``first_seq`` (e.g. those restored from
+        a previous run), keeping the newer ones in their buckets; the counter of samples ever added and the
+        training mark are kept. Returns the number dropped."""
+        ring = self._rings[check_kind(kind)]
+        with self._lock:
+            self._flush(kind, ring)
+            held = ring.seq >= 0
+            kept = np.flatnonzero(ring.seq >= first_seq)
+            order = kept[np.argsort(ring.seq[kept], kind="stable")]
+            X, y, seq = ring.X[order], ring.y[order].astype(np.float64), ring.seq[order]
+            dropped = int(held.sum()) - len(kept)
+            ring.seq.fill(-1)
+            ring.head.fill(0)
+            ring.count.fill(0)
+            if len(seq):
+                self._write(kind, ring, X, y, seq)
+        return dropped
+
     def clear(self, kind: ModelKind | None = None) -> None:
         """Drop the samples of ``kind`` (both kinds if None); counters of samples ever added are kept."""
         with self._lock:

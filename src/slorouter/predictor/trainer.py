@@ -245,6 +245,7 @@ class _KindState:
     trainings: int = 0
     accepted: int = 0
     rejected: int = 0
+    held: bool = False  # no retraining while a current model exists (a warm start's live check)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -317,10 +318,33 @@ class Trainer:
             baseline = LinearBaseline.from_dict(metadata.baseline, self.schema.features(kind))
         return _Current(booster, metadata, baseline)
 
+    def hold(self, kind: ModelKind, held: bool = True) -> None:
+        """While held, ``kind`` is not retrained once it has a current model (it is trained when it has
+        none): new samples stay unseen by the current model, which can then be scored on them."""
+        self._state[check_kind(kind)].held = held
+
+    def drop_current(self, kind: ModelKind) -> None:
+        """Forget the current ``kind`` model (call with trainings paused): the next one is a first model,
+        trained as soon as the store has ``min_samples`` samples, whatever the cadence."""
+        state = self._state[check_kind(kind)]
+        state.current = None
+        state.last_attempt = None
+
+    def point_predictions(self, kind: ModelKind, X: np.ndarray) -> np.ndarray | None:
+        """The current ``kind`` model's point (median-like) predictions in ms for rows ``X``: without the
+        conformal offset; a ``quantile`` model's quantile. None without a current model."""
+        current = self._state[check_kind(kind)].current
+        if current is None:
+            return None
+        margin = booster_margin(current.booster, X, current.baseline)
+        return np.exp(margin) if current.metadata.target_transform == "log" else np.maximum(margin, 0.0)
+
     # --------------------------------------------------------------------------------------- cadence
 
     def due(self, kind: ModelKind) -> bool:
         state = self._state[check_kind(kind)]
+        if state.held and state.current is not None:
+            return False
         if self.store.count(kind) < self.config.min_samples or self.store.added_since_training(kind) <= 0:
             return False
         last = state.last_attempt

@@ -41,7 +41,7 @@ from slorouter.predictor.features import (
 from slorouter.predictor.model_store import ModelMetadata, ModelStore, decode_model_file
 from slorouter.predictor.pool_shape import PoolShape, PoolShapeMismatchError
 from slorouter.predictor.sample_schema import check_sample_schema
-from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirLock
+from slorouter.predictor.state_dir import DEFAULT_MAX_AGE_S, SAMPLE_WINDOW, StateDirLock
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.trainer import Trainer, TrainerConfig, TrainingReport
 from slorouter.predictor.warm_start import StatePersistence, refusal_counter
@@ -238,6 +238,8 @@ class TrainingServer:
         max_body_bytes: int = MAX_BODY_BYTES,
         train_poll_interval_s: float = 0.1,
         tokens: Sequence[str] = (),
+        max_state_age_s: float | None = DEFAULT_MAX_AGE_S,
+        wall_clock: Clock | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.tokens = BearerTokens(tokens)
@@ -267,6 +269,8 @@ class TrainingServer:
                 save_interval_s=save_interval_s,
                 clock=self.trainer.clock,
                 refused=self.metrics.refused,
+                max_age_s=max_state_age_s,
+                wall_clock=wall_clock,
             )
         self._lock: StateDirLock | None = None
         # The pool is known only once a router says (``pool_shape`` in its samples): the first one checks what
@@ -301,6 +305,7 @@ class TrainingServer:
             assert self.state_dir is not None
             self._lock = StateDirLock(self.state_dir)
             self.persistence.restore(self.trainer, None)
+            self._withhold_refused()
             self._publish_current()
             for kind in MODEL_KINDS:
                 self.metrics.stored.labels(kind).set(self.store.count(kind))
@@ -343,8 +348,13 @@ class TrainingServer:
                 self.persistence.maybe_save()
 
     def train_due(self) -> list[TrainingReport]:
-        """Run the trainings that are due. Called by the training thread, the only one that trains."""
+        """Check what the warm start took over on the first live samples, then run the trainings that are
+        due. Called by the training thread, the only one that trains."""
         try:
+            if self.persistence is not None:
+                for dropped in self.persistence.check_live(self.trainer):
+                    self._withhold(dropped.kind, dropped.version)
+                    self.metrics.stored.labels(dropped.kind).set(self.store.count(dropped.kind))
             reports = self.trainer.maybe_train()
         except Exception as exc:  # keep the loop alive; the next cadence tick retries
             self.training_errors += 1
@@ -357,6 +367,22 @@ class TrainingServer:
             if report.accepted:
                 self._on_published(report.kind, self.model_store.load(report.kind))
         return reports
+
+    def _withhold(self, kind: ModelKind, version: str) -> None:
+        """Serve ``version`` of ``kind`` no more (404) and take it out of the published-version series."""
+        self._withheld[kind] = version
+        if self._model_versions.get(kind) == version:
+            del self._model_versions[kind]
+            self.metrics.model_version.remove(kind, version)
+
+    def _withhold_refused(self) -> None:
+        """The stored models refused at start are neither baselines nor downloadable."""
+        assert self.persistence is not None
+        for refusal in self.persistence.report.refused:
+            if refusal.item == "model" and refusal.kind != "all":
+                version = self.model_store.latest_version(refusal.kind)
+                if version is not None:
+                    self._withhold(refusal.kind, version)
 
     def _on_published(self, kind: str, loaded: tuple[bytes, ModelMetadata] | None) -> None:
         if loaded is None:
@@ -419,9 +445,7 @@ class TrainingServer:
             return
         versions, samples, exc = refused
         for kind, version in versions.items():
-            self._withheld[kind] = version
-            if self._model_versions.pop(kind, None) is not None:
-                self.metrics.model_version.remove(kind, version)
+            self._withhold(kind, version)
             if self.persistence is not None:
                 self.persistence.refuse_restored("model", kind, exc)
             else:
@@ -454,6 +478,8 @@ class TrainingServer:
             self.trainer.set_pool_shape(shape)  # refuses the stored models: they are no baselines any more
             if samples:
                 self.store.clear()
+            if self.persistence is not None:
+                self.persistence.end_checks(self.trainer)
         return versions, samples, refusal
 
     async def _published_model(self, kind: ModelKind) -> _PublishedModel | None:

@@ -268,4 +268,5 @@ def _build_predictor(
         save_interval_s=embedded.save_interval_s,
         pool_shape=lambda: PoolShape.of(pool),  # read at start, after the first scrape
         registry=metrics.registry,
+        max_state_age_s=embedded.max_state_age_s,
     )

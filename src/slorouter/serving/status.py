@@ -20,6 +20,7 @@ import msgspec
 from slorouter.clock import Clock
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
+from slorouter.predictor.warm_start import WarmStartReport
 
 STATUS_PATH = "/v1/router/status"
 STATUS_SCHEMA = "slorouter.router-status/v1"
@@ -61,6 +62,9 @@ class PredictorStatus(msgspec.Struct, frozen=True, kw_only=True):
     mode: str  # embedded, remote, off
     ready: bool  # a trained model serves predictions
     versions: dict[str, str | None]  # model version per kind (empty for the remote predictor)
+    # What the embedded predictor took over at start, refused, and how the live checks went; None without a
+    # state directory and for the remote predictor (its training server's /v1/status has it).
+    warm_start: WarmStartReport | None = None
 
 
 class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,6 +208,7 @@ class RouterStats:
                 mode=predictor_mode if predictor is not None else "off",
                 ready=bool(predictor is not None and predictor.ready),
                 versions=dict(versions),
+                warm_start=None if predictor is None else predictor.warm_start_report,
             ),
             queued=queued,
             endpoints=endpoints,
