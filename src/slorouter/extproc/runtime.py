@@ -3,12 +3,14 @@ port, and ``/metrics`` + ``/health`` + ``/ready`` over HTTP; graceful shutdown d
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
@@ -30,6 +32,23 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# What each of the picker's ports serves, by its field of ``PickerPorts``.
+PORT_ROLES = {"grpc_port": "ext_proc gRPC", "health_port": "gRPC health", "metrics_port": "metrics"}
+
+
+class PortUnavailable(OSError):
+    """One of the picker's ports could not be bound; ``port_name`` is its field of ``PickerPorts``,
+    ``in_use`` whether another socket listens there."""
+
+    def __init__(self, message: str, port_name: str, in_use: bool) -> None:
+        super().__init__(message)
+        self.port_name = port_name
+        self.in_use = in_use
+
+    @classmethod
+    def of(cls, port_name: str, host: str, port: int, reason: str, in_use: bool) -> PortUnavailable:
+        return cls(f"cannot listen on {host}:{port} ({PORT_ROLES[port_name]}): {reason}", port_name, in_use)
 
 
 @dataclass(frozen=True)
@@ -101,10 +120,18 @@ class EndpointPicker:
             self.processor.methods,
             server_settings(self.core.config.gateway.max_body_bytes, shared=ports.shared),
         )
-        grpc_port = await self._grpc.start(ports.host, ports.grpc_port, reuse_port=ports.shared)
+        grpc_port = await _bound(
+            "grpc_port",
+            ports.host,
+            ports.grpc_port,
+            self._grpc.start(ports.host, ports.grpc_port, reuse_port=ports.shared),
+        )
         await self.health.start()
-        self._health_server, health_port = await start_health_server(
-            self.health.servicer, ports.host, ports.health_port, reuse_port=ports.shared
+        self._health_server, health_port = await _bound(
+            "health_port",
+            ports.host,
+            ports.health_port,
+            start_health_server(self.health.servicer, ports.host, ports.health_port, reuse_port=ports.shared),
         )
         self._http = HttpServer(max_body_bytes=1024)
         self._http.add_route("GET", "/metrics", self._metrics)
@@ -112,7 +139,12 @@ class EndpointPicker:
         self._http.add_route("GET", "/ready", self._readiness)
         self._http.add_route("GET", STATUS_PATH, self._status)
         metrics_host = ports.metrics_host or ports.host
-        _, metrics_port = await self._http.start(metrics_host, ports.metrics_port)
+        _, metrics_port = await _bound(
+            "metrics_port",
+            metrics_host,
+            ports.metrics_port,
+            self._http.start(metrics_host, ports.metrics_port),
+        )
         self.bound = PickerPorts(
             ports.host, grpc_port, health_port, metrics_port, ports.shared, ports.metrics_host
         )
@@ -165,6 +197,17 @@ class EndpointPicker:
         if healthy and self.processor.accepting:
             return json_response(json.dumps({"status": "ready", "healthy_endpoints": healthy}).encode())
         return json_error(503, "no healthy model-server endpoint", headers={"Retry-After": "1"})
+
+
+async def _bound(port_name: str, host: str, port: int, binding: Awaitable[T]) -> T:
+    """What ``binding`` returns; its failure to bind as ``PortUnavailable``, which names the port."""
+    try:
+        return await binding
+    except OSError as exc:
+        # asyncio's message repeats the address: the errno's own words are enough beside ours (a failed
+        # name lookup's errno is negative, its message its own).
+        reason = os.strerror(exc.errno).lower() if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+        raise PortUnavailable.of(port_name, host, port, reason, exc.errno == errno.EADDRINUSE) from None
 
 
 class _StreamsCollector(Collector):

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import socket
 from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
@@ -215,8 +216,21 @@ async def start_health_server(
     """grpcio's server for ``grpc.health.v1`` (probes, not the data path), listening; it and its port."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
     if not bound:
-        raise OSError(f"cannot listen on {host}:{port} for gRPC")
+        raise _bind_error(host, port, reuse_port)
     await server.start()
     return server, bound
+
+
+def _bind_error(host: str, port: int, reuse_port: bool) -> OSError:
+    """Why grpcio could not bind ``host:port`` (it does not say): the error of the same bind, made here."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        socket.create_server((host, port), family=family, reuse_port=reuse_port).close()
+    except OSError as exc:
+        return exc
+    return OSError("grpcio could not bind it")
