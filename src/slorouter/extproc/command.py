@@ -12,9 +12,17 @@ from pathlib import Path
 import uvloop
 
 from slorouter.config import Config, ConfigError, load_config
-from slorouter.extproc.envoy import EnvoyProcess, EnvoySetup, ListenAddressTaken, bootstrap
+from slorouter.extproc.envoy import (
+    NO_ENVOY,
+    EnvoyProcess,
+    EnvoySetup,
+    ListenAddressTaken,
+    bootstrap,
+    envoy_binary,
+)
 from slorouter.extproc.runtime import EndpointPicker, PickerPorts, PortUnavailable
 from slorouter.extproc.workers import READY_LINE, WorkerPool
+from slorouter.extras import MissingExtraError
 from slorouter.http.running import address_in_use, wait_for_signal
 from slorouter.pool.inflight_sharing import InFlightSharing, ReplicaPeers, parse_peers
 from slorouter.serving.command_line import (
@@ -169,6 +177,8 @@ def _run(args: argparse.Namespace) -> int:
             bootstrap(_envoy_setup(config, ports.host, ports.grpc_port, args))
         except ValueError as exc:
             raise ConfigError(f"--envoy: {exc}") from None
+        if envoy_binary() is None:  # before the picker starts and scrapes its pool
+            raise MissingExtraError(NO_ENVOY)
     try:
         if supervising:
             return uvloop.run(_supervise(config, ports, args))

