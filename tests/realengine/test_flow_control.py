@@ -1,6 +1,9 @@
-"""Flow control in front of real engines: with every llama-server slot busy, ``slorouter serve`` holds the
-requests beyond them in its own queue (docs/configuration.md, ``flowControl``) instead of sending them on,
-and releases one whenever a slot frees."""
+"""Flow control in front of a real engine: with every slot of a llama-server busy, ``slorouter serve``
+holds the requests beyond them in its own queue (docs/configuration.md, ``flowControl``) instead of sending
+them on to wait in the engine, and releases one whenever a slot frees.
+
+One server, so that the pool's room is that server's: with several, flow control releases on the pool's
+room and the scheduler picks the server, which may have none (docs/real-engine.md)."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ pytestmark = [requires_engine, pytest.mark.timeout(180)]
 FLOW_CONTROL = {
     "enabled": True,
     "defaultRequestTTL": "120s",
-    # Each llama-server runs SLOTS sequences at once (--parallel): the pool takes no more than theirs.
+    # The llama-server runs SLOTS sequences at once (--parallel): the router sends it no more.
     "saturationDetector": {"maxInflightRequestsPerEndpoint": SLOTS},
 }
 
@@ -38,7 +41,7 @@ FLOW_CONTROL = {
 @pytest.fixture(scope="module")
 def gateway(engines: list[LlamaServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("flow-control")
-    process = real_gateway(directory, engines, flowControl=FLOW_CONTROL).start()
+    process = real_gateway(directory, engines[:1], flowControl=FLOW_CONTROL).start()
     try:
         yield process
     finally:
@@ -48,16 +51,15 @@ def gateway(engines: list[LlamaServer], tmp_path_factory: pytest.TempPathFactory
 def test_requests_beyond_the_busy_slots_wait_in_the_router(
     gateway: GatewayProcess, engines_up: list[LlamaServer]
 ):
-    """Half as many streams again as the pool has slots, all at once: the router releases as many as the
-    pool has slots and holds the rest (its status page shows them queued, their answers carry
-    ``x-slorouter-queued-ms``), each released when a stream ends; every request is served, and the router
-    never has more requests in flight than the pool's slots. (The release is the pool's; which server a
-    released request goes to is the scheduler's pick, so one server may get more than its slots while
-    another has one free: llama-server then defers it, ``llamacpp:requests_deferred``.)"""
-    wait_until(lambda: all(gateway.healthy(s.address) for s in engines_up), 15, "every endpoint healthy")
-    slots = SLOTS * len(engines_up)
-    requests = slots + slots // 2
-    peaks: dict[str, float] = {"queued": 0, "inflight": 0, "processing": 0}
+    """Twice as many streams as the server has slots, all at once: the router releases one per slot and
+    holds the others (its status page shows them queued) until streams end; the engine never has a request
+    waiting for a slot (``llamacpp:requests_deferred`` stays 0) and the router never more than its slots in
+    flight on it; every request is served. A held request waits for a stream of 32 tokens to end; one that
+    found a free slot is on its way within a few milliseconds (``x-slorouter-queued-ms``)."""
+    server = engines_up[0]
+    wait_until(lambda: gateway.healthy(server.address), 15, "the endpoint healthy")
+    requests = 2 * SLOTS
+    peaks: dict[str, float] = {"queued": 0, "inflight": 0, "processing": 0, "deferred": 0}
     done = threading.Event()
 
     def watch() -> None:
@@ -65,10 +67,10 @@ def test_requests_beyond_the_busy_slots_wait_in_the_router(
             code, _, body = http("GET", f"{gateway.url}/v1/router/status")
             page: dict[str, Any] = json.loads(body) if code == 200 else {}
             peaks["queued"] = max(peaks["queued"], page.get("queued") or 0)
-            inflight = sum(endpoint["inflight_requests"] for endpoint in page.get("endpoints", []))
-            peaks["inflight"] = max(peaks["inflight"], inflight)
-            for server in engines_up:
-                peaks["processing"] = max(peaks["processing"], server.processing())
+            for endpoint in page.get("endpoints", []):
+                peaks["inflight"] = max(peaks["inflight"], endpoint["inflight_requests"])
+            peaks["processing"] = max(peaks["processing"], server.processing())
+            peaks["deferred"] = max(peaks["deferred"], server.metric("llamacpp:requests_deferred"))
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -87,11 +89,10 @@ def test_requests_beyond_the_busy_slots_wait_in_the_router(
     assert all(reply.ok for reply in replies), [
         (r.status, r.body, r.events[-2:]) for r in replies if not r.ok
     ]
-    waited = [float(reply.headers["x-slorouter-queued-ms"]) for reply in replies]
-    assert sum(1 for ms in waited if ms > 0) >= requests - slots, waited
-    assert peaks["queued"] >= 1, peaks
-    assert peaks["processing"] == SLOTS, peaks  # every slot of a server busy at once
-    assert peaks["inflight"] <= slots, peaks
+    waited = sorted(float(reply.headers["x-slorouter-queued-ms"]) for reply in replies)
+    assert sum(1 for ms in waited if ms >= 10) >= requests - SLOTS, waited
+    assert peaks["queued"] >= 1 and peaks["processing"] == SLOTS, peaks
+    assert peaks["inflight"] <= SLOTS and peaks["deferred"] == 0, peaks
     outcomes = gateway.metric("slorouter_flow_control_requests_total")
     assert sum(v for k, v in outcomes.items() if 'outcome="dispatched"' in k) >= requests, outcomes
     wait_until(lambda: inflight(gateway) == 0, 15, "the router's in-flight count back to 0")
