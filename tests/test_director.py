@@ -108,6 +108,29 @@ def test_lifecycle_accounts_in_flight_load_and_releases_it_once(director):
     assert director.tracker.outstanding() == 0
 
 
+def test_the_servers_usage_count_wins_over_the_events_counted(director):
+    """A stream has events without a token (llama-server's chat stream: the role event, the closing event
+    with finish_reason only, the usage event): 3 tokens came in 6 events, and usage says 3. The output
+    tokens, which the TPOT observations divide by, are the server's count, larger or smaller."""
+    recorder = RecordingBodyProcessor()
+    director.setup.response_body_processors.append(recorder)
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    lifecycle.on_headers(200, streaming=True)
+    for _ in range(6):
+        lifecycle.on_tokens(1)
+    lifecycle.on_complete(usage={"completion_tokens": 3, "prompt_tokens": 25})
+    assert lifecycle.response.tokens == 3
+    assert recorder.calls[-1] == (False, True, 3)
+
+    for usage, tokens in (({"completion_tokens": 9}, 9), ({"completion_tokens": True}, 2), ({}, 2)):
+        request = _request()
+        lifecycle = director.dispatch(request, director.schedule(request))
+        lifecycle.on_tokens(2)
+        lifecycle.on_complete(usage=usage)
+        assert lifecycle.response.tokens == tokens, usage  # a count that is no integer is not one
+
+
 def test_failure_before_first_token_releases_prefill(director):
     request = _request()
     lifecycle = director.dispatch(request, director.schedule(request))

@@ -444,7 +444,9 @@ class RequestLifecycle:
         if usage is not None:
             response.usage = usage
             completion = usage.get("completion_tokens")
-            if isinstance(completion, int) and completion >= response.tokens:
+            # The server's own count wins over the events counted: a stream also has events that carry no
+            # token (a chat stream's role event, a closing event with only finish_reason, the usage event).
+            if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
                 response.tokens = completion
         start = response.first_token_at is None and error is None
         if start:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -212,6 +213,38 @@ async def test_failure_kinds(
     assert not pool.is_healthy(server.address)
     assert error in status_of(scraper, server.address).last_error
     assert pool.value(server.address, "metrics_time") == float("-inf")
+
+
+LLAMA_SAYS = "This server does not support metrics endpoint. Start it with `--metrics`"
+LLAMA_SERVER_501 = json.dumps({"error": {"code": 501, "message": LLAMA_SAYS, "type": "not_supported_error"}})
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (LLAMA_SERVER_501, f"HTTP 501: {LLAMA_SAYS}"),
+        ("metrics are\n  disabled here", "HTTP 501: metrics are disabled here"),
+        ("x" * 5000, "HTTP 501: " + "x" * 197 + "..."),
+        ("", "HTTP 501"),
+    ],
+    ids=["llama-server-json", "text", "long", "empty"],
+)
+async def test_an_error_status_is_logged_with_what_the_server_says(
+    servers: StartServer, caplog: pytest.LogCaptureFixture, body: str, said: str
+) -> None:
+    """llama-server started without --metrics answers 501 with an OpenAI-style error saying so: the
+    unhealthy warning carries that message (a plain body: its start, on one line), not the status alone."""
+    server = await servers(body)
+    server.status = 501
+    pool = PoolState([Endpoint(server.address)])
+    scraper = MetricsScraper(pool, ManualClock(), unhealthy_after=1)
+    with caplog.at_level(logging.WARNING, logger="slorouter.pool.scraper"):
+        try:
+            assert await scraper.scrape_once() == {server.address: False}
+        finally:
+            await scraper.stop()
+    assert status_of(scraper, server.address).last_error == f"_BadStatus: {said}"
+    assert f"(last: _BadStatus: {said})" in caplog.text
 
 
 async def test_follows_endpoints_added_to_and_removed_from_the_pool(servers: StartServer) -> None:

@@ -177,10 +177,11 @@ class GatewayProcess:
         self.log = tmp / f"gateway-{self.port}.log"
         self.process: subprocess.Popen[str] | None = None
 
-    def start(self) -> GatewayProcess:
+    def start(self, *args: str) -> GatewayProcess:
+        """Starts it (``args``: more ``slorouter serve`` options) and waits until it answers."""
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
-                [*CLI, "serve", "--config", str(self.config), "--log-level", "WARNING"],
+                [*CLI, "serve", "--config", str(self.config), "--log-level", "WARNING", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,

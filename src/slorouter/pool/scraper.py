@@ -18,6 +18,7 @@ estimates it from in-flight counts and ``slorouter_endpoint_metric_missing`` sho
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -41,8 +42,26 @@ TASK_NAME_PREFIX = "slorouter-scrape"
 SCRAPE_HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
 
 
+# Of a page answered with another status than 200, this much is read: its explanation, for the log.
+_ERROR_BODY_BYTES = 1024
+_ERROR_TEXT_CHARS = 200
+
+
 class _BadStatus(Exception):
     pass
+
+
+def _error_text(body: bytes) -> str:
+    """What a server says with an error status, on one line: the message of an OpenAI-style JSON error
+    (``{"error": {"message": ...}}``; llama-server started without ``--metrics`` says to start it with it),
+    else the body's start."""
+    try:
+        message = json.loads(body)["error"]["message"]
+        text = message if isinstance(message, str) else body.decode("utf-8", "replace")
+    except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
+        text = body.decode("utf-8", "replace")
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_TEXT_CHARS else text[: _ERROR_TEXT_CHARS - 3] + "..."
 
 
 @dataclass(slots=True)
@@ -282,7 +301,8 @@ class MetricsScraper:
         session = self._get_session()
         async with session.get(url, timeout=self.timeout, headers=SCRAPE_HEADERS) as response:
             if response.status != 200:
-                raise _BadStatus(f"HTTP {response.status}")
+                said = _error_text(await response.content.read(_ERROR_BODY_BYTES))
+                raise _BadStatus(f"HTTP {response.status}: {said}" if said else f"HTTP {response.status}")
             body = await response.read()
         return body.decode("utf-8")
 
