@@ -8,6 +8,7 @@ import gc
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -28,9 +29,11 @@ from slorouter.pool.inflight_sharing import InFlightSharing, ReplicaPeers, parse
 from slorouter.serving.command_line import (
     LOG_LEVELS,
     add_record_arguments,
+    add_state_dir_argument,
     port,
     record_settings,
     run_command,
+    with_state_dir,
 )
 
 log = logging.getLogger("slorouter")
@@ -117,6 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=9004,
         help="with --replica-peers: the UDP base port; worker i listens on it + i (default 9004)",
     )
+    add_state_dir_argument(parser, "epp")
     add_record_arguments(parser)
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--share-inflight", metavar="DIR", default=None, help=argparse.SUPPRESS)
@@ -142,6 +146,12 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if config.pool is None:
         raise ConfigError(f"{args.config}: 'pool' is required (pool.endpoints or pool.kubernetes)")
+    # Workers keep their own embedded predictor state: one directory each, under --state-dir.
+    worker = args.worker_index
+    state_dir = (
+        args.state_dir if worker is None or args.state_dir is None else f"{args.state_dir}/worker-{worker}"
+    )
+    config = with_state_dir(config, state_dir)
     if args.envoy_fail_open and args.envoy_body_mode != "buffered":
         raise ConfigError(
             "--envoy-fail-open needs --envoy-body-mode buffered (Envoy cannot fail open in full duplex)"
@@ -197,12 +207,15 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
             "--workers", str(args.workers), "--log-level", args.log_level]  # fmt: skip
     if args.replica_peers is not None:
         argv += ["--replica-peers", args.replica_peers, "--replica-port", str(args.replica_port)]
+    if args.state_dir is not None:
+        argv += ["--state-dir", args.state_dir]
     # The workers' shared in-flight view: a Unix socket each, in a directory of the supervisor's.
     sharing = tempfile.TemporaryDirectory(prefix="slorouter-epp-")
     argv += ["--share-inflight", sharing.name]
     pool = WorkerPool(argv, args.workers, args.drain_timeout)
     envoy = None
     routing = None
+    signalled = await _handle_signals()
     try:
         metrics_port = await pool.start(ports.host, ports.metrics_port)
         print(
@@ -214,8 +227,9 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
             envoy = EnvoyProcess(_envoy_setup(config, ports.host, ports.grpc_port, args))
             await envoy.start()
             routing = f"envoy routing on http://{config.gateway.host}:{envoy.listen_port}"
-        await _until_stopped(envoy, routing)
+        await _until_stopped(signalled, envoy, routing)
     finally:
+        signalled.cancel()
         await pool.stop()
         if envoy is not None:
             await envoy.stop()
@@ -249,6 +263,7 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
             replicas=replicas,
         )
     envoy = None
+    signalled = await _handle_signals()
     try:
         await picker.start()
         assert picker.bound is not None
@@ -269,8 +284,9 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
         gc.collect()
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
-        await _until_stopped(envoy, routing)
+        await _until_stopped(signalled, envoy, routing)
     finally:
+        signalled.cancel()  # its handlers go: a second Ctrl-C while draining stops at once
         # The picker drains first: the streams still open through Envoy finish, then Envoy goes.
         await picker.stop(args.drain_timeout)
         if envoy is not None:
@@ -288,22 +304,32 @@ def _refuse_taken_ports(ports: PickerPorts) -> None:
             raise PortUnavailable.of(name, ports.host, port, "address already in use", in_use=True)
 
 
-async def _until_stopped(envoy: EnvoyProcess | None, announcement: str | None) -> None:
-    """Print ``announcement`` once SIGINT and SIGTERM are handled, then return on either. If Envoy exits
-    first, the command stops with the error that says how (it is not restarted)."""
+async def _handle_signals() -> asyncio.Future[None]:
+    """SIGINT and SIGTERM handled from now on (before anything says the command is up, so that a signal
+    sent on that word stops it cleanly): the future is done once either arrived."""
     signalled = asyncio.ensure_future(wait_for_signal())
-    await asyncio.sleep(0)  # its handlers are in place before anything says the command is up
+    await asyncio.sleep(0)  # wait_for_signal installs its handlers when it first runs
+    return signalled
+
+
+async def _until_stopped(
+    signalled: asyncio.Future[None], envoy: EnvoyProcess | None, announcement: str | None
+) -> None:
+    """Print ``announcement``, then return on SIGINT or SIGTERM (``signalled``). If Envoy exits first, the
+    command stops with the error that says how (it is not restarted)."""
     if announcement is not None:
         print(announcement, flush=True)
-    exited = None if envoy is None else asyncio.ensure_future(envoy.exited())
-    watches = [signalled] if exited is None else [signalled, exited]
+    if envoy is None:
+        await signalled
+        return
+    exited = asyncio.ensure_future(envoy.exited())
+    watches: list[asyncio.Future[Any]] = [signalled, exited]
     try:
         done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for watch in watches:
-            watch.cancel()
-        await asyncio.gather(*watches, return_exceptions=True)
-    if exited is not None and signalled not in done:
+        exited.cancel()
+        await asyncio.gather(exited, return_exceptions=True)
+    if signalled not in done:
         raise exited.result()
 
 

@@ -1,0 +1,49 @@
+"""``slorouter epp --state-dir``: the embedded predictor's state where the flag says (one directory per
+worker under it), and a clear error when the configuration has no embedded predictor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.extproc.test_envoy_integration import free_port, spawn, stop
+from tests.processes import wait_for_line
+
+READY = "slorouter epp listening on grpc://"
+
+
+def _config(directory: Path, predictor: bool) -> Path:
+    path = directory / "epp.yaml"
+    config: dict[str, object] = {"pool": {"endpoints": ["127.0.0.1:1"]}}
+    if predictor:
+        config["predictor"] = {"mode": "embedded"}
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def _argv(config: Path, *extra: str) -> list[str]:
+    return [
+        "epp", "--config", str(config), "--grpc-port", str(free_port()), "--grpc-health-port",
+        str(free_port()), "--metrics-port", "0", "--log-level", "WARNING", "--drain-timeout", "1", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "workers"])
+def test_the_state_goes_where_the_flag_says(tmp_path: Path, workers: list[str]) -> None:
+    state = tmp_path / "state"
+    epp = spawn(*_argv(_config(tmp_path, predictor=True), "--state-dir", str(state), *workers))
+    try:
+        wait_for_line(epp, READY if not workers else "workers")
+        locks = sorted(p.relative_to(state).as_posix() for p in state.rglob("lock"))
+    finally:
+        assert stop(epp) == 0
+    assert locks == (["lock"] if not workers else ["worker-0/lock", "worker-1/lock"])
+
+
+def test_state_dir_needs_an_embedded_predictor(tmp_path: Path) -> None:
+    epp = spawn(*_argv(_config(tmp_path, predictor=False), "--state-dir", str(tmp_path / "state")))
+    _, err = epp.communicate(timeout=60)
+    assert epp.returncode == 2
+    assert "--state-dir: this router has no embedded predictor (its config has no predictor section)" in err
