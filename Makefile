@@ -53,6 +53,8 @@ test: lint $(HELM) tmux
 README_CHECKOUT := .cache/readme-checkout
 
 test-readme: $(STAMP_DEV)
+	@command -v ip >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2; } \
+		|| echo "iproute2 is not installed: the README's commands will run on this host's ports (apt-get install iproute2)"
 	$(BIN)/python -m tests.readme.checkout $(README_CHECKOUT)
 	$(MAKE) --no-print-directory -C $(README_CHECKOUT) .venv/.installed-run
 	SLOROUTER_README_CHECKOUT=$(abspath $(README_CHECKOUT)) $(BIN)/pytest tests/readme

@@ -56,14 +56,15 @@ class Started:
 
 
 class Namespace:
-    """A network namespace with only a loopback, where the README's commands run in ``cwd``."""
+    """A network namespace with only a loopback (None: the host's), where the commands run in ``cwd``."""
 
-    def __init__(self, name: str, cwd: Path, logs: Path) -> None:
+    def __init__(self, name: str | None, cwd: Path, logs: Path) -> None:
         self.name, self.cwd, self.logs = name, cwd, logs
         self.started: list[Started] = []
 
     def _argv(self, command: str) -> list[str]:
-        return ["ip", "netns", "exec", self.name, "bash", "-c", command]
+        inside = [] if self.name is None else ["ip", "netns", "exec", self.name]
+        return [*inside, "bash", "-c", command]
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{self.cwd / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"}
