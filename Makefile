@@ -44,8 +44,11 @@ tmux:
 	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq tmux; } \
 		|| echo "tmux is not installed: the terminal test of slorouter top will be skipped (apt-get install tmux)"
 
+# The suite on two workers (pytest-xdist): the machine this project targets has two cores.
+PYTEST_WORKERS ?= 2
+
 test: lint $(HELM) tmux
-	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest
+	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest -n $(PYTEST_WORKERS)
 
 # The README followed as a new user would (tests/readme): a copy of this tree in .cache, installed the way
 # `make run` installs it (the base package, no extras), its commands run as written in a network namespace of
