@@ -25,10 +25,10 @@ from slorouter.serving.command_line import (
     LOG_LEVELS,
     add_record_arguments,
     add_state_dir_argument,
-    address_in_use,
     check_port_free,
     check_state_dir_free,
     port,
+    port_taken,
     record_settings,
     run_command,
     with_state_dir,
@@ -123,7 +123,7 @@ async def _serve(
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
-            raise address_in_use(config.gateway.host, config.gateway.port, PORT_CHANGE) from None
+            raise port_taken(config.gateway.host, config.gateway.port, PORT_CHANGE) from None
         # Everything built so far lives as long as the process: keep the cyclic GC from rescanning it, and
         # let it run less often (the proxy path allocates many short-lived, acyclic objects).
         gc.collect()

@@ -4,14 +4,13 @@ configuration errors as exit codes."""
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from slorouter.config import Config, ConfigError
+from slorouter.http.running import address_in_use
 from slorouter.predictor.state_dir import LOCK, StateDirBusyError, StateDirLock
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.serving.record_file import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
@@ -114,7 +113,7 @@ class AddressInUseError(OSError):
     """A port this command must listen on is taken; the message says what to do."""
 
 
-def address_in_use(host: str, port: int, change: str) -> AddressInUseError:
+def port_taken(host: str, port: int, change: str) -> AddressInUseError:
     """The error for ``host:port`` taken, naming ``change`` (the flag or key that moves this command)."""
     return AddressInUseError(
         f"{host}:{port} is already in use by another process (another slorouter?): stop it, or {change}"
@@ -122,17 +121,10 @@ def address_in_use(host: str, port: int, change: str) -> AddressInUseError:
 
 
 def check_port_free(host: str, port: int, change: str) -> None:
-    """``AddressInUseError`` when ``host:port`` cannot be bound now (0, any free port, always can): checked
-    before the slow part of a start, so that a taken port is not found after it."""
-    if port == 0:
-        return
-    try:
-        probe = socket.create_server((host, port))
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise address_in_use(host, port, change) from None
-        return  # any other problem is reported by the real bind, with its own words
-    probe.close()
+    """``AddressInUseError`` when something listens on ``host:port`` now: checked before the slow part of a
+    start, so that a taken port is not found after it (the real bind still reports what this misses)."""
+    if address_in_use(host, port):
+        raise port_taken(host, port, change)
 
 
 def check_state_dir_free(directory: Path | None) -> None:
