@@ -199,16 +199,19 @@ class PodMetrics:
                 ("trtllm_generation_tokens_total", "counter",
                  "Cumulative number of generation (output) tokens produced.", engine.generation_tokens_total),
             )  # fmt: skip
-        else:  # llama.cpp's server (no labels); kv_cache_usage_ratio as its releases that still export it
+        else:  # llama.cpp's server (no labels); the KV gauges as its releases that still export them
             labels = ""
+            kv_rows = (
+                ("llamacpp:kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                 gauges.kv_usage),
+                ("llamacpp:kv_cache_tokens", "gauge", "KV-cache tokens.", used * engine.block_size),
+            ) if engine.profile.llamacpp_kv_metrics else ()  # fmt: skip
             rows = (
                 ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
                  engine.prompt_tokens_total),
                 ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
                  engine.generation_tokens_total),
-                ("llamacpp:kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-                 gauges.kv_usage),
-                ("llamacpp:kv_cache_tokens", "gauge", "KV-cache tokens.", used * engine.block_size),
+                *kv_rows,
                 ("llamacpp:requests_processing", "gauge", "Number of requests processing.", gauges.running),
                 ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", gauges.waiting),
             )  # fmt: skip

@@ -49,6 +49,10 @@ class Profile:
     metrics_delay_ms: float = 0.0  # /metrics shows the gauges as they were this long ago
     metrics_period_ms: float = 0.0  # the waiting/running/KV gauges change only this often; 0 = live
     kv_usage_step: float = 0.0  # the KV-usage gauge is rounded to a multiple of this; 0 = exact
+    # Whether a llama.cpp metrics page (slorouter sim --engine llamacpp) exports the KV gauges
+    # (llamacpp:kv_cache_usage_ratio, llamacpp:kv_cache_tokens): older llama-server releases did, current
+    # ones do not, and a router then estimates KV use from its in-flight requests.
+    llamacpp_kv_metrics: bool = True
 
     def step_ms(self, tokens: int, pairs: float, decode_context: int, decodes: int) -> float:
         """Noise-free duration of a step (see the module docstring for the terms)."""
@@ -121,6 +125,38 @@ LLAMA3_8B_A100 = Profile(
     api_per_token_ms=LLAMA3_8B_H100.api_per_token_ms,
 )
 
+# llama.cpp's llama-server on one CPU thread of the development VM, serving Gemma 3 270M (Q4_K_M), as the
+# real-engine suite builds it (docs/real-engine.md) and as benchmarks/bench_realengine.py runs it
+# (--parallel 4 --ctx-size 4096 --threads 1). Every constant is the fit of benchmarks/fit_llamacpp_profile.py
+# (its measurements and these values are benchmarks/llamacpp_fit.json; tests/sim/test_llamacpp_profile.py
+# checks they agree), in simulator tokens: 4 bytes of text, where Gemma's tokenizer makes
+# LLAMACPP_TOKENS_PER_SIM_TOKEN tokens of the benchmark's English. On one thread a decode token costs a
+# prompt token's layers plus the output head over the 262k vocabulary, so decoding is compute-bound at
+# every batch size: W is one token's c_lin and never binds, and c_req carries the output head.
+LLAMACPP_TOKENS_PER_SIM_TOKEN = 0.9993
+LLAMACPP_GEMMA3_270M_CPU = Profile(
+    name="llamacpp-gemma3-270m-cpu",
+    model="gemma3-270m",
+    description="Gemma 3 270M Q4_K_M on llama.cpp's llama-server, 1 CPU thread, 4 slots of 1,024 tokens",
+    w_ms=2.5284,  # one token's c_lin: decoding is compute-bound, the floor never binds
+    c_lin_ms=2.5284,  # prompt processing: about 395 tokens/s
+    c_attn_ms=0.00071174,  # with c_lin and c_step: 960-token prompt in 2.8 s (measured 2.77-2.85 s)
+    c_kv_ms=0.000115,  # decode at batch 1: 21.0 ms after a 32-token prompt, 22.4 ms after 800 (medians)
+    c_req_ms=12.91,  # per decode token beyond c_lin: the output head over 262,144 tokens
+    c_step_ms=6.502,
+    # 2 x ctx-size: the slots' contents plus the prompts llama-server keeps in RAM (--cache-ram, limited to
+    # ctx-size tokens) and loads into any slot that held a prompt before.
+    num_gpu_blocks=512,
+    max_model_len=1_024,  # a slot's context: ctx-size / parallel = 1,024 Gemma tokens
+    max_num_batched_tokens=2_048,  # --batch-size: prompt tokens of every slot and the decodes, one batch
+    max_num_seqs=4,  # --parallel
+    api_pre_ms=1.28,  # a streamed reply's first token at the client after the server's prompt_ms
+    api_post_ms=0.5,
+    api_per_token_ms=0.0,
+    jitter_sigma=0.1255,  # sigma of log(gap between a stream's tokens) at batch 1
+    llamacpp_kv_metrics=False,
+)
+
 # No model cost at all: every step takes 0 s, so only the proxy in front of the pods costs time.
 INSTANT = Profile(
     name="instant",
@@ -141,7 +177,8 @@ INSTANT = Profile(
 )
 
 PROFILES: dict[str, Profile] = {
-    profile.name: profile for profile in (LLAMA3_8B_H100, QWEN3_32B_H100_TP2, LLAMA3_8B_A100, INSTANT)
+    profile.name: profile
+    for profile in (LLAMA3_8B_H100, QWEN3_32B_H100_TP2, LLAMA3_8B_A100, LLAMACPP_GEMMA3_270M_CPU, INSTANT)
 }
 
 
