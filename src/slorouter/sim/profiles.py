@@ -141,7 +141,7 @@ LLAMACPP_GEMMA3_270M_CPU = Profile(
     w_ms=2.5284,  # one token's c_lin: decoding is compute-bound, the floor never binds
     c_lin_ms=2.5284,  # prompt processing: about 395 tokens/s
     c_attn_ms=0.00071174,  # with c_lin and c_step: 960-token prompt in 2.8 s (measured 2.77-2.85 s)
-    c_kv_ms=0.000115,  # decode at batch 1: 21.0 ms after a 32-token prompt, 22.4 ms after 800 (medians)
+    c_kv_ms=0.000115,  # almost none (batch 1: 21.0 ms after a 32-token prompt, 22.4 after 800)
     c_req_ms=12.91,  # per decode token beyond c_lin: the output head over 262,144 tokens
     c_step_ms=6.502,
     # 2 x ctx-size: the slots' contents plus the prompts llama-server keeps in RAM (--cache-ram, limited to
