@@ -529,6 +529,14 @@ def summarize(output: dict[str, Any]) -> dict[str, Any]:
     for r in ok:
         pods[r["endpoint"]] = pods.get(r["endpoint"], 0) + 1
     s["requests_per_server"] = [pods[k] for k in sorted(pods)]
+    # Per server, busiest streams first: (requests, TTFT p50, TPOT p50).
+    per_server = []
+    for endpoint in pods:
+        mine = [r for r in ok if r["endpoint"] == endpoint]
+        per_server.append(
+            (len(mine), _pct([r["ttft_ms"] for r in mine], 50), _pct([tpot(r) for r in mine], 50))
+        )
+    s["servers"] = sorted(per_server, key=lambda row: -row[2])
     cpu = output["info"]["cpu"]
     servers_cpu = sum(v for k, v in cpu.items() if k.startswith("server"))
     s["cpu_gateway"] = cpu["gateway"]
@@ -653,6 +661,8 @@ def _notes(policy: str, seeds: dict[int, dict[str, Any]]) -> str:
         f"router CPU share {each('router_cpu_share', 100, 1, ' %')}",
         f"cores gateway/servers/loadgen {cores}",
         f"mean prompt tokens {each('prompt_tokens_mean', digits=0)}",
+        "per server, slowest streams first, requests/TTFT p50/TPOT p50 "
+        + " ; ".join(", ".join(f"{n}/{t:.0f}/{p:.1f}" for n, t, p in seeds[s]["servers"]) for s in order),
     ]
     if "ttft_coverage" in seeds[order[0]]:
         parts += [
