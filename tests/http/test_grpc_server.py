@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 import hpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slorouter.http import grpc_server as g
@@ -518,6 +518,22 @@ def test_a_repeated_header_block_decodes_as_the_decoder_would_until_the_table_ch
         max_size=30,
     ),
     st.integers(min_value=0, max_value=200),
+)
+# Found by this test: an evicted entry's id was taken by its replacement, so the change went unseen.
+@example(
+    [
+        [("d", "1"), ("c", "22"), (":path", "333")],
+        [(":path", "333"), ("d", "1"), ("b", "1"), ("a", "22")],
+        [("a", "1"), ("a", "1")],
+        [("c", "1"), ("c", "22"), (":path", "22")],
+        [(":path", "1"), ("a", "22"), ("c", "1"), (":path", "333")],
+        [("c", "1"), ("c", "22")],
+        [(":path", "1"), ("a", "22"), ("c", "1"), (":path", "333")],
+        [(":path", "333"), ("c", "333"), ("c", "22"), ("a", "22")],
+        [(":path", "333"), ("c", "333"), ("c", "333"), ("c", "22")],
+        [("c", "1"), ("c", "22")],
+    ],
+    68,
 )
 def test_remembered_blocks_always_decode_like_a_plain_decoder(header_lists, table_size: int):
     encoder = hpack.Encoder()

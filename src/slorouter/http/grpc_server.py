@@ -263,19 +263,23 @@ class _DecodedBlocks:
         known = self._known.get(block)
         if known is not None:
             return known
-        before = self._table_state()
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        # What changes whenever the dynamic table does: an insertion makes a new newest entry, compared by
+        # identity and held while the block is decoded (an id alone could be reused by the entry that
+        # replaces it when it is evicted), a resize or an eviction changes the size or the count.
+        newest, count, maxsize = (entries[0] if entries else None), len(entries), table.maxsize
         fields = {bytes(name): bytes(value) for name, value in self._decoder.decode(block, raw=True)}
-        if self._table_state() != before:
+        entries = table.dynamic_entries
+        if (
+            (entries[0] if entries else None) is not newest
+            or len(entries) != count
+            or table.maxsize != maxsize
+        ):
             self._known.clear()  # a remembered block may refer to entries that moved
         elif len(self._known) < self._LIMIT:
             self._known[block] = fields
         return fields
-
-    def _table_state(self) -> tuple[int, int, int]:
-        """What changes whenever the dynamic table does: an insertion makes a new newest entry."""
-        table = self._decoder.header_table
-        entries = table.dynamic_entries
-        return len(entries), id(entries[0]) if entries else 0, table.maxsize
 
 
 class GrpcConnection(asyncio.Protocol):
