@@ -69,11 +69,17 @@ def process(args: Sequence[str], wait_ports: Sequence[int] = ()) -> Iterator[sub
             wait_for_port(port)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def ensure_wrk() -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _harness import ROOT, free_port
+from _harness import ROOT, free_port, stop_process
 
 MODEL = "gemma3-270m"  # the name the servers answer to (--alias) and the requests carry
 START_TIMEOUT_S = 90.0
@@ -110,12 +110,7 @@ def llama_server(
                 time.sleep(0.1)
         yield proc, url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 # Natural English for prompts: the prose paragraphs of this repository's own documentation at a fixed commit

@@ -64,7 +64,16 @@ from typing import Any
 import numpy as np
 import yaml
 
-from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, free_port_range, markdown_table, wait_for_port
+from _harness import (
+    ROOT,
+    SLOROUTER,
+    cpu_seconds,
+    free_port,
+    free_port_range,
+    markdown_table,
+    stop_process,
+    wait_for_port,
+)
 
 MODEL = "sim-llama3-8b"  # every pod of the pool serves this name, whatever its profile
 # The capacity is a property of the workload's distribution: derived with one seed, so that --seed changes the
@@ -532,12 +541,7 @@ def logged_process(args: list[str], ports: list[int], log_path: Path) -> Iterato
                 raise SystemExit(f"{' '.join(args[3:5])} did not start:\n{output}") from None
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def machine_busy_seconds() -> tuple[float, float]:
