@@ -28,9 +28,10 @@ retrained every second) so that it routes by prediction after the warm-up, which
 ``--max-extra-warmup``) until both its models are served. The offered rate is ``--rate``, or ``--load``
 times the pool's capacity derived from the fitted profile's engine in virtual time (overloaded).
 
-Each run writes its raw results to ``--out DIR`` (one JSON file per pool, engine, policy and seed); the
-``--report DIR`` reads a directory and prints the tables (per seed and median, ratios to heuristic, real
-against sim).
+Each run writes its raw results to ``--out DIR`` (one JSON file per pool, engine, policy and seed) and the
+gateway's recording of the traffic it served beside it (``*.trace.jsonl``, warm-up included), which
+``slorouter bench --trace`` replays in virtual time on the fitted profile; ``--report DIR`` reads a
+directory and prints the tables (per seed and median, ratios to heuristic, real against sim).
 
     .venv/bin/python benchmarks/bench_realengine.py [--sim] [--pool homogeneous|mixed] [--seeds 0,1,2]
         [--policies heuristic,token-aware,predicted-latency] [--warmup 40] [--duration 70] [--load 0.6]
@@ -402,7 +403,9 @@ def servers_up(
         yield addresses, pids
 
 
-def run_one(args: argparse.Namespace, policy: str, seed: int, rate: float, tmp: Path) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace, policy: str, seed: int, rate: float, tmp: Path, trace: Path
+) -> dict[str, Any]:
     servers = POOLS[args.pool]
     with servers_up(servers, args.sim, seed, tmp) as (addresses, pids):
         port = free_port()
@@ -411,7 +414,9 @@ def run_one(args: argparse.Namespace, policy: str, seed: int, rate: float, tmp: 
             config["predictor"]["embedded"].update(TRAINING)
         config_path = tmp / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        serve = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
+        trace.unlink(missing_ok=True)
+        serve = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING",
+                 "--record", str(trace)]  # fmt: skip
         with logged_process(serve, [port], tmp / "gateway.log") as gateway:
             spec = {
                 "gateway": f"http://127.0.0.1:{port}",
@@ -458,13 +463,14 @@ def run_command(args: argparse.Namespace) -> None:
         for policy in args.policies:
             name = policy_name(policy)
             started = time.monotonic()
+            stem = f"{args.pool}-{engine}-{name}-seed{seed}"
             with tempfile.TemporaryDirectory() as tmp:
-                output = run_one(args, policy, seed, rate, Path(tmp))
+                output = run_one(args, policy, seed, rate, Path(tmp), args.out / f"{stem}.trace.jsonl")
             output["run"] = {"pool": args.pool, "engine": engine, "policy": name, "seed": seed, "rate": rate,
                              "capacity": capacity, "warmup_s": args.warmup, "duration_s": args.duration,
                              "servers": [s.describe() for s in servers], "command": " ".join(sys.argv),
                              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}  # fmt: skip
-            path = args.out / f"{args.pool}-{engine}-{name}-seed{seed}.json"
+            path = args.out / f"{stem}.json"
             path.write_text(json.dumps(output))
             s = summarize(output)
             print(f"{path.name}: {s['requests']} measured, {s['errors']} errors, TTFT p50/p90/p99 "
@@ -550,7 +556,7 @@ def summarize(output: dict[str, Any]) -> dict[str, Any]:
 def load_runs(directory: Path) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
     """(pool, engine, policy) -> seed -> summary."""
     runs: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted(directory.glob("*-seed*.json")):
         output = json.loads(path.read_text())
         run = output["run"]
         summary = summarize(output)

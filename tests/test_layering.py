@@ -5,6 +5,10 @@ below: a module may import its own component and components of lower layers only
 (the front-ends) do not import each other. The simulator is imported by the benchmark and the CLI only: the
 router's components (the predictor, the front-ends) run against real model servers, and what they share with
 the simulator (fault injection, ``faults``) lives below both.
+
+Plugins are leaves: no module outside ``slorouter.scheduling.plugins`` imports one (the registry finds them by
+walking the package), and no plugin imports another plugin's module (a plugin is a module or a package
+directly under ``plugins``). What several plugins need lives in the framework beside the data keys.
 """
 
 from __future__ import annotations
@@ -131,3 +135,53 @@ def test_only_the_benchmark_and_the_cli_import_the_simulator():
     assert _violations("from slorouter.sim.server import start_pods\n", "slorouter.cli") == []
     assert _violations("from slorouter.sim.engine import Engine\n", "slorouter.bench.cluster") == []
     assert _violations("from slorouter.faults.plan import FaultPlan\n", "slorouter.sim.server") == []
+
+
+PLUGINS = "slorouter.scheduling.plugins"
+
+
+def _plugin_of(module: str) -> str | None:
+    """The plugin a module belongs to (``slorouter.scheduling.plugins.prefix.approx`` → ``prefix``)."""
+    parts = module.split(".")
+    if module.startswith(PLUGINS + ".") and len(parts) > 3:
+        return parts[3]
+    return None
+
+
+def _plugin_violations(text: str, module: str, is_package: bool = False) -> list[str]:
+    own = _plugin_of(module)
+    found = []
+    for line, target in _imports(text, module, is_package):
+        plugin = _plugin_of(target)
+        if plugin is None or plugin == own:
+            continue
+        who = f"plugin {own}" if own is not None else module
+        found.append(f"line {line}: {who} imports {target} (plugin {plugin}'s module)")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_plugins_are_leaves(path: Path):
+    text = path.read_text(encoding="utf-8")
+    assert _plugin_violations(text, _module_name(path), path.name == "__init__.py") == []
+
+
+def test_the_plugin_check_catches_framework_and_cross_plugin_imports():
+    assert _plugin_violations(
+        "from slorouter.scheduling.plugins.latency import X\n", "slorouter.director"
+    ) == ["line 1: slorouter.director imports slorouter.scheduling.plugins.latency (plugin latency's module)"]
+    assert _plugin_violations(
+        "from slorouter.scheduling.plugins.prefix.approx import Y\n", "slorouter.scheduling.plugins.inflight"
+    ) == [
+        "line 1: plugin inflight imports slorouter.scheduling.plugins.prefix.approx (plugin prefix's module)"
+    ]
+    assert (
+        _plugin_violations("from .index import PrefixIndex\n", "slorouter.scheduling.plugins.prefix.approx")
+        == []
+    )
+    assert (
+        _plugin_violations(
+            "from slorouter.scheduling.prefix_blocks import prefix_seed\n", "slorouter.serving.recording"
+        )
+        == []
+    )

@@ -24,11 +24,10 @@ from slorouter.flowcontrol.types import QUEUED_HEADER, Outcome
 from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
 from slorouter.pool.state import Endpoint, PoolState
-from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.loader import SchedulerSetup
 from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction
-from slorouter.scheduling.plugins.latency import DROPPED_REASON_HEADER
 from slorouter.scheduling.types import (
+    DROPPED_REASON_HEADER,
     AdmissionDeniedError,
     Candidates,
     InferenceRequest,
@@ -368,11 +367,8 @@ class RequestLifecycle:
 
     @property
     def fallback_reason(self) -> str | None:
-        """Why the request went by the fallback (``PREDICTION_FALLBACK_STATE``); None on other routes."""
-        if self.result.route is not Route.FALLBACK:
-            return None
-        reason = self.request.state.get(PREDICTION_FALLBACK_STATE)
-        return reason if isinstance(reason, str) else None
+        """Why the request went by the fallback; None on other routes."""
+        return self.result.fallback_reason
 
     @property
     def finished(self) -> bool:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from slorouter.gateway.runtime import Router
 from slorouter.http.server import ServerLimits
-from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
+from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
 from tests.gateway.conftest import FakeUpstream, eventually, start_router
 
 

@@ -12,8 +12,8 @@ import aiohttp
 from slorouter.config import load_config
 from slorouter.gateway.runtime import Router
 from slorouter.kvevents.sim_hash import block_hashes
-from slorouter.scheduling.plugins.precise_prefix import PrecisePrefixCacheProducer
-from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
+from slorouter.scheduling.plugins.prefix.precise import PrecisePrefixCacheProducer
+from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
 from slorouter.sim.profiles import get_profile
 from slorouter.sim.server import start_pods
 from slorouter.tokenizer import encode_bytes

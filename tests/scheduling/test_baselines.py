@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from slorouter.scheduling.plugins.baselines import LeastRequestScorer, RoundRobinPicker
+from slorouter.scheduling.plugins.pickers import RoundRobinPicker
+from slorouter.scheduling.plugins.scorers import LeastRequestScorer
 from slorouter.scheduling.types import CycleState
 from tests.scheduling.conftest import addresses, candidates_of, make_ctx, make_pool, make_request
 

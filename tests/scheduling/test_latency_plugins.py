@@ -10,7 +10,6 @@ import pytest
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
-    PREDICTION_FALLBACK_STATE,
     PREFIX_MATCH_BLOCKS,
     PREFIX_TOTAL_BLOCKS,
     TPOT_HEADROOM_MS,
@@ -19,15 +18,14 @@ from slorouter.scheduling.datakeys import (
     TTFT_VALID,
 )
 from slorouter.scheduling.plugins.latency import (
-    EXPLORED_KEY,
     LatencyBandFilter,
     LatencyScorer,
     LatencySloAdmitter,
     PrefixCacheAffinityFilter,
     SloHeadroomTierFilter,
-    compute_headroom,
     headroom_bucket_scores,
 )
+from slorouter.scheduling.plugins.latency_producer import compute_headroom
 from slorouter.scheduling.types import AdmissionDeniedError, CycleState, Route
 from tests.scheduling.conftest import addresses, candidates_of, make_ctx, make_pool, make_request
 
@@ -151,7 +149,7 @@ def test_affinity_exploration_rate_is_seeded_and_marks_the_cycle():
         kept = f.filter(cycle, make_request(), _with_prefix(candidates_of(make_pool(3)), [10, 0, 0]))
         if len(kept) == 3:
             explored += 1
-            assert cycle[EXPLORED_KEY]
+            assert cycle.explored
     assert 0.17 < explored / 2000 < 0.23
 
 
@@ -301,7 +299,7 @@ def test_scorer_composite_fallback_without_predictions():
 def test_scorer_marks_explored_routes():
     cands = _with_predictions(candidates_of(make_pool(2)), [1.0, 2.0], ttft=200)
     cycle = CycleState()
-    cycle[EXPLORED_KEY] = True
+    cycle.explored = True
     _plugin(LatencyScorer).score(cycle, make_request(), cands)
     assert cycle.route is Route.EXPLORE
 
@@ -370,7 +368,7 @@ def test_prediction_profile_handler_routes_by_the_request_flag():
     assert off.primary_profile == "default"
     # The producer could not predict (warming up): heuristics decide, and the route says so.
     warming = make_request(use_prediction=True)
-    warming.state[PREDICTION_FALLBACK_STATE] = "warming-up"
+    warming.prediction_unavailable = "warming-up"
     fallback = setup.scheduler.schedule(warming, cands)
     assert fallback.primary_profile == "default" and fallback.primary.route == "fallback"
     assert off.primary.route == "heuristic"
@@ -405,7 +403,7 @@ def test_shipped_pipeline_routes_requests_without_predictions_by_token_load_amon
         cands.attrs[INFLIGHT_PREFILL_TOKENS] = np.array(tokens, dtype=np.float64)
         cands.attrs[INFLIGHT_TOKENS] = np.array(tokens, dtype=np.float64) + np.array(decode or [0] * 4)
         warming = make_request(use_prediction=True, prompt_tokens=1000)
-        warming.state[PREDICTION_FALLBACK_STATE] = "warming-up"
+        warming.prediction_unavailable = "warming-up"
         result = setup.scheduler.schedule(warming, cands)
         assert result.primary_profile == "default" and result.primary.route == "fallback"
         return result.primary.targets[0].address

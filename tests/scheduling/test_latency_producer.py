@@ -15,7 +15,7 @@ from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import ALL_FEATURES, TPOT_FEATURES, TTFT_FEATURES
-from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, PREDICTION_FALLBACK_STATE, TTFT_HEADROOM_MS
+from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
@@ -251,7 +251,7 @@ async def test_a_remote_prediction_cut_by_the_producers_budget_is_a_timeout_fall
     request = _request()
     result = await director.schedule_async(request)
     assert result.primary.route == "fallback"
-    assert request.state[PREDICTION_FALLBACK_STATE] == "timeout"
+    assert request.prediction_unavailable == "timeout"
     assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 1
 
 

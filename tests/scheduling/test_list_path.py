@@ -16,7 +16,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import ListScorer, Plugin, PluginContext, PluginParams, Scorer
 from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams
-from slorouter.scheduling.plugins.prefix import PrefixCacheScorer
+from slorouter.scheduling.plugins.prefix.approx import PrefixCacheScorer
 from slorouter.scheduling.plugins.scorers import (
     KVCacheUtilizationScorer,
     QueueScorer,

@@ -19,7 +19,6 @@ from slorouter.scheduling.datakeys import (
     PREFIX_TOTAL_BLOCKS,
 )
 from slorouter.scheduling.plugin import ResponseInfo
-from slorouter.scheduling.plugins import load_latency
 from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.load_latency import (
     BatchSlotQueue,
@@ -32,6 +31,7 @@ from slorouter.scheduling.plugins.load_latency import (
     PodSpeeds,
     load_terms,
 )
+from slorouter.scheduling.plugins.load_latency import producer as load_latency_producer
 from slorouter.scheduling.types import CycleState, ProfileRunResult, Route, SchedulingResult
 
 from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
@@ -331,7 +331,7 @@ def test_the_producer_learns_the_slot_wait_of_a_pod_at_its_cap():
 
 
 def test_the_state_of_pods_that_left_the_pool_is_dropped(monkeypatch):
-    monkeypatch.setattr(load_latency, "PRUNE_EVERY", 4)
+    monkeypatch.setattr(load_latency_producer, "PRUNE_EVERY", 4)
     pool = make_pool(3, waiting=[1, 1, 1], running=[2, 2, 2])
     producer = LoadLatencyProducer(
         "", LoadLatencyParams.model_validate({"minSamples": 3}), make_ctx(pool=pool)

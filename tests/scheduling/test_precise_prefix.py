@@ -21,8 +21,8 @@ from slorouter.scheduling.datakeys import (
 )
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext, ResponseInfo
-from slorouter.scheduling.plugins.pod_hashing import pod_token_bytes
-from slorouter.scheduling.plugins.precise_prefix import (
+from slorouter.scheduling.plugins.prefix.pod_hashing import pod_token_bytes
+from slorouter.scheduling.plugins.prefix.precise import (
     PrecisePrefixCacheParams,
     PrecisePrefixCacheProducer,
     PrecisePrefixCacheScorer,

@@ -25,7 +25,7 @@ from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.scheduling.datakeys import PREFIX_MATCH_BLOCKS, PREFIX_MATCH_FROM_EVENTS, PREFIX_TOTAL_BLOCKS
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
-from slorouter.scheduling.plugins.precise_prefix import (
+from slorouter.scheduling.plugins.prefix.precise import (
     PrecisePrefixCacheParams,
     PrecisePrefixCacheProducer,
     PrecisePrefixCacheScorer,

@@ -11,15 +11,13 @@ import xxhash
 from slorouter.pool.state import Endpoint
 from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugins.prefix import (
+from slorouter.scheduling.plugins.prefix.approx import (
     ApproxPrefixCacheParams,
     ApproxPrefixCacheProducer,
-    PrefixIndex,
     PrefixRequestState,
-    prefix_block_hashes,
-    prefix_match_ratio,
-    prefix_seed,
 )
+from slorouter.scheduling.plugins.prefix.index import PrefixIndex
+from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_match_ratio, prefix_seed
 from slorouter.scheduling.types import ProfileRunResult, SchedulingResult
 
 from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request

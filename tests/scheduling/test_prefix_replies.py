@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from slorouter.scheduling.plugin import ResponseInfo
-from slorouter.scheduling.plugins.prefix import ApproxPrefixCacheParams, prefix_block_hashes, prefix_seed
+from slorouter.scheduling.plugins.prefix.approx import ApproxPrefixCacheParams
+from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
 
 from .conftest import addresses, candidates_of, make_pool, make_request
 from .test_prefix_cache import producer, result_for

@@ -15,7 +15,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG
 from slorouter.scheduling.plugins.inflight import InflightLoadProducer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker
-from slorouter.scheduling.plugins.prefix import ApproxPrefixCacheProducer
+from slorouter.scheduling.plugins.prefix.approx import ApproxPrefixCacheProducer
 from slorouter.scheduling.plugins.profile_handlers import SingleProfileHandler
 
 from . import fake_plugins  # noqa: F401  (registers the test-* plugin types)

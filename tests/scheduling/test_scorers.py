@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from slorouter.scheduling.datakeys import PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.plugins.prefix import PrefixCacheScorer
+from slorouter.scheduling.plugins.prefix.approx import PrefixCacheScorer
 from slorouter.scheduling.plugins.scorers import (
     KVCacheUtilizationScorer,
     QueueScorer,

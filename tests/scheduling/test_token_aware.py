@@ -16,7 +16,6 @@ from slorouter.scheduling.datakeys import (
     INFLIGHT_REQUESTS,
     INFLIGHT_TOKENS,
     PREDICTED_TTFT_MS,
-    PREDICTION_FALLBACK_STATE,
     PREFIX_BLOCK_SIZE_TOKENS,
     PREFIX_MATCH_BLOCKS,
     PREFIX_TOTAL_BLOCKS,
@@ -359,7 +358,7 @@ def test_shipped_warm_up_profile_counts_decode_tokens_too():
     setup = build_scheduler_setup(config, make_ctx())
     cands = _candidates(3, matched=[0, 6, 0], prefill=[0, 1500, 1000], inflight=[3000, 1500, 1000])
     warming = make_request(use_prediction=True, prompt_tokens=4000)
-    warming.state[PREDICTION_FALLBACK_STATE] = "warming-up"
+    warming.prediction_unavailable = "warming-up"
     result = setup.scheduler.schedule(warming, cands)
     # loads 3000 + 4000, 1500 + 1600, 1000 + 4000 (no block size attached: the own term is the prompt × the
     # unmatched share): the 60 %-cached pod wins although it has the most prefill in flight

@@ -38,9 +38,3 @@ EXPECTED_TTFT_MS = "expected_ttft_ms"
 OWN_PREFILL_MS = "own_prefill_ms"
 # Each candidate's recent decode pace (ms per output token of its finished streams; NaN before its first).
 DECODE_PACE_MS = "decode_pace_ms"
-
-# Request state set by predicted-latency-producer when it could not predict for this request (the reason:
-# "warming-up", "invalid-prediction", or the backend's PredictionUnavailable.reason, e.g. "breaker-open",
-# "timeout", "unavailable"); the prediction-profile-handler then routes the request with the heuristic
-# profile, and the response says why in x-slorouter-fallback-reason.
-PREDICTION_FALLBACK_STATE = "prediction_fallback"

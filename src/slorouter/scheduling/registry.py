@@ -88,12 +88,13 @@ def kinds_of_class(cls: type) -> list[str]:
 
 
 def load_builtin_plugins() -> None:
-    """Import every module of ``slorouter.scheduling.plugins`` so their plugins register themselves."""
+    """Import every module of ``slorouter.scheduling.plugins`` and of its packages so their plugins register
+    themselves."""
     global _builtins_loaded
     if _builtins_loaded:
         return
     package = importlib.import_module("slorouter.scheduling.plugins")
-    for module in pkgutil.iter_modules(package.__path__, prefix=f"{package.__name__}."):
+    for module in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
         importlib.import_module(module.name)
     _builtins_loaded = True
 

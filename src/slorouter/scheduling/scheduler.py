@@ -206,4 +206,7 @@ class Scheduler:
         if not any(result is not None for result in results.values()):
             reason = "; ".join(failures) if failures else "no profile ran"
             raise NoEndpointPickedError(f"failed to find a target endpoint ({reason})")
-        return handler.process_results(cycle, request, results)
+        result = handler.process_results(cycle, request, results)
+        if result.route is Route.FALLBACK:
+            result.fallback_reason = request.prediction_unavailable
+        return result

@@ -39,6 +39,10 @@ class InferenceRequest:
     cache_salt: str = ""
     received_at: float = 0.0
     history_form: str = ""
+    # Why a request that wanted predictions has none (set by the producer that could not predict:
+    # "warming-up", "invalid-prediction", or the backend's reason, e.g. "breaker-open", "timeout"); the
+    # profile handler then routes it by the heuristic profile, as ``Route.FALLBACK``.
+    prediction_unavailable: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -126,14 +130,17 @@ class CycleState(dict[str, Any]):
     """Scratch space shared by the plugins of one scheduling cycle.
 
     ``route``: a plugin that decides how its profile picks (the latency scorer) sets it while the profile
-    runs; the profile copies it into its result (``Route.HEURISTIC`` when nobody set it).
+    runs; the profile copies it into its result (``Route.HEURISTIC`` when nobody set it). ``explored``: an
+    epsilon-greedy plugin sets it when it explored instead of exploiting, so that the plugins after it mark
+    the pick ``Route.EXPLORE`` and learn nothing from it as an exploited one.
     """
 
-    __slots__ = ("route",)
+    __slots__ = ("explored", "route")
 
     def __init__(self) -> None:
         super().__init__()
         self.route: Route | None = None
+        self.explored = False
 
 
 @dataclass(slots=True)
@@ -147,8 +154,12 @@ class ProfileRunResult:
 
 @dataclass(slots=True)
 class SchedulingResult:
+    """What every profile that ran picked, which of them is primary, and, on ``Route.FALLBACK``, why the
+    request went without predictions (``fallback_reason``; the x-slorouter-fallback-reason header)."""
+
     profile_results: dict[str, ProfileRunResult]
     primary_profile: str
+    fallback_reason: str | None = None
 
     @property
     def primary(self) -> ProfileRunResult:
@@ -161,6 +172,10 @@ class SchedulingResult:
     @property
     def route(self) -> Route:
         return self.primary.route
+
+
+# On a request the router turned away (429): why (an admitter's reason, or flow control's).
+DROPPED_REASON_HEADER = "x-slorouter-dropped-reason"
 
 
 class SchedulingError(Exception):

@@ -35,7 +35,7 @@ from slorouter.api.routing_headers import OBJECTIVE_HEADERS
 from slorouter.clock import Clock
 from slorouter.config import ConfigError
 from slorouter.director import RequestLifecycle
-from slorouter.scheduling.plugins.prefix import prefix_block_hashes, prefix_seed
+from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.keyed_hash import siphash24
 from slorouter.serving.record_file import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, RecordFile

@@ -29,70 +29,19 @@ from slorouter.scheduling.datakeys import (
     TTFT_VALID,
 )
 from slorouter.scheduling.plugin import Admitter, Filter, Plugin, PluginParams, Scorer
-from slorouter.scheduling.plugins.prefix import prefix_match_ratio
+from slorouter.scheduling.prefix_blocks import prefix_match_ratio
 from slorouter.scheduling.registry import register_plugin
-from slorouter.scheduling.types import AdmissionDeniedError, Candidates, CycleState, InferenceRequest, Route
+from slorouter.scheduling.types import (
+    DROPPED_REASON_HEADER,
+    AdmissionDeniedError,
+    Candidates,
+    CycleState,
+    InferenceRequest,
+    Route,
+)
 
-# Cycle-state key: set when an epsilon-greedy plugin explored instead of exploiting.
-EXPLORED_KEY = "explored"
-DROPPED_REASON_HEADER = "x-slorouter-dropped-reason"
 # A pod whose KV cache is this empty is "cold": its predictions are unreliable, and it can take load.
 COLD_KV_USAGE = 0.02
-
-
-def compute_headroom(
-    predicted_ttft_ms: np.ndarray,
-    predicted_tpot_ms: np.ndarray,
-    *,
-    slo_ttft_ms: float | None,
-    slo_tpot_ms: float | None,
-    streaming_mode: bool,
-    slo_buffer_factor: float = 1.0,
-    ttft_slo_buffer_factor: float = 1.0,
-    strictest_running_tpot_slo_ms: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
-    """Headroom (SLO − prediction, ms) and validity per candidate, as the producer attaches them.
-
-    Without any SLO the request wants the fastest pod: TTFT headroom is −prediction (every pod "misses",
-    which sends the scorer to its lowest-deficit ordering) and, in streaming mode, so is TPOT headroom.
-    With an SLO on one dimension only, the other dimension is unconstrained (valid, headroom 0) — the
-    original treats the missing header as an SLO of 0 there, which makes every pod invalid.
-    The TTFT budget is ``slo · ttftSloBufferFactor``: below 1 it asks the served (p90) prediction to leave a
-    margin, which makes "predicted to meet" stricter than the prediction's own coverage.
-    Outside streaming mode TPOT is not modelled, so it is always valid with headroom 0. In streaming mode the
-    TPOT budget is ``slo · sloBufferFactor``, tightened to the strictest TPOT SLO of the requests already
-    running on that pod (entries ≤ 0 mean none), so a new request does not push co-located ones over theirs.
-    """
-    n = len(predicted_ttft_ms)
-    has_slo = slo_ttft_ms is not None or slo_tpot_ms is not None
-    if slo_ttft_ms is not None:
-        ttft_budget = slo_ttft_ms * ttft_slo_buffer_factor
-        ttft_headroom = ttft_budget - predicted_ttft_ms
-        ttft_valid = predicted_ttft_ms < ttft_budget
-    elif has_slo:
-        ttft_headroom, ttft_valid = np.zeros(n), np.ones(n, dtype=bool)
-    else:
-        ttft_headroom, ttft_valid = -predicted_ttft_ms, np.zeros(n, dtype=bool)
-
-    if not streaming_mode:
-        tpot_headroom, tpot_valid = np.zeros(n), np.ones(n, dtype=bool)
-    elif slo_tpot_ms is not None:
-        budget = np.full(n, slo_tpot_ms * slo_buffer_factor)
-        if strictest_running_tpot_slo_ms is not None:
-            strictest = strictest_running_tpot_slo_ms * slo_buffer_factor
-            budget = np.where(strictest > 0, np.minimum(budget, strictest), budget)
-        tpot_headroom = budget - predicted_tpot_ms
-        tpot_valid = predicted_tpot_ms < budget
-    elif has_slo:
-        tpot_headroom, tpot_valid = np.zeros(n), np.ones(n, dtype=bool)
-    else:
-        tpot_headroom, tpot_valid = -predicted_tpot_ms, np.zeros(n, dtype=bool)
-    return {
-        TTFT_HEADROOM_MS: np.asarray(ttft_headroom, dtype=np.float64),
-        TPOT_HEADROOM_MS: np.asarray(tpot_headroom, dtype=np.float64),
-        TTFT_VALID: ttft_valid,
-        TPOT_VALID: tpot_valid,
-    }
 
 
 # The TTFT load gate's sources (llm-d's ``ttftSource``; "peakPrefillThroughput" is the blog's name for llm-d's
@@ -167,7 +116,7 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
         if len(candidates) <= 1 or p.affinity_threshold <= 0:
             return candidates
         if p.exploration_probability > 0 and self.ctx.rng.random() < p.exploration_probability:
-            cycle[EXPLORED_KEY] = True
+            cycle.explored = True
             return candidates
         sticky = prefix_match_ratio(candidates) >= p.affinity_threshold
         if not sticky.any():
@@ -205,7 +154,7 @@ class LatencyBandFilter(Plugin, Filter):
         if predicted is None:
             cycle.route = Route.FALLBACK
             return candidates
-        cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
+        cycle.route = Route.EXPLORE if cycle.explored else Route.PREDICTED
         if len(candidates) <= 1:
             return candidates
         p = self.params
@@ -248,7 +197,7 @@ class SloHeadroomTierFilter(Plugin, Filter):
             return candidates
         # The predictions decided which pods may serve the request: the pick is a predicted one even when
         # the profile's scorer then ranks by load.
-        cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
+        cycle.route = Route.EXPLORE if cycle.explored else Route.PREDICTED
         if len(candidates) <= 1:
             return candidates
         dimensions = self.params.dimensions
@@ -262,7 +211,7 @@ class SloHeadroomTierFilter(Plugin, Filter):
             return candidates
         eps = self.params.epsilon_explore_neg
         if eps > 0 and self.ctx.rng.random() < eps:
-            cycle[EXPLORED_KEY] = True
+            cycle.explored = True
             cycle.route = Route.EXPLORE
             return candidates.subset(~positive)
         return candidates.subset(positive)
@@ -355,7 +304,7 @@ class LatencyScorer(Plugin, Scorer):
             return composite_scores(
                 candidates, p.composite_kv_weight, p.composite_queue_weight, p.composite_prefix_weight
             )
-        cycle.route = Route.EXPLORE if cycle.get(EXPLORED_KEY) else Route.PREDICTED
+        cycle.route = Route.EXPLORE if cycle.explored else Route.PREDICTED
         tpot_headroom = candidates.attrs[TPOT_HEADROOM_MS]
         ttft_miss = ttft_headroom < 0
         tpot_miss = tpot_headroom < 0

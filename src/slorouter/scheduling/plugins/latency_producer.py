@@ -45,7 +45,6 @@ from slorouter.predictor.features import (
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
-    PREDICTION_FALLBACK_STATE,
     PREFIX_MATCH_BLOCKS,
     TPOT_HEADROOM_MS,
     TPOT_VALID,
@@ -64,12 +63,66 @@ from slorouter.scheduling.plugin import (
     ResponseInfo,
     TargetPrediction,
 )
-from slorouter.scheduling.plugins.latency import compute_headroom
-from slorouter.scheduling.plugins.prefix import prefix_match_ratio
+from slorouter.scheduling.prefix_blocks import prefix_match_ratio
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, InferenceRequest, SchedulingResult
 
 log = logging.getLogger(__name__)
+
+
+def compute_headroom(
+    predicted_ttft_ms: np.ndarray,
+    predicted_tpot_ms: np.ndarray,
+    *,
+    slo_ttft_ms: float | None,
+    slo_tpot_ms: float | None,
+    streaming_mode: bool,
+    slo_buffer_factor: float = 1.0,
+    ttft_slo_buffer_factor: float = 1.0,
+    strictest_running_tpot_slo_ms: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Headroom (SLO − prediction, ms) and validity per candidate, as the producer attaches them.
+
+    Without any SLO the request wants the fastest pod: TTFT headroom is −prediction (every pod "misses",
+    which sends the scorer to its lowest-deficit ordering) and, in streaming mode, so is TPOT headroom.
+    With an SLO on one dimension only, the other dimension is unconstrained (valid, headroom 0) — the
+    original treats the missing header as an SLO of 0 there, which makes every pod invalid.
+    The TTFT budget is ``slo · ttftSloBufferFactor``: below 1 it asks the served (p90) prediction to leave a
+    margin, which makes "predicted to meet" stricter than the prediction's own coverage.
+    Outside streaming mode TPOT is not modelled, so it is always valid with headroom 0. In streaming mode the
+    TPOT budget is ``slo · sloBufferFactor``, tightened to the strictest TPOT SLO of the requests already
+    running on that pod (entries ≤ 0 mean none), so a new request does not push co-located ones over theirs.
+    """
+    n = len(predicted_ttft_ms)
+    has_slo = slo_ttft_ms is not None or slo_tpot_ms is not None
+    if slo_ttft_ms is not None:
+        ttft_budget = slo_ttft_ms * ttft_slo_buffer_factor
+        ttft_headroom = ttft_budget - predicted_ttft_ms
+        ttft_valid = predicted_ttft_ms < ttft_budget
+    elif has_slo:
+        ttft_headroom, ttft_valid = np.zeros(n), np.ones(n, dtype=bool)
+    else:
+        ttft_headroom, ttft_valid = -predicted_ttft_ms, np.zeros(n, dtype=bool)
+
+    if not streaming_mode:
+        tpot_headroom, tpot_valid = np.zeros(n), np.ones(n, dtype=bool)
+    elif slo_tpot_ms is not None:
+        budget = np.full(n, slo_tpot_ms * slo_buffer_factor)
+        if strictest_running_tpot_slo_ms is not None:
+            strictest = strictest_running_tpot_slo_ms * slo_buffer_factor
+            budget = np.where(strictest > 0, np.minimum(budget, strictest), budget)
+        tpot_headroom = budget - predicted_tpot_ms
+        tpot_valid = predicted_tpot_ms < budget
+    elif has_slo:
+        tpot_headroom, tpot_valid = np.zeros(n), np.ones(n, dtype=bool)
+    else:
+        tpot_headroom, tpot_valid = -predicted_tpot_ms, np.zeros(n, dtype=bool)
+    return {
+        TTFT_HEADROOM_MS: np.asarray(ttft_headroom, dtype=np.float64),
+        TPOT_HEADROOM_MS: np.asarray(tpot_headroom, dtype=np.float64),
+        TTFT_VALID: ttft_valid,
+        TPOT_VALID: tpot_valid,
+    }
 
 
 class PredictedLatencyParams(PluginParams):
@@ -257,7 +310,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
     ) -> None:
         # The request keeps the backend's own word for the cause (breaker-open, timeout, ...: the
         # x-slorouter-fallback-reason header); the metric keeps the three coarse reasons.
-        request.state[PREDICTION_FALLBACK_STATE] = exc.reason if exc is not None else reason
+        request.prediction_unavailable = exc.reason if exc is not None else reason
         if exc is not None:
             log.debug("prediction unavailable (%s): %s", exc.reason, exc)
         if self.ctx.metrics is not None:

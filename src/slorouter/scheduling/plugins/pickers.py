@@ -1,11 +1,16 @@
-"""Pickers (reference §2.3): choose target candidates from the total scores, best first."""
+"""Pickers (reference §2.3): choose target candidates from the total scores, best first.
+
+``round-robin-picker`` is a load-balancer baseline that routers are compared with: endpoints in turn, in pool
+order (Kubernetes Service / Envoy ``ROUND_ROBIN``); filtered-out or unhealthy endpoints are skipped, the
+scores are ignored.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 from pydantic import Field, field_validator
 
-from slorouter.scheduling.plugin import ListPicker, Picker, Plugin, PluginParams
+from slorouter.scheduling.plugin import ListPicker, Picker, Plugin, PluginContext, PluginParams
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
 
@@ -106,3 +111,25 @@ class WeightedRandomPicker(_CountedPicker, Picker):
         shuffled = rng.permutation(len(scores))  # random order among the zero-score candidates
         order = shuffled[np.argsort(-keys[shuffled], kind="stable")]
         return order[:k]
+
+
+@register_plugin
+class RoundRobinPicker(_CountedPicker, Picker):
+    """The next candidates after the last one picked, in pool order, wrapping around."""
+
+    type_name = "round-robin-picker"
+
+    def __init__(self, name: str, params: PluginParams, ctx: PluginContext) -> None:
+        super().__init__(name, params, ctx)
+        self._last = -1  # pool position of the last endpoint picked
+
+    def pick(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, scores: np.ndarray
+    ) -> np.ndarray:
+        positions = candidates.positions
+        n = len(positions)
+        order = np.argsort(positions, kind="stable")
+        start = int(np.searchsorted(positions[order], self._last, side="right")) % n
+        chosen = order[(start + np.arange(min(self.max_endpoints, n))) % n]
+        self._last = int(positions[chosen[0]])
+        return chosen

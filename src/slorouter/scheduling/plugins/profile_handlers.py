@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from slorouter.scheduling.datakeys import PREDICTION_FALLBACK_STATE
 from slorouter.scheduling.plugin import Plugin, PluginParams, ProfileHandler
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import (
@@ -91,13 +90,13 @@ class PredictionProfileHandler(Plugin, ProfileHandler):
         if results:
             return []
         p = self.params
-        predicted = request.use_prediction and PREDICTION_FALLBACK_STATE not in request.state
+        predicted = request.use_prediction and request.prediction_unavailable is None
         return [p.prediction_profile if predicted else p.heuristic_profile]
 
     def process_results(
         self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         result = only_result(self.type_name, results)
-        if request.use_prediction and PREDICTION_FALLBACK_STATE in request.state:
+        if request.use_prediction and request.prediction_unavailable is not None:
             result.primary.route = Route.FALLBACK
         return result

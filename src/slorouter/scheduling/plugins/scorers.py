@@ -1,4 +1,7 @@
-"""Load scorers over scraped metrics (reference §2.2). Each returns one score in [0, 1] per candidate.
+"""Load scorers over scraped metrics (reference §2.2), and ``least-request-scorer``, the load-balancer
+baseline that prefers endpoints with the fewest requests this router has in flight (Envoy ``LEAST_REQUEST``
+with all candidates compared; unlike ``running-requests-size-scorer`` it reads the router-local count, which
+is always fresh). Each returns one score in [0, 1] per candidate.
 
 Each scorer also has a plain-Python twin (``score_list``) for small candidate sets; both give bit-identical
 scores (see ``ListScorer``).
@@ -10,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from slorouter.scheduling.plugin import ListScorer, Plugin
+from slorouter.scheduling.plugin import ListScorer, Plugin, Scorer
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
 
@@ -75,3 +78,13 @@ class KVCacheUtilizationScorer(Plugin, ListScorer):
 
     def score_list(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> list[float]:
         return [1.0 - v for v in candidates.values("kv_usage")]
+
+
+@register_plugin
+class LeastRequestScorer(Plugin, Scorer):
+    """Prefers few router-local in-flight requests, min-max over the candidates."""
+
+    type_name = "least-request-scorer"
+
+    def score(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> np.ndarray:
+        return min_max_inverted(candidates.column("inflight_requests"))

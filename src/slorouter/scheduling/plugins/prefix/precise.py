@@ -42,12 +42,12 @@ from slorouter.scheduling.datakeys import (
     PREFIX_TOTAL_BLOCKS,
 )
 from slorouter.scheduling.plugin import PluginContext, PreRequestResult, ResponseInfo
-from slorouter.scheduling.plugins.pod_hashing import PodHashing, SimPodHashing, VllmPodHashing
-from slorouter.scheduling.plugins.prefix import (
+from slorouter.scheduling.plugins.prefix.approx import (
     ApproxPrefixCacheParams,
     ApproxPrefixCacheProducer,
     PrefixCacheScorer,
 )
+from slorouter.scheduling.plugins.prefix.pod_hashing import PodHashing, SimPodHashing, VllmPodHashing
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, InferenceRequest, SchedulingResult
 

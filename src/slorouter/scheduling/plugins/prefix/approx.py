@@ -26,14 +26,10 @@ Deliberate differences from the original, both to model vLLM's cache more closel
 
 from __future__ import annotations
 
-import struct
-from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import xxhash
 from pydantic import Field, model_validator
 
 from slorouter.pool.state import PoolState
@@ -49,173 +45,20 @@ from slorouter.scheduling.plugin import (
     ResponseBodyProcessor,
     ResponseInfo,
 )
+from slorouter.scheduling.plugins.prefix.index import PrefixIndex
+from slorouter.scheduling.prefix_blocks import (
+    CHARS_PER_TOKEN,
+    chain_hashes,
+    prefix_block_hashes,
+    prefix_match_ratio,
+    prefix_match_ratio_list,
+    prefix_seed,
+    utf8_bytes,
+)
 from slorouter.scheduling.registry import register_plugin
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest, SchedulingResult
 
-CHARS_PER_TOKEN = 4  # the original's fixed estimate; "characters" are UTF-8 bytes, as in Go strings
 PREFILL_PROFILE = "prefill"  # the disaggregation profile whose target also gets the request's blocks
-
-_hash64 = xxhash.xxh64_intdigest
-_pack_u64 = struct.Struct("<Q").pack
-
-
-def _utf8(text: str) -> bytes:
-    """``text`` in UTF-8; a lone surrogate (JSON lets a client send ``"\\ud800"``) as ``surrogatepass``
-    writes it, as the tokenizer counts it, so that such a prompt is hashed rather than failing the plugin."""
-    return text.encode("utf-8", "surrogatepass")
-
-
-def prefix_seed(model: str, cache_salt: str = "") -> int:
-    """xxhash64 of the target model name followed by the cache salt: the chain's starting value."""
-    return _hash64(_utf8(model + cache_salt))
-
-
-def prefix_block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int) -> list[int]:
-    """Chained block hashes: h_i = xxhash64(block_i ‖ little-endian uint64(h_{i−1})), h_{−1} = seed.
-
-    Input shorter than one block gives no hashes. Input beyond ``max_blocks`` blocks is ignored; otherwise a
-    trailing partial block is hashed like a full one.
-    """
-    if len(data) < block_chars:
-        return []
-    return _chain_hashes(data, seed, block_chars, max_blocks)
-
-
-def _chain_hashes(data: bytes, previous: int, block_chars: int, max_blocks: int) -> list[int]:
-    """The chain over ``data`` (at most ``max_blocks`` blocks, a trailing partial one included) after
-    ``previous``."""
-    if max_blocks <= 0:
-        return []
-    limit = max_blocks * block_chars
-    if len(data) > limit:
-        data = data[:limit]
-    hashes: list[int] = []
-    append = hashes.append
-    # The chain is sequential; plain slicing and concatenation measured faster than a reused buffer or a
-    # streaming hasher for 64-byte blocks.
-    for start in range(0, len(data), block_chars):
-        previous = _hash64(data[start : start + block_chars] + _pack_u64(previous))
-        append(previous)
-    return hashes
-
-
-class PrefixIndex:
-    """Which servers hold which block hashes: ``hash → servers`` plus one LRU of hashes per server.
-
-    Evicting a hash from a server's LRU removes the server from that hash's holders. Each server has a slot
-    number and a hash's holders are a bitmask of slots (an int), so the walk in ``match`` is integer ANDs and
-    the index holds no per-hash containers for the garbage collector to scan. Not thread-safe.
-    """
-
-    __slots__ = ("_free_slots", "_holders", "_lrus", "_server_of_slot", "_slot_of")
-
-    def __init__(self) -> None:
-        self._holders: dict[int, int] = {}  # block hash → bitmask of server slots
-        self._lrus: dict[str, OrderedDict[int, None]] = {}
-        self._slot_of: dict[str, int] = {}
-        self._server_of_slot: dict[int, str] = {}
-        self._free_slots: list[int] = []
-
-    def __len__(self) -> int:
-        """Total (server, hash) entries."""
-        return sum(len(lru) for lru in self._lrus.values())
-
-    @property
-    def servers(self) -> list[str]:
-        return list(self._lrus)
-
-    @property
-    def distinct_blocks(self) -> int:
-        """Block hashes held by at least one server."""
-        return len(self._holders)
-
-    def server_size(self, server: str) -> int:
-        lru = self._lrus.get(server)
-        return 0 if lru is None else len(lru)
-
-    def holders(self, block_hash: int) -> frozenset[str]:
-        return frozenset(self._servers_in(self._holders.get(block_hash, 0)))
-
-    def insert(self, server: str, hashes: list[int], capacity: int) -> None:
-        """Record that ``server`` holds ``hashes``, then evict its least recently used beyond ``capacity``.
-
-        The leading blocks go in last, so they are the most recently used (see the module docstring).
-        """
-        lru = self._lrus.get(server)
-        if lru is None:
-            lru = self._lrus[server] = OrderedDict()
-            slot = self._free_slots.pop() if self._free_slots else len(self._slot_of)
-            self._slot_of[server] = slot
-            self._server_of_slot[slot] = server
-        bit = 1 << self._slot_of[server]
-        holders = self._holders
-        for block_hash in reversed(hashes):
-            if block_hash in lru:
-                lru.move_to_end(block_hash)
-            else:
-                lru[block_hash] = None
-                holders[block_hash] = holders.get(block_hash, 0) | bit
-        for _ in range(len(lru) - max(capacity, 1)):
-            evicted, _ = lru.popitem(last=False)
-            self._forget(evicted, bit)
-
-    def match(self, hashes: list[int]) -> dict[str, int]:
-        """Per server, how many leading blocks of ``hashes`` it holds (servers holding none are absent)."""
-        if not hashes:
-            return {}
-        holders = self._holders
-        alive = holders.get(hashes[0], 0)
-        if not alive:
-            return {}
-        matched: dict[str, int] = {}
-        depth = 1
-        for block_hash in hashes[1:]:
-            survivors = alive & holders.get(block_hash, 0)
-            if survivors != alive:
-                for server in self._servers_in(alive & ~survivors):
-                    matched[server] = depth
-                if not survivors:
-                    return matched
-                alive = survivors
-            depth += 1
-        for server in self._servers_in(alive):
-            matched[server] = depth
-        return matched
-
-    def remove_server(self, server: str) -> None:
-        lru = self._lrus.pop(server, None)
-        if lru is None:
-            return
-        slot = self._slot_of.pop(server)
-        del self._server_of_slot[slot]
-        bit = 1 << slot
-        for block_hash in lru:
-            self._forget(block_hash, bit)
-        self._free_slots.append(slot)
-
-    def retain_servers(self, keep: Iterable[str]) -> list[str]:
-        """Drop every server not in ``keep``; returns the dropped ones."""
-        keep_set = set(keep)
-        dropped = [server for server in self._lrus if server not in keep_set]
-        for server in dropped:
-            self.remove_server(server)
-        return dropped
-
-    def _servers_in(self, mask: int) -> list[str]:
-        server_of_slot = self._server_of_slot
-        servers = []
-        while mask:
-            lowest = mask & -mask
-            servers.append(server_of_slot[lowest.bit_length() - 1])
-            mask ^= lowest
-        return servers
-
-    def _forget(self, block_hash: int, bit: int) -> None:
-        mask = self._holders.get(block_hash, 0) & ~bit
-        if mask:
-            self._holders[block_hash] = mask
-        else:
-            self._holders.pop(block_hash, None)
 
 
 class ApproxPrefixCacheParams(PluginParams):
@@ -327,7 +170,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is None or not self.params.index_responses:
             return
-        hashes = self._history_hashes(request, state, _utf8(response.history_text))
+        hashes = self._history_hashes(request, state, utf8_bytes(response.history_text))
         if hashes and hashes != state.hashes:
             address = response.endpoint.address
             pool = self.ctx.pool if self.ctx.pool is not None else state.pool
@@ -358,7 +201,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     ) -> list[int]:
         """Block hashes of the history, reusing the prompt's hashes of the full blocks it shares with it."""
         block_chars = state.block_size_tokens * CHARS_PER_TOKEN
-        prompt = _utf8(request.prompt_text)
+        prompt = utf8_bytes(request.prompt_text)
         shared = len(prompt) // block_chars
         # A chat history differs from the prompt's JSON at its closing bracket: at most one block back.
         if shared and not history.startswith(prompt[: shared * block_chars]):
@@ -370,7 +213,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
         max_blocks = self._max_blocks(state.block_size_tokens)
         if not shared and len(history) < block_chars:
             return []
-        return state.hashes[:shared] + _chain_hashes(
+        return state.hashes[:shared] + chain_hashes(
             history[shared * block_chars :], seed, block_chars, max_blocks - shared
         )
 
@@ -383,7 +226,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is not None and state.block_size_tokens == block_tokens:
             return state
-        prompt = _utf8(request.prompt_text)
+        prompt = utf8_bytes(request.prompt_text)
         hashes = prefix_block_hashes(
             prompt,
             self._seed(request.target_model, request.cache_salt),
@@ -423,25 +266,3 @@ class PrefixCacheScorer(Plugin, ListScorer):
 
     def score_list(self, cycle: CycleState, request: InferenceRequest, candidates: Candidates) -> list[float]:
         return prefix_match_ratio_list(candidates)
-
-
-def prefix_match_ratio(candidates: Candidates) -> np.ndarray:
-    """matched / total prefix blocks per candidate; 0 where the producer's data is missing or total is 0."""
-    matched = candidates.attrs.get(PREFIX_MATCH_BLOCKS)
-    total = candidates.attrs.get(PREFIX_TOTAL_BLOCKS)
-    if matched is None or total is None:
-        return np.zeros(len(candidates))
-    return matched / np.maximum(total, 1)  # matched ≤ total, so total 0 gives 0
-
-
-def prefix_match_ratio_list(candidates: Candidates) -> list[float]:
-    """``prefix_match_ratio`` in plain Python (the same float64 division, so the same results)."""
-    matched = candidates.attrs.get(PREFIX_MATCH_BLOCKS)
-    total = candidates.attrs.get(PREFIX_TOTAL_BLOCKS)
-    if matched is None or total is None:
-        return [0.0] * len(candidates)
-    # np.maximum(t, 1) keeps NaN; numpy divides the operands as float64.
-    return [
-        float(m) / float(t if t >= 1 or t != t else 1)
-        for m, t in zip(matched.tolist(), total.tolist(), strict=True)
-    ]
