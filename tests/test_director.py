@@ -26,6 +26,7 @@ from slorouter.scheduling.plugin import (
     ResponseBodyProcessor,
     ResponseInfo,
     TargetPrediction,
+    Termination,
 )
 from slorouter.scheduling.types import InferenceRequest, NoCandidatesError
 
@@ -97,10 +98,10 @@ def test_lifecycle_accounts_in_flight_load_and_releases_it_once(director):
     lifecycle.on_tokens(2)
 
     director.clock.advance(0.1)
-    lifecycle.on_complete(usage={"completion_tokens": 20})
-    lifecycle.on_complete(error="again")  # ignored: the first completion counts
+    lifecycle.end(usage={"completion_tokens": 20})
+    lifecycle.end(Termination.UPSTREAM_ERROR, detail="again")  # ignored: the first completion counts
     assert lifecycle.response.tokens == 20
-    assert lifecycle.response.error is None
+    assert lifecycle.response.cause is Termination.COMPLETE
     assert lifecycle.response.completed_at == pytest.approx(100.15)
     for column in ("inflight_requests", "inflight_prefill_tokens", "inflight_decode_tokens"):
         assert pool.value(address, column) == 0
@@ -119,7 +120,7 @@ def test_the_servers_usage_count_wins_over_the_events_counted(director):
     lifecycle.on_headers(200, streaming=True)
     for _ in range(6):
         lifecycle.on_tokens(1)
-    lifecycle.on_complete(usage={"completion_tokens": 3, "prompt_tokens": 25})
+    lifecycle.end(usage={"completion_tokens": 3, "prompt_tokens": 25})
     assert lifecycle.response.tokens == 3
     assert recorder.calls[-1] == (False, True, 3)
 
@@ -127,14 +128,14 @@ def test_the_servers_usage_count_wins_over_the_events_counted(director):
         request = _request()
         lifecycle = director.dispatch(request, director.schedule(request))
         lifecycle.on_tokens(2)
-        lifecycle.on_complete(usage=usage)
+        lifecycle.end(usage=usage)
         assert lifecycle.response.tokens == tokens, usage  # a count that is no integer is not one
 
 
 def test_failure_before_first_token_releases_prefill(director):
     request = _request()
     lifecycle = director.dispatch(request, director.schedule(request))
-    lifecycle.on_complete(error="connect: refused")
+    lifecycle.end(Termination.UPSTREAM_ERROR, detail="connect: refused")
     assert lifecycle.response.first_token_at is None
     assert int(director.pool.columns["inflight_prefill_tokens"].sum()) == 0
     assert int(director.pool.columns["inflight_requests"].sum()) == 0
@@ -144,7 +145,7 @@ def test_a_repeated_prompt_is_pending_prefill_only_where_it_is_not_cached(direct
     """The default pipeline's prefix producer marks what the target already holds; the in-flight prefill of
     that endpoint leaves it out, while the decode phase still counts the whole prompt."""
     first = _request()
-    director.dispatch(first, director.schedule(first)).on_complete(usage={"completion_tokens": 20})
+    director.dispatch(first, director.schedule(first)).end(usage={"completion_tokens": 20})
     again = _request()  # the same prompt: the endpoint that served it holds all of its blocks
     result = director.schedule(again)
     lifecycle = director.dispatch(again, result)
@@ -152,7 +153,7 @@ def test_a_repeated_prompt_is_pending_prefill_only_where_it_is_not_cached(direct
     assert director.pool.value(address, "inflight_prefill_tokens") == 0
     lifecycle.on_tokens(1)
     assert director.pool.value(address, "inflight_decode_tokens") == 120
-    lifecycle.on_complete()
+    lifecycle.end()
     assert director.tracker.outstanding() == 0
 
 
@@ -271,7 +272,7 @@ def test_the_reply_is_collected_for_the_plugin_that_wants_most_and_becomes_the_h
     assert lifecycle.reply_chars_wanted == 80
     lifecycle.on_reply_text("Hello")
     lifecycle.on_reply_text(", world")
-    lifecycle.on_complete()
+    lifecycle.end()
     assert small.histories == large.histories == [request.prompt_text + "Hello, world"]
 
 
@@ -281,7 +282,7 @@ def test_chat_history_appends_the_assistant_message(director):
     request = InferenceRequest("c", "m", '[{"role":"user","content":"hi"}]', 5, 5, history_form=CHAT)
     lifecycle = director.dispatch(request, director.schedule(request))
     lifecycle.on_reply_text("yo")
-    lifecycle.on_complete()
+    lifecycle.end()
     # What the next turn's messages JSON starts with: it goes on with the next user message.
     assert reader.histories == ['[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}']
 
@@ -293,12 +294,12 @@ def test_no_reply_is_wanted_or_kept_when_the_prompt_cannot_be_continued_or_the_r
     lifecycle = director.dispatch(request, director.schedule(request))
     assert lifecycle.reply_chars_wanted == 0
     lifecycle.on_reply_text("ignored")
-    lifecycle.on_complete()
+    lifecycle.end()
     failed = _request(1)
     failed.history_form = TEXT
     broken = director.dispatch(failed, director.schedule(failed))
     broken.on_reply_text("partial")
-    broken.on_complete(error="stream: reset")
+    broken.end(Termination.UPSTREAM_ERROR, detail="stream: reset")
     assert reader.histories == [None, None]
 
 

@@ -15,7 +15,7 @@ from slorouter.config import ConfigError, parse_config
 from slorouter.extras import install_hint
 from slorouter.scheduling.plugin import TargetPrediction
 from slorouter.scheduling.types import Route
-from slorouter.serving.tracing import pick_attributes
+from slorouter.serving.headers import RoutingFacts
 
 
 def test_tracing_is_off_by_default_and_takes_the_originals_names():
@@ -117,7 +117,7 @@ def test_a_predicted_pick_carries_its_predictions():
         prediction=TargetPrediction(ttft_ms=120.5, tpot_ms=8.25),
         admission=SimpleNamespace(ticket=None),
     )
-    assert pick_attributes(lifecycle) == {
+    assert RoutingFacts.of(lifecycle).span_attributes() == {
         "slorouter.endpoint": "10.0.0.1:8000",
         "slorouter.route": "predicted",
         "slorouter.predicted_ttft_ms": 120.5,

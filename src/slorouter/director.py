@@ -25,7 +25,7 @@ from slorouter.metrics import LatencyMetrics
 from slorouter.pool.inflight import InFlightHandle, InFlightTracker
 from slorouter.pool.state import Endpoint, PoolState
 from slorouter.scheduling.loader import SchedulerSetup
-from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction
+from slorouter.scheduling.plugin import DataProducer, ResponseInfo, TargetPrediction, Termination
 from slorouter.scheduling.types import (
     DROPPED_REASON_HEADER,
     AdmissionDeniedError,
@@ -317,8 +317,8 @@ class RequestLifecycle:
     """One dispatched request: feeds response events to the plugins and releases its in-flight load once.
 
     A front-end reports what it sees of the response: ``on_headers``, then ``on_tokens`` as output tokens
-    arrive, ``on_reply_text`` with the start of the reply when ``reply_chars_wanted`` > 0, and
-    ``on_complete`` once at the end (also on failure; later calls are ignored).
+    arrive, ``on_reply_text`` with the start of the reply when ``reply_chars_wanted`` > 0, and ``end`` once
+    with how it ended (also on failure; later calls are ignored).
     """
 
     __slots__ = (
@@ -425,15 +425,25 @@ class RequestLifecycle:
         response = self.response
         response.reply_text = text if response.reply_text is None else response.reply_text + text
 
-    def on_complete(self, usage: dict[str, Any] | None = None, error: str | None = None) -> None:
-        """The response ended (successfully or not). Safe to call more than once; only the first counts."""
+    def end(
+        self,
+        cause: Termination = Termination.COMPLETE,
+        *,
+        usage: dict[str, Any] | None = None,
+        detail: str = "",
+    ) -> None:
+        """The response ended: whole (``COMPLETE``, with the server's ``usage`` when it sent one), or not
+        (``cause``, and in ``detail`` what the front-end saw, for logs and spans). Safe to call more than
+        once; only the first call counts."""
         if self.finished:
             return
         response = self.response
         now = self._director.clock.now()
         response.completed_at = now
-        response.error = error
-        if error is None and response.reply_text and self.request.history_form:
+        response.cause = cause
+        response.detail = detail
+        succeeded = response.succeeded
+        if succeeded and response.reply_text and self.request.history_form:
             response.history_text = history_text(
                 self.request.prompt_text, response.reply_text, self.request.history_form
             )
@@ -444,7 +454,7 @@ class RequestLifecycle:
             # token (a chat stream's role event, a closing event with only finish_reason, the usage event).
             if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
                 response.tokens = completion
-        start = response.first_token_at is None and error is None
+        start = response.first_token_at is None and succeeded
         if start:
             response.first_token_at = now
         self._handle.finish()

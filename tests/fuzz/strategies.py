@@ -330,7 +330,7 @@ class Pipeline:
             lifecycle.on_headers(200, request.stream)
             lifecycle.on_tokens(1)
             lifecycle.on_reply_text("Hello, \u00e9\U0001f600 world")
-            lifecycle.on_complete({"prompt_tokens": request.prompt_tokens, "completion_tokens": 2})
+            lifecycle.end(usage={"prompt_tokens": request.prompt_tokens, "completion_tokens": 2})
             metrics = GatewayMetrics(self.pool)  # the request's outcome, as the front-ends record it
             OutcomeRecorder(metrics, e2e_as_ttft=False).record(lifecycle, "/v1/completions")
             metrics.render()  # what GET /metrics answers next

@@ -156,7 +156,7 @@ def test_a_lone_surrogate_is_hashed_by_the_prefix_plugin_not_failing_it(raw, cap
         lifecycle = director.dispatch(request, director.schedule(request))
         lifecycle.on_headers(200, False)
         lifecycle.on_reply_text("a reply \udc00")
-        lifecycle.on_complete({"completion_tokens": 3})
+        lifecycle.end(usage={"completion_tokens": 3})
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     assert int(pool.columns["inflight_requests"].sum()) == 0
 

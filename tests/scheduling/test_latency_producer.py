@@ -19,7 +19,7 @@ from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
-from slorouter.serving.headers import routing_response_headers
+from slorouter.serving.headers import RoutingFacts
 from tests.scheduling.conftest import addresses, candidates_of, make_pool
 
 
@@ -94,7 +94,7 @@ def test_predictions_route_to_the_fastest_pod_and_e2e_trains_the_ttft_model():
     lifecycle = director.dispatch(request, result)
     director.clock.advance(0.25)
     lifecycle.on_headers(200, streaming=False)
-    lifecycle.on_complete()
+    lifecycle.end()
     assert len(backend.samples) == 1
     kind, row, latency = backend.samples[0]
     assert kind == "ttft" and latency == pytest.approx(250.0)
@@ -114,7 +114,7 @@ def test_streaming_mode_trains_ttft_at_the_first_token_and_tpot_from_token_count
     lifecycle.on_tokens(1)
     director.clock.advance(0.07)
     lifecycle.on_tokens(7)
-    lifecycle.on_complete(usage={"completion_tokens": 8})
+    lifecycle.end(usage={"completion_tokens": 8})
     kinds = [(k, round(v, 3)) for k, _, v in backend.samples]
     assert kinds == [("ttft", 100.0), ("tpot", 10.0)]  # (170 − 100) / (8 − 1)
     tpot_row = dict(zip(TPOT_FEATURES, backend.samples[1][1].tolist(), strict=True))
@@ -131,7 +131,7 @@ def test_actual_over_served_prediction_is_recorded_per_model():
     lifecycle.on_headers(200, streaming=True)
     lifecycle.on_tokens(1)
     director.clock.advance(0.095)
-    lifecycle.on_complete(usage={"completion_tokens": 8})
+    lifecycle.end(usage={"completion_tokens": 8})
 
     def share_at_most(model: str, bound: str) -> float | None:
         name = "slorouter_prediction_actual_over_predicted_bucket"
@@ -153,7 +153,7 @@ def test_the_backend_gets_one_union_row_per_candidate_and_samples_are_its_model_
     lifecycle.on_headers(200, streaming=True)
     lifecycle.on_tokens(1)
     director.clock.advance(0.07)
-    lifecycle.on_complete(usage={"completion_tokens": 8})
+    lifecycle.end(usage={"completion_tokens": 8})
     (x_all,) = backend.rows
     assert x_all.shape == (3, len(ALL_FEATURES))
     target = addresses(3).index(result.target.address)
@@ -179,7 +179,7 @@ def test_a_request_served_by_another_candidate_trains_on_that_candidates_row():
     lifecycle.on_headers(200, streaming=True)
     lifecycle.on_tokens(1)
     director.clock.advance(0.07)
-    lifecycle.on_complete(usage={"completion_tokens": 8})
+    lifecycle.end(usage={"completion_tokens": 8})
     assert inflight.sum() == 0
     (x_all,) = backend.rows
     (_, ttft_row, _), (_, tpot_row, _) = backend.samples
@@ -193,7 +193,8 @@ def test_failed_requests_produce_no_samples():
     director, _ = _director(backend)
     request = _request()
     lifecycle = director.dispatch(request, director.schedule(request))
-    lifecycle.on_complete(error="upstream status 500")
+    lifecycle.on_headers(500, False)
+    lifecycle.end()
     assert backend.samples == []
 
 
@@ -216,7 +217,7 @@ def test_prediction_unavailable_falls_back_and_still_trains():
     assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 1
     lifecycle = director.dispatch(request, result)
     director.clock.advance(0.2)
-    lifecycle.on_complete()
+    lifecycle.end()
     assert [k for k, _, _ in backend.samples] == ["ttft"]
 
 
@@ -228,12 +229,12 @@ def test_the_fallback_reason_is_the_backends_and_reaches_the_response_headers(re
     request = _request()
     lifecycle = director.dispatch(request, director.schedule(request))
     assert lifecycle.route == "fallback" and lifecycle.fallback_reason == reason
-    headers = dict(routing_response_headers(lifecycle))
+    headers = dict(RoutingFacts.of(lifecycle).headers())
     assert headers["x-slorouter-route"] == "fallback"
     assert headers["x-slorouter-fallback-reason"] == reason
     # The metric keeps the coarse reason: one series per backend failure kind would say the same thing.
     assert registry.get_sample_value("slorouter_prediction_fallbacks_total", {"reason": "unavailable"}) == 1
-    lifecycle.on_complete()
+    lifecycle.end()
 
 
 async def test_a_remote_prediction_cut_by_the_producers_budget_is_a_timeout_fallback():
@@ -260,8 +261,8 @@ def test_predicted_requests_carry_no_fallback_reason():
     request = _request()
     lifecycle = director.dispatch(request, director.schedule(request))
     assert lifecycle.route != "fallback" and lifecycle.fallback_reason is None
-    assert "x-slorouter-fallback-reason" not in dict(routing_response_headers(lifecycle))
-    lifecycle.on_complete()
+    assert "x-slorouter-fallback-reason" not in dict(RoutingFacts.of(lifecycle).headers())
+    lifecycle.end()
 
 
 def test_opted_out_requests_are_not_predicted_but_train():
@@ -322,7 +323,7 @@ def _stream(director, request, ttft_s: float, rest_s: float, tokens: int = 8):
     lifecycle.on_headers(200, streaming=True)
     lifecycle.on_tokens(1)
     director.clock.advance(rest_s)
-    lifecycle.on_complete(usage={"completion_tokens": tokens})
+    lifecycle.end(usage={"completion_tokens": tokens})
     return lifecycle
 
 

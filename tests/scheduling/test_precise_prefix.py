@@ -20,7 +20,7 @@ from slorouter.scheduling.datakeys import (
     PREFIX_TOTAL_BLOCKS,
 )
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugin import PluginContext, ResponseInfo
+from slorouter.scheduling.plugin import PluginContext, ResponseInfo, Termination
 from slorouter.scheduling.plugins.prefix.pod_hashing import pod_token_bytes
 from slorouter.scheduling.plugins.prefix.precise import (
     PrecisePrefixCacheParams,
@@ -150,7 +150,7 @@ def test_a_failed_request_releases_its_claim_too() -> None:
     produce(producer, pool, request)
     producer.pre_request(request, result_for(pool.get(a[0])))
     assert index.speculative_claims == 8
-    response = ResponseInfo(endpoint=pool.get(a[0]), error="reset")
+    response = ResponseInfo(endpoint=pool.get(a[0]), cause=Termination.UPSTREAM_ERROR, detail="reset")
     producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
     clock.set(2.0)
     produce(producer, pool, make_request(PROMPT, request_id="r2"))

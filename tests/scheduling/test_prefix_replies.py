@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from slorouter.scheduling.plugin import ResponseInfo
+from slorouter.scheduling.plugin import ResponseInfo, Termination
 from slorouter.scheduling.plugins.prefix.approx import ApproxPrefixCacheParams
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
 
@@ -26,8 +26,16 @@ def dispatch(prod, pool, prompt: str, target: str):
     return request
 
 
-def finish(prod, pool, request, target: str, history: str | None, error: str | None = None) -> None:
-    response = ResponseInfo(endpoint=pool.get(target), error=error, history_text=history)
+def finish(
+    prod,
+    pool,
+    request,
+    target: str,
+    history: str | None,
+    cause: Termination = Termination.COMPLETE,
+    status=200,
+) -> None:
+    response = ResponseInfo(endpoint=pool.get(target), status=status, cause=cause, history_text=history)
     prod.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
 
 
@@ -90,15 +98,15 @@ def test_the_index_never_records_more_than_the_cap():
     assert prod.index.server_size(a) <= 4 + 2  # the prompt's 2 blocks, then the 4 blocks of the history
 
 
-@pytest.mark.parametrize("error", ["upstream status 500", "client disconnected"])
-def test_failed_responses_and_missing_history_index_nothing_more(error):
+@pytest.mark.parametrize(("cause", "status"), [(Termination.COMPLETE, 500), (Termination.CLIENT_GONE, 200)])
+def test_failed_responses_and_missing_history_index_nothing_more(cause, status):
     pool = make_pool(1)
     (a,) = addresses(1)
     prod = producer(pool=pool)
     prompt = "s" * 130
     request = dispatch(prod, pool, prompt, a)
     size = prod.index.server_size(a)
-    finish(prod, pool, request, a, prompt + "r" * 500, error=error)
+    finish(prod, pool, request, a, prompt + "r" * 500, cause, status)
     finish(prod, pool, request, a, None)
     assert prod.index.server_size(a) == size
 

@@ -69,7 +69,7 @@ def test_a_record_holds_the_fields_and_hashes_but_no_text(
     lifecycle.on_tokens(1)
     clock.advance(0.09)
     lifecycle.on_tokens(9)
-    lifecycle.on_complete({"prompt_tokens": request.prompt_tokens, "completion_tokens": 10})
+    lifecycle.end(usage={"prompt_tokens": request.prompt_tokens, "completion_tokens": 10})
     recorder.answered(lifecycle, "/v1/chat/completions")
     recorder.unanswered(_request("short", clock), "/v1/completions", 429)
     recorder.close()

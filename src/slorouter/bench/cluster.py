@@ -55,7 +55,7 @@ import numpy as np
 from slorouter.api.replies import TEXT
 from slorouter.bench.workloads import BenchRequest
 from slorouter.clock import ManualClock
-from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
+from slorouter.director import NOT_QUEUED, Admission, Director
 from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
 from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.flowcontrol.controller import Ticket
@@ -67,8 +67,9 @@ from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.plugin import PluginContext, Termination
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.sim.engine import Engine, Finished, FirstToken, RequestId, RequestRejected, Step
 from slorouter.sim.gauges import GaugeReporter
 from slorouter.sim.kv_events import KVEventRecorder
@@ -205,6 +206,10 @@ class RouterStack:
     predictor: EmbeddedPredictor | None
     kv_index: KVBlockIndex | None
     shared: SharedInFlightView | None = None
+    front: FrontEnd = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.front = FrontEnd(self.director, "bench")
 
 
 class ClusterSimulator:
@@ -381,7 +386,7 @@ class ClusterSimulator:
         num_pods = len(engines)
         busy: list[Step | None] = [None] * num_pods
         wake_at = [math.inf] * num_pods
-        lifecycles: dict[int, RequestLifecycle] = {}
+        exchanges: dict[int, Exchange] = {}
         net = settings.network_s
         clock = self.clock
         set_clock = clock.set
@@ -432,7 +437,7 @@ class ClusterSimulator:
         flow_timer = [math.inf] * len(pickers)
 
         def route(k: int, i: int, inference: InferenceRequest, admission: Admission, now: float) -> None:
-            self._route(pickers[k], i, inference, admission, now, rec, lifecycles, kick)
+            self._route(pickers[k], i, inference, admission, now, rec, exchanges, kick)
             if on_change:
                 changed(k, now)
 
@@ -482,24 +487,25 @@ class ClusterSimulator:
             elif kind == _FIRST_TOKEN:
                 first_token: FirstToken = arg
                 i = _index(first_token.request_id)
-                lifecycle = lifecycles.get(i)
-                if lifecycle is not None:
-                    lifecycle.on_headers(200, True)
-                    lifecycle.on_tokens(1)
+                exchange = exchanges.get(i)
+                if exchange is not None:
+                    exchange.started(200, True, bytes_follow=False)
+                    exchange.tokens(1)
                     rec.ttft_s[i] = now - rec.arrival[i]
                     if on_change:
                         changed(int(rec.picker[i]), now)
             elif kind == _DONE:
                 finished: Finished = arg
                 i = _index(finished.request_id)
-                lifecycle = lifecycles.pop(i, None)
-                if lifecycle is not None:
-                    wanted = lifecycle.reply_chars_wanted
+                exchange = exchanges.pop(i, None)
+                if exchange is not None:
+                    assert exchange.lifecycle is not None
+                    wanted = exchange.lifecycle.reply_chars_wanted
                     if wanted > 0:  # the engine's reply is output_text(0, n): ASCII, BYTES_PER_TOKEN a token
                         tokens = min(finished.output_tokens, -(-wanted // BYTES_PER_TOKEN))
-                        lifecycle.on_reply_text(output_text(0, tokens))
-                    lifecycle.on_complete(
-                        {
+                        exchange.reply_text(output_text(0, tokens))
+                    exchange.answered(
+                        usage={
                             "prompt_tokens": finished.prompt_tokens,
                             "completion_tokens": finished.output_tokens,
                         }
@@ -577,8 +583,8 @@ class ClusterSimulator:
                             stack.shared.refresh(board)
             after_event(now)
 
-        for lifecycle in lifecycles.values():  # still running at the end: release their in-flight load
-            lifecycle.on_complete(error="the simulation ended before the request finished")
+        for exchange in exchanges.values():  # still running at the end: release their in-flight load
+            exchange.abandoned(Termination.CANCELLED, "the simulation ended before the request finished")
         for stack in pickers:  # and the others' published load folded into each picker's counts
             if stack.shared is not None:
                 stack.shared.detach()
@@ -627,20 +633,19 @@ class ClusterSimulator:
         admission: Admission,
         now: float,
         rec: RunRecords,
-        lifecycles: dict[int, RequestLifecycle],
+        exchanges: dict[int, Exchange],
         kick: Callable[[int, float], None],
     ) -> None:
         """Schedule (on the load of ``now``: after the queue, when there is one), dispatch, and send."""
-        director = stack.director
         rec.queued_s[i] = admission.queued_s
+        exchange = Exchange.of(stack.front, inference)
+        exchange.admission = admission
         try:
-            result = director.schedule(inference, admission=admission)
+            lifecycle = exchange.pick_now()
         except SchedulingError as exc:
-            admission.release()
             rec.status[i] = exc.status
             return
-        lifecycle = director.dispatch(inference, result, admission)
-        pod = self._pod_of[result.target.address]
+        pod = self._pod_of[lifecycle.target.address]
         rec.pod[i] = pod
         prediction = lifecycle.prediction
         if prediction is not None and stack.predictor is not None:
@@ -657,10 +662,10 @@ class ClusterSimulator:
         try:
             self.engines[pod].add_request(i, prompt, inference.max_tokens, now + self.settings.network_s)
         except RequestRejected as exc:
-            lifecycle.on_complete(error=str(exc))
+            exchange.failed(Termination.UPSTREAM_ERROR, str(exc), "rejected")
             rec.status[i] = REJECTED
             return
-        lifecycles[i] = lifecycle
+        exchanges[i] = exchange
         kick(pod, now)
 
     def _scrape_all(self, now: float) -> None:

@@ -13,6 +13,11 @@ from google.protobuf import struct_pb2
 
 from slorouter.http.errors import error_body
 
+
+class ProtocolError(Exception):
+    """Envoy sent a message the ext_proc protocol does not allow here (out of order, unknown kind)."""
+
+
 # The Endpoint Picker Protocol's names (GIE proposal 004).
 DESTINATION = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"

@@ -19,7 +19,8 @@ from grpc_health.v1.health import aio as health_aio
 from slorouter.director import Director
 from slorouter.eager import Pending, start_eagerly
 from slorouter.extproc import messages
-from slorouter.extproc.stream import Picker, PickerStream, ProtocolError, ResponseObserver
+from slorouter.extproc.observer import ResponseObserver
+from slorouter.extproc.stream import Picker, PickerStream, ProtocolError
 from slorouter.http.grpc_server import (
     INTERNAL,
     INVALID_ARGUMENT,

@@ -1,63 +1,56 @@
 """One ext_proc stream: one HTTP request through Envoy, from its headers to the end of its response.
 
-Request headers and body are parsed and validated as the HTTP gateway does (``serving.requests``,
-``api.routing_headers``), scheduled by the same ``Director``, and the pick goes back as the
-``x-gateway-destination-endpoint`` header and ``envoy.lb`` metadata. The response's headers and body chunks
-feed the same ``RequestLifecycle`` hooks the gateway's relay feeds (``api.stream``), so first-token time,
-TPOT, training samples and the in-flight release happen the same way. Requests that cannot be routed get an
-``ImmediateResponse`` with the gateway's status, headers and JSON error body; a message that breaks the
-protocol raises ``ProtocolError``, which the server turns into a gRPC INVALID_ARGUMENT status.
+The stream is an adapter of the ext_proc protocol onto the request's ``Exchange`` (``serving.exchange``),
+the same one the HTTP gateway drives: the request headers and body are parsed and validated as the gateway
+does, admitted, scheduled and dispatched by the exchange, and the pick goes back as the
+``x-gateway-destination-endpoint`` header and ``envoy.lb`` metadata; the response's headers and body chunks
+are fed to the exchange, so first-token time, TPOT, training samples, the in-flight release and the outcome
+are recorded as the gateway's are. Requests that cannot be routed get an ``ImmediateResponse`` with the
+gateway's status, headers and JSON error body; a message that breaks the protocol raises ``ProtocolError``,
+which the server turns into a gRPC INVALID_ARGUMENT status.
 
-On an observed response path (a data plane whose picking filter skips the response and whose second filter,
-in observability mode, streams the response to the picker without waiting for answers), the pick leaves a
-request key in ``slorouter`` dynamic metadata, and a ``ResponseObserver`` stream claims the request by it and
-feeds the same hooks: no exchange with the picker is left on the response's path.
+On an observed response path (``extproc.observer``), the pick leaves a request key in ``slorouter`` dynamic
+metadata, and a ``ResponseObserver`` stream claims the request by it and feeds the response to this
+stream's exchange: no exchange of messages with the picker is left on the response's path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
 import itertools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slorouter.api.requests import ParsedRequest, check_content_type
 from slorouter.api.routing_headers import parse_routing_headers
-from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.config import GatewayConfig
-from slorouter.director import Director, RequestLifecycle
+from slorouter.director import Director
 from slorouter.extproc import messages
+from slorouter.extproc.messages import ProtocolError
+from slorouter.extproc.observer import ObservationQueue
 from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.metrics import GatewayMetrics
-from slorouter.scheduling.types import InferenceRequest, SchedulingError
-from slorouter.serving.headers import ENDPOINT_HEADER, routing_response_headers
-from slorouter.serving.outcome import OutcomeRecorder
+from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.exchange import Exchange, FrontEnd
+from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
-from slorouter.serving.requests import INFERENCE_PARSERS, RequestIds, inference_request
+from slorouter.serving.requests import INFERENCE_PARSERS
 from slorouter.serving.status import RouterStats
-from slorouter.serving.tracing import (
-    outcome_attributes,
-    parsed_attributes,
-    pick_attributes,
-    request_attributes,
-    upstream_attributes,
-)
 
 if TYPE_CHECKING:
-    from slorouter.tracing.tracer import RequestTrace, Tracing
+    from slorouter.tracing.tracer import Tracing
+
+__all__ = ["Picker", "PickerStream", "ProtocolError"]
 
 log = logging.getLogger(__name__)
 
 Response = Any  # an envoy.service.ext_proc.v3.ProcessingResponse (the generated modules are untyped)
 MODELS_PATH = "/v1/models"
-# A non-streaming response body is kept for the reply-text hooks only up to this size.
-_MAX_KEPT_RESPONSE_BYTES = 4 << 20
 # On an observed response path, how long a routed request waits for its observer to claim it once its
 # picking stream ended (the data plane ends that stream as soon as it has nothing more to send on it).
 OBSERVER_CLAIM_S = 2.0
@@ -67,10 +60,6 @@ _MODE_NAMES = {
     messages.BUFFERED: "BUFFERED",
     messages.FULL_DUPLEX_STREAMED: "FULL_DUPLEX_STREAMED",
 }
-
-
-class ProtocolError(Exception):
-    """Envoy sent a message the ext_proc protocol does not allow here (out of order, unknown kind)."""
 
 
 class _Phase(enum.Enum):
@@ -95,13 +84,7 @@ class Picker:
     traffic: TrafficRecorder | None = None  # --record
 
     def __post_init__(self) -> None:
-        self.outcomes = OutcomeRecorder(
-            self.metrics,
-            e2e_as_ttft=self.director.predicts_end_to_end,
-            stats=self.stats,
-            traffic=self.traffic,
-        )
-        self.ids = RequestIds()
+        self.front = FrontEnd(self.director, "extproc", self.metrics, self.tracing, self.stats, self.traffic)
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
         # Observed response path: the routed requests whose observer has not claimed them yet, by key.
         self.awaiting_observer: dict[str, PickerStream] = {}
@@ -126,16 +109,10 @@ class PickerStream:
         self._response_mode: int | None = None  # unknown until Envoy says (protocol_config)
         self._headers: dict[str, str] = {}
         self._parse: Callable[[bytes], ParsedRequest] | None = None
-        self._path = ""  # the inference route
-        self._request: InferenceRequest | None = None  # once parsed
         self._subset: list[str] | None = None
         self._body = bytearray()
-        self._lifecycle: RequestLifecycle | None = None
-        self._observer: StreamObserver | None = None
-        self._kept: bytearray | None = None
-        self._status = 0
+        self._exchange: Exchange | None = None  # an inference request's, from its headers on
         self._body_declined = False  # the body of this response was not asked for (it needs no reading)
-        self._trace: RequestTrace | None = None  # an inference request's spans, when tracing is on
         # An ImmediateResponse was sent: Envoy ends the stream, nothing more is expected.
         self.closed = False
 
@@ -160,7 +137,7 @@ class PickerStream:
         if kind == "response_trailers":
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("response trailers arrived before the request headers")
-            self._finish(None)
+            self._finish()
             return [messages.continue_trailers(request=False)]
         raise ProtocolError(f"a ProcessingRequest without a request, response or trailers part ({kind})")
 
@@ -168,7 +145,7 @@ class PickerStream:
         """The gRPC stream ended: a request still in flight is completed (and its load released) now;
         on an observed path the observer's stream tells when the request ends, once it has claimed it."""
         if self._key is not None and not self._observer_claimed:
-            lifecycle = self._lifecycle
+            lifecycle = None if self._exchange is None else self._exchange.lifecycle
             if lifecycle is not None and not lifecycle.finished:
                 asyncio.get_running_loop().call_later(OBSERVER_CLAIM_S, self._unclaimed, reason)
                 return
@@ -181,14 +158,10 @@ class PickerStream:
             self.abandon(f"{reason}; no observer claimed its response")
 
     def abandon(self, reason: str) -> None:
-        """The request ended without a whole response: completed with ``reason`` as its error."""
-        lifecycle = self._lifecycle
-        if lifecycle is not None and not lifecycle.finished:
-            self._picker.metrics.client_disconnects.inc()
-            lifecycle.on_complete(error=reason)
+        """The stream ended without a whole response: the request is over, the client gone."""
+        if self._exchange is not None:
+            self._exchange.abandoned(Termination.CLIENT_GONE, reason)
         self._phase = _Phase.DONE
-        if self._trace is not None:
-            self._trace.end(None, reason)
 
     # --- request -------------------------------------------------------------------------------------
     def _request_headers(self, message: Any) -> list[Response]:
@@ -211,9 +184,8 @@ class PickerStream:
         if path == MODELS_PATH and method == "GET":
             return self._route_models() if self._authorized() else self._unauthorized()
         parse = INFERENCE_PARSERS.get(path)
-        tracing = self._picker.tracing
-        if tracing is not None and parse is not None:  # the only cost of tracing when it is off
-            self._trace = tracing.start_request(self._headers, request_attributes("extproc", method, path))
+        if parse is not None:
+            self._exchange = self._picker.front.exchange(method, path, self._headers)
         if parse is None:
             known = ", ".join(f"POST {p}" for p in INFERENCE_PARSERS)
             return self._reject(404, f"no route for {method} {path} (known: {known}, GET {MODELS_PATH})")
@@ -229,7 +201,6 @@ class PickerStream:
                 "the body and needs request_body_mode BUFFERED or FULL_DUPLEX_STREAMED",
             )
         self._parse = parse
-        self._path = path
         self._phase = _Phase.REQUEST_BODY
         if message.request_headers.end_of_stream:  # no body: the parser says what is missing
             return self._no_body()
@@ -256,7 +227,7 @@ class PickerStream:
         if self._phase is not _Phase.REQUEST_BODY:
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("a request body arrived before the request headers")
-            if self._phase is _Phase.ROUTED and self._lifecycle is None:  # GET /v1/models with a body
+            if self._phase is _Phase.ROUTED and self._exchange is None:  # GET /v1/models with a body
                 if self._request_mode == messages.FULL_DUPLEX_STREAMED:
                     return [messages.streamed_chunk(chunk, end_of_stream, request=True)]
                 return [messages.continue_request_body()]
@@ -285,9 +256,10 @@ class PickerStream:
 
     async def _route(self) -> list[Response]:
         picker = self._picker
+        exchange = self._exchange
+        assert exchange is not None and self._parse is not None
         body = bytes(self._body)
         self._body = bytearray()
-        assert self._parse is not None
         try:
             check_content_type(self._headers.get("content-type"))
             parsed = self._parse(body)
@@ -297,15 +269,10 @@ class PickerStream:
         except RequestError as exc:
             return self._reject(exc.status, exc.message, param=exc.param)
         set_headers: list[tuple[str, str]] = []
-        request_id = self._headers.get("x-request-id")
-        if not request_id:
-            request_id = picker.ids.next()
-            set_headers.append(("x-request-id", request_id))
-        request = inference_request(parsed, hints, self._headers, request_id, picker.director.clock.now())
-        self._request = request
-        trace = self._trace
-        if trace is not None:
-            trace.set(parsed_attributes(request))
+        given_id = self._headers.get("x-request-id") or None
+        request = exchange.parsed(parsed, hints, self._headers, given_id)
+        if given_id is None:
+            set_headers.append(("x-request-id", request.request_id))
         exclude = self._excluded()
         if exclude is None:
             return self._reject(
@@ -314,43 +281,26 @@ class PickerStream:
                 f"({self._subset_text()})",
                 headers={"Retry-After": "1"},
             )
-        director = picker.director
         try:
             # Flow control: the Envoy stream is held here while the pool is saturated; a cancelled stream
             # cancels this coroutine, which takes the request out of the queue.
-            admission = await director.admit_async(request)
+            await exchange.admit()
+            lifecycle = await exchange.pick(exclude)
         except SchedulingError as exc:
             return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
-        started = time.perf_counter()
-        if trace is not None:
-            trace.begin_schedule({"slorouter.attempt": 1})
-        try:
-            result = await director.schedule_async(request, exclude=exclude, admission=admission)
-        except BaseException as exc:
-            admission.release()  # the room reserved for it goes back
-            if isinstance(exc, SchedulingError):
-                if trace is not None:
-                    trace.end_schedule(error=exc.message)
-                return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
-            raise
-        picker.metrics.scheduling_duration.observe(time.perf_counter() - started)
-        lifecycle = self._lifecycle = director.dispatch(request, result, admission)
         self._phase = _Phase.ROUTED
-        endpoints = [target.address for target in result.primary.targets]
-        if trace is not None:
-            pick = pick_attributes(lifecycle)
-            trace.end_schedule(pick)
-            trace.set(pick)
-            # Envoy makes the upstream call; its span's context goes to the model server in the request.
-            set_headers += trace.begin_upstream(upstream_attributes(endpoints[0])).items()
+        endpoints = [target.address for target in lifecycle.result.primary.targets]
+        # Envoy makes the upstream call; its span's context goes to the model server in the request.
+        set_headers += exchange.upstream_context(endpoints[0]).items()
         remove = ["authorization"] if picker.api_keys else []  # the gateway's key, not the model server's
         observed: list[tuple[str, str]] = []
         if self._observed:
             self._key = picker.next_key()
             picker.awaiting_observer[self._key] = self
             # The route adds these to the response (the endpoint: the address that served it, from Envoy).
+            assert exchange.facts is not None
             observed = [(messages.REQUEST_KEY, self._key)]
-            observed += [(k, v) for k, v in routing_response_headers(lifecycle) if k != ENDPOINT_HEADER]
+            observed += [(k, v) for k, v in exchange.facts.headers() if k != ENDPOINT_HEADER]
         if self._request_mode == messages.FULL_DUPLEX_STREAMED:
             return [
                 messages.routed_headers(endpoints, set_headers, remove, self._mode_override(), observed),
@@ -404,12 +354,10 @@ class PickerStream:
     ) -> list[Response]:
         self.closed = True
         self._phase = _Phase.DONE
-        self._picker.metrics.count_request("none", status)
-        traffic = self._picker.traffic
-        if traffic is not None and self._request is not None:
-            traffic.unanswered(self._request, self._path, status)
-        if self._trace is not None:
-            self._trace.end(status, message)
+        if self._exchange is not None:
+            self._exchange.refuse(status, message)
+        else:
+            self._picker.metrics.count_request("none", status)
         return [messages.immediate(status, message, param=param, code=code, headers=headers)]
 
     # --- response ------------------------------------------------------------------------------------
@@ -417,8 +365,8 @@ class PickerStream:
         if self._phase in (_Phase.RESPONSE_BODY, _Phase.DONE):
             raise ProtocolError(f"response headers arrived again (the stream is at: {self._phase.value})")
         message = request.response_headers
-        lifecycle = self._lifecycle
-        if lifecycle is None:
+        exchange = self._exchange
+        if exchange is None or exchange.lifecycle is None:
             # Envoy answered before the pick (a local reply, or GET /v1/models): nothing to observe.
             self._phase = _Phase.RESPONSE_BODY
             return [messages.response_headers([])]
@@ -431,21 +379,17 @@ class PickerStream:
             name for name, value in ((messages.SERVED, served), (messages.RESPONSE_FLAGS, flags)) if value
         ]
         self._account_data_plane(
-            lifecycle,
+            exchange,
             served if served is not None else messages.served_metadata(request),
             _failure_phase(flags) if flags else None,
         )
-        body_follows = self._start_response(lifecycle, headers, message.end_of_stream)
-        own = routing_response_headers(lifecycle)
-        if (
-            body_follows
-            and self._observer is None
-            and self._kept is None
-            and self._response_mode != messages.FULL_DUPLEX_STREAMED
-        ):
+        body_follows = self._start_response(exchange, headers, message.end_of_stream)
+        assert exchange.facts is not None
+        own = exchange.facts.headers()
+        if body_follows and not exchange.reads_body and self._response_mode != messages.FULL_DUPLEX_STREAMED:
             # A whole (non-SSE) body that no hook reads: the response is done for the picker, as it is for
             # the gateway's relay, and Envoy need not send the body here (one message less per request).
-            self._finish(None)
+            self._finish()
             self._body_declined = True
             mode = messages.response_mode(self._request_mode, messages.NONE)
             return [messages.response_headers(own, mode, remove=remove)]
@@ -453,15 +397,15 @@ class PickerStream:
 
     def observe_response_headers(self, request: Any) -> None:
         """The response's headers as the observer saw them (served address and flags as attributes)."""
-        lifecycle = self._lifecycle
-        if self._phase is not _Phase.ROUTED or lifecycle is None:
+        exchange = self._exchange
+        if self._phase is not _Phase.ROUTED or exchange is None or exchange.lifecycle is None:
             raise ProtocolError(f"observed response headers at an unexpected point ({self._phase.value})")
         served, flag_bits = messages.response_attributes(request)
-        self._account_data_plane(lifecycle, served, _failure_phase_of_bits(flag_bits))
+        self._account_data_plane(exchange, served, _failure_phase_of_bits(flag_bits))
         message = request.response_headers
-        body_follows = self._start_response(lifecycle, messages.header_map(message), message.end_of_stream)
-        if body_follows and self._observer is None and self._kept is None:
-            self._finish(None)  # no hook reads the body: done, as the gateway's relay is
+        body_follows = self._start_response(exchange, messages.header_map(message), message.end_of_stream)
+        if body_follows and not exchange.reads_body:
+            self._finish()  # no hook reads the body: done, as the gateway's relay is
 
     def observe_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
         if self._phase is _Phase.RESPONSE_BODY:
@@ -476,33 +420,29 @@ class PickerStream:
         self._observer_claimed = True
         self._key = None
 
-    def _start_response(self, lifecycle: RequestLifecycle, headers: Mapping[str, str], ended: bool) -> bool:
-        """The response's status and kind given to the hooks; True if its body follows."""
+    def _start_response(self, exchange: Exchange, headers: Mapping[str, str], ended: bool) -> bool:
+        """The response's status and kind given to the exchange; True if its body follows."""
         try:
-            self._status = int(headers.get(":status", ""))
+            status = int(headers.get(":status", ""))
         except ValueError:
             raise ProtocolError(f"response headers with a bad :status {headers.get(':status')!r}") from None
-        streaming = "text/event-stream" in headers.get("content-type", "")
-        lifecycle.on_headers(self._status, streaming)
-        if streaming and self._status == 200:
-            self._observer = StreamObserver(lifecycle, lifecycle.request.history_form)
-        elif self._status < 400 and lifecycle.request.history_form and lifecycle.reply_chars_wanted > 0:
-            self._kept = bytearray()
+        exchange.started(status, "text/event-stream" in headers.get("content-type", ""))
         self._phase = _Phase.RESPONSE_BODY
         if ended:
-            self._finish(None)
+            self._finish()
         return not ended
 
-    def _account_data_plane(self, lifecycle: RequestLifecycle, served: str | None, phase: str | None) -> None:
+    def _account_data_plane(self, exchange: Exchange, served: str | None, phase: str | None) -> None:
         """After a retry on a fallback, the load and the samples follow the endpoint that served the
         request; Envoy's own answers to upstream failures are counted by phase."""
         metrics = self._picker.metrics
-        picked = lifecycle.target.address
-        if served and lifecycle.served_by(served.strip()):
+        assert exchange.lifecycle is not None
+        picked = exchange.lifecycle.target.address
+        if served and exchange.served_by(served.strip()):
             metrics.upstream_retries.inc()
             metrics.upstream_failures.labels(picked, "connect").inc()
         if phase is not None:
-            metrics.upstream_failures.labels(lifecycle.target.address, phase).inc()
+            metrics.upstream_failures.labels(exchange.lifecycle.target.address, phase).inc()
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._phase is not _Phase.RESPONSE_BODY:
@@ -515,41 +455,21 @@ class PickerStream:
         return self._pass_body(chunk, end_of_stream)
 
     def _take_body(self, chunk: bytes, end_of_stream: bool) -> None:
-        if self._observer is not None:
-            self._observer.feed(chunk)
-        elif self._kept is not None:
-            if len(self._kept) + len(chunk) <= _MAX_KEPT_RESPONSE_BYTES:
-                self._kept += chunk
-            else:
-                self._kept = None
+        if self._exchange is not None:
+            self._exchange.chunk(chunk)
         if end_of_stream:
-            self._finish(None)
+            self._finish()
 
     def _pass_body(self, chunk: bytes, end_of_stream: bool) -> list[Response]:
         if self._response_mode == messages.FULL_DUPLEX_STREAMED:
             return [messages.streamed_chunk(chunk, end_of_stream)]
         return [messages.continue_response_body()]
 
-    def _finish(self, error: str | None) -> None:
-        lifecycle = self._lifecycle
+    def _finish(self) -> None:
+        """The response is over (its last body chunk, its trailers, or nothing more to read)."""
         self._phase = _Phase.DONE
-        if lifecycle is None or lifecycle.finished:
-            return
-        usage = None
-        if error is None and self._status >= 400:
-            error = f"upstream status {self._status}"
-        if error is None:
-            if self._observer is not None:
-                usage = self._observer.finish()
-            elif self._kept is not None:
-                observe_body(lifecycle, bytes(self._kept), lifecycle.request.history_form)
-        lifecycle.on_complete(usage=usage, error=error)
-        kept = self._kept if self._picker.traffic is not None else None  # its usage, for the recording
-        self._picker.outcomes.record(lifecycle, self._path, None if kept is None else bytes(kept))
-        trace = self._trace
-        if trace is not None:
-            trace.end_upstream(self._status, error, outcome_attributes(lifecycle))
-            trace.end(self._status)
+        if self._exchange is not None:
+            self._exchange.answered()
 
 
 # Envoy's response flags for upstream failures, by the gateway's failure phases.
@@ -576,103 +496,6 @@ def _failure_phase(flags: str) -> str | None:
         if phase is not None:
             return phase
     return None
-
-
-class ResponseObserver:
-    """A data plane's observing stream (observability mode: nothing it is sent is answered): a request the
-    picker routed on another stream, claimed at its request headers by the key the pick left in the
-    ``slorouter`` metadata, its response fed to that request's hooks; the stream's end (the HTTP stream's)
-    ends a request whose response did not."""
-
-    def __init__(self, picker: Picker) -> None:
-        self._picker = picker
-        self._owner: PickerStream | None = None
-        # Nothing more to observe (the response ended, or it is not a request of this picker's): the RPC
-        # ends, and the data plane stops sending.
-        self.closed = False
-
-    def step(self, message: Any) -> list[Response]:
-        owner = self._owner
-        if owner is None:
-            owner = self._claim(message)
-            if owner is None:
-                self.closed = True
-                return []
-        if message.WhichOneof("request") in _OBSERVED_KINDS:
-            self._picker.observations.add(_observe, owner, message)
-        return []
-
-    def _claim(self, message: Any) -> PickerStream | None:
-        key = messages.observation_key(message)
-        if key is None:  # a response the picker did not route (a local reply, GET /v1/models)
-            return None
-        owner = self._picker.awaiting_observer.pop(key, None)
-        if owner is None:
-            # Routed by another process (several pickers behind one data plane connection pool), or given
-            # up on already: its hooks cannot be fed from here.
-            self._picker.metrics.unmatched_observations.inc()
-            return None
-        owner.claimed_by_observer()
-        self._owner = owner
-        return owner
-
-    def close(self, reason: str) -> None:
-        owner = self._owner
-        if owner is not None:
-            self._picker.observations.add(_abandon_unless_observed, owner, reason)
-        self.closed = True
-
-
-_OBSERVED_KINDS = frozenset(("response_headers", "response_body", "response_trailers"))
-
-
-def _observe(owner: PickerStream, message: Any) -> None:
-    kind = message.WhichOneof("request")
-    try:
-        if kind == "response_headers":
-            owner.observe_response_headers(message)
-        elif kind == "response_body":
-            owner.observe_response_body(message.response_body.body, message.response_body.end_of_stream)
-        else:
-            owner.observe_response_body(b"", True)
-    except ProtocolError as exc:
-        log.warning("ext_proc observer: %s", exc)
-        owner.abandon(f"ext_proc protocol error: {exc}")
-
-
-def _abandon_unless_observed(owner: PickerStream, reason: str) -> None:
-    if not owner.response_observed:
-        owner.abandon(reason)
-
-
-class ObservationQueue:
-    """Observed responses applied after the picks read with them.
-
-    An observation reaches the picker as the client gets the response, so the client's next request often
-    comes in the same read: routing it first keeps the completion hooks (training samples, the load-latency
-    fit) off its path. The queue is drained once per turn of the event loop, in arrival order."""
-
-    __slots__ = ("_queue", "_scheduled")
-
-    def __init__(self) -> None:
-        self._queue: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
-        self._scheduled = False
-
-    def add(self, apply: Callable[..., None], *args: Any) -> None:
-        self._queue.append((apply, args))
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._drain)
-
-    def _drain(self) -> None:
-        self._scheduled = False
-        queue = self._queue
-        while queue:
-            apply, args = queue.popleft()
-            try:
-                apply(*args)
-            except Exception:
-                log.exception("applying an observed response failed")
 
 
 def _host(address: str) -> str:

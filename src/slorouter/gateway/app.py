@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -20,34 +19,23 @@ from slorouter.api.requests import ParsedRequest, check_content_type, parse_chat
 from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
-from slorouter.director import Admission, Director
-from slorouter.gateway.relay import (
-    NOT_FORWARDED,
-    Relay,
-    UpstreamFailedError,
-    upstream_headers,
-)
+from slorouter.director import Director
+from slorouter.gateway.relay import NOT_FORWARDED, Relay, UpstreamFailedError, upstream_headers
 from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.http.headers import connection_listed, drop_listed
 from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_error, json_response
 from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
-from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
-from slorouter.serving.requests import RequestIds, inference_request
 from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
-from slorouter.serving.tracing import (
-    outcome_attributes,
-    parsed_attributes,
-    pick_attributes,
-    request_attributes,
-    upstream_attributes,
-)
 
 if TYPE_CHECKING:
-    from slorouter.tracing.tracer import RequestTrace, Tracing
+    from slorouter.tracing.tracer import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +71,8 @@ class Gateway:
         self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
-        self._ids = RequestIds()
-        self._tracing = tracing
-        self._stats = stats
+        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic)
         self._status = status
-        self._traffic = traffic
 
     # --- server --------------------------------------------------------------------------------------
     def build_server(self, limits: ServerLimits) -> HttpServer:
@@ -113,14 +98,7 @@ class Gateway:
             first_byte_timeout=config.upstream_first_byte_timeout_s,
             idle_timeout=config.upstream_idle_timeout_s,
         )
-        self._relay = Relay(
-            self._client,
-            self.metrics,
-            e2e_as_ttft=self.director.predicts_end_to_end,
-            max_body_bytes=config.max_upstream_body_bytes,
-            stats=self._stats,
-            traffic=self._traffic,
-        )
+        self._relay = Relay(self._client, self.metrics, max_body_bytes=config.max_upstream_body_bytes)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -174,30 +152,28 @@ class Gateway:
     async def _inference(
         self, http: HttpRequest, path: str, parse: Callable[[bytes], ParsedRequest]
     ) -> Response | None:
-        tracing = self._tracing
-        if tracing is None:  # the only cost of tracing when it is off
-            return await self._serve_inference(http, path, parse, None)
-        context = {
-            name.lower().decode("latin-1"): value.decode("latin-1")
-            for name, value in http.headers
-            if name.lower() in TRACE_CONTEXT
-        }
-        trace = tracing.start_request(context, request_attributes("gateway", http.method, path))
+        context = None
+        if self._front.tracing is not None:
+            context = {
+                name.lower().decode("latin-1"): value.decode("latin-1")
+                for name, value in http.headers
+                if name.lower() in TRACE_CONTEXT
+            }
+        exchange = self._front.exchange(http.method, path, context)
         try:
-            response = await self._serve_inference(http, path, parse, trace)
-        except BaseException as exc:
-            trace.end(None, f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__)
+            return await self._serve_inference(http, parse, exchange)
+        except asyncio.CancelledError:
+            exchange.abandoned(Termination.CLIENT_GONE, "client disconnected")
             raise
-        # None: streamed to the client (the upstream answered 200).
-        trace.end(200 if response is None else response.status)
-        return response
+        except BaseException as exc:
+            exchange.abandoned(
+                Termination.CANCELLED,
+                f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__,
+            )
+            raise
 
     async def _serve_inference(
-        self,
-        http: HttpRequest,
-        path: str,
-        parse: Callable[[bytes], ParsedRequest],
-        trace: RequestTrace | None,
+        self, http: HttpRequest, parse: Callable[[bytes], ParsedRequest], exchange: Exchange
     ) -> Response | None:
         # One pass over the client's headers: the scheduler's view, the auth check, the forwarded head.
         headers: dict[str, str] = {}
@@ -221,16 +197,15 @@ class Gateway:
             forward.append(b"%s: %s\r\n" % (name, value))
         if connection:  # rare: the names it lists are hop-by-hop too, wherever they came
             forward = drop_listed(forward, connection_listed(connection))
-        if trace is not None:  # the upstream span's context replaces the client's
+        if exchange.trace is not None:  # the upstream span's context replaces the client's
             forward = drop_listed(forward, set(TRACE_CONTEXT))
         if check_auth and not self._api_keys.accepts(headers.get("authorization")):
-            self.metrics.count_request("none", 401)
+            exchange.refuse(401, UNAUTHORIZED_MESSAGE)
             return _unauthorized()
         if http.too_large:
-            self.metrics.count_request("none", 413)
-            return json_error(
-                413, f"the request body is larger than the limit of {http.max_body_bytes} bytes"
-            )
+            message = f"the request body is larger than the limit of {http.max_body_bytes} bytes"
+            exchange.refuse(413, message)
+            return json_error(413, message)
         raw = http.body
         try:
             check_content_type(headers.get("content-type"))
@@ -239,105 +214,55 @@ class Gateway:
                 headers, self.objectives, prediction_by_default=self.prediction_by_default
             )
         except RequestError as exc:
-            self.metrics.count_request("none", exc.status)
+            exchange.refuse(exc.status, exc.message)
             return json_error(exc.status, exc.message, param=exc.param)
-        request_id = request_id or self._ids.next()
-        forward.append(b"X-Request-Id: %s\r\n" % request_id.encode("latin-1"))
-        forward_head = b"".join(forward)
-        request = inference_request(parsed, hints, headers, request_id, self.clock.now())
-        if trace is not None:
-            trace.set(parsed_attributes(request))
-        attempts = 2 if self.config.retry_on_upstream_failure else 1
+        request = exchange.parsed(parsed, hints, headers, request_id or None)
+        forward.append(b"X-Request-Id: %s\r\n" % request.request_id.encode("latin-1"))
         try:
             # Flow control: waits here while the pool is saturated (at once without it).
-            admission = await self.director.admit_async(request)
-        except asyncio.CancelledError:
-            self.metrics.client_disconnects.inc()
-            raise
+            await exchange.admit()
         except SchedulingError as exc:
-            self.metrics.count_request("none", exc.status)
-            if self._traffic is not None:
-                self._traffic.unanswered(request, path, exc.status)
             return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
-        try:
-            return await self._attempts(http, request, admission, path, raw, forward_head, attempts, trace)
-        finally:
-            admission.release()  # a no-op once dispatched
+        return await self._attempts(http, exchange, raw, b"".join(forward))
 
     async def _attempts(
-        self,
-        http: HttpRequest,
-        request: InferenceRequest,
-        admission: Admission,
-        path: str,
-        raw: bytes,
-        forward_head: bytes,
-        attempts: int,
-        trace: RequestTrace | None,
+        self, http: HttpRequest, exchange: Exchange, raw: bytes, forward_head: bytes
     ) -> Response | None:
-        assert self._relay is not None
-        tried: list[str] = []
+        """The pick, relayed; after an upstream failure before any byte reached the client, one more pick
+        elsewhere (``retry_on_upstream_failure``)."""
+        relay = self._relay
+        assert relay is not None
         last_failure = ""
         status = 502
-        for attempt in range(attempts):
-            started = time.perf_counter()
-            if trace is not None:
-                trace.begin_schedule({"slorouter.attempt": attempt + 1})
+        for _ in range(2 if self.config.retry_on_upstream_failure else 1):
             try:
                 # Awaited: a data producer may wait on I/O (a remote latency predictor).
-                result = await self.director.schedule_async(request, exclude=tried, admission=admission)
-            except asyncio.CancelledError:
-                self.metrics.client_disconnects.inc()
-                raise
+                lifecycle = await exchange.pick()
             except SchedulingError as exc:
-                if trace is not None:
-                    trace.end_schedule(error=exc.message)
-                if tried:  # the failed endpoint was the only one left
+                if exchange.tried:  # the failed endpoint was the only one left
                     break
-                self.metrics.count_request("none", exc.status)
-                if self._traffic is not None:
-                    self._traffic.unanswered(request, path, exc.status)
+                exchange.refuse(exc.status, exc.message)
                 return json_error(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
-            self.metrics.scheduling_duration.observe(time.perf_counter() - started)
-            if attempt:
-                self.metrics.upstream_retries.inc()
-            lifecycle = self.director.dispatch(request, result, admission)
-            address = result.target.address
+            address = lifecycle.target.address
             head = forward_head
-            if trace is not None:
-                pick = pick_attributes(lifecycle)
-                trace.end_schedule(pick)
-                trace.set(pick)
-                context = trace.begin_upstream(upstream_attributes(address))
+            context = exchange.upstream_context(address)
+            if context:
                 head += "".join(f"{name}: {value}\r\n" for name, value in context.items()).encode("latin-1")
             try:
-                response = await self._relay.relay(http, lifecycle, path, raw, head)
-                if trace is not None:
-                    info = lifecycle.response
-                    trace.end_upstream(info.status, info.error, outcome_attributes(lifecycle))
-                return response
-            except asyncio.CancelledError:
-                self.metrics.client_disconnects.inc()
-                lifecycle.on_complete(error="client disconnected")
-                raise
+                return await relay.relay(http, exchange, raw, head)
             except UpstreamFailedError as exc:
-                if trace is not None:
-                    trace.end_upstream(None, str(exc), {"slorouter.failure_phase": exc.phase})
+                exchange.failed(exc.cause, str(exc), exc.phase)
                 last_failure = str(exc)
                 status = exc.status
-                tried.append(address)
-                self.metrics.upstream_failures.labels(address, exc.phase).inc()
                 log.warning("upstream %s failed before responding: %s", address, exc)
                 if not exc.retryable:
                     break
-            finally:
-                lifecycle.on_complete(error="aborted")  # a no-op when the relay completed it
-        self.metrics.count_request(tried[-1] if tried else "none", status)
-        if self._traffic is not None:
-            self._traffic.unanswered(request, path, status, tried[-1] if tried else None)
         if status == 504:
-            return json_error(504, f"the model server did not answer in time ({last_failure})")
-        return json_error(502, f"the model server failed before responding ({last_failure})")
+            message = f"the model server did not answer in time ({last_failure})"
+        else:
+            message = f"the model server failed before responding ({last_failure})"
+        exchange.refuse(status, message)
+        return json_error(status, message)
 
     # --- helpers -------------------------------------------------------------------------------------
     def _authorized(self, http: HttpRequest) -> bool:

@@ -1,43 +1,28 @@
 """Relaying one dispatched request to its endpoint and the response back to the client.
 
-The request body goes upstream unchanged; the response comes back chunk by chunk, observed on the way
-(``slorouter.api.stream``) so the Director's lifecycle sees the first token, the tokens, the reply text
-and the end. An upstream that fails before any byte reached the client raises ``UpstreamFailedError``
-(its status for the client, and whether another endpoint may be tried); one that fails mid-stream ends
-the client's stream with an OpenAI-style error event and ``data: [DONE]``.
+The request body goes upstream unchanged; the response comes back chunk by chunk, fed to the request's
+``Exchange`` on the way (tokens, reply text, usage, how it ended). An upstream that fails before any byte
+reached the client raises ``UpstreamFailedError`` (its status for the client, and whether another endpoint
+may be tried); one that fails mid-stream ends the client's stream with an OpenAI-style error event and
+``data: [DONE]``.
 """
 
 from __future__ import annotations
 
-from slorouter.api.stream import StreamObserver, observe_body
-from slorouter.director import RequestLifecycle
-from slorouter.flowcontrol.types import QUEUED_HEADER
 from slorouter.http.errors import sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
 from slorouter.http.upstream import (
     UpstreamBodyTooLargeError,
     UpstreamClient,
-    UpstreamConnectError,
     UpstreamError,
     UpstreamResponse,
     UpstreamTimeoutError,
 )
 from slorouter.metrics import GatewayMetrics
-from slorouter.serving.headers import (
-    ENDPOINT_HEADER,
-    FALLBACK_REASON_HEADER,
-    PREDICTED_TPOT_HEADER,
-    PREDICTED_TTFT_HEADER,
-    ROUTE_HEADER,
-)
-from slorouter.serving.outcome import OutcomeRecorder
-from slorouter.serving.recording import TrafficRecorder
-from slorouter.serving.status import RouterStats
+from slorouter.scheduling.plugin import Termination
+from slorouter.serving.exchange import Exchange
 
-PREDICTED_TTFT = PREDICTED_TTFT_HEADER.encode()
-PREDICTED_TPOT = PREDICTED_TPOT_HEADER.encode()
-QUEUED = QUEUED_HEADER.encode()
 # Hop-by-hop headers and those computed per hop are never copied across (nor those Connection names).
 NOT_FORWARDED = HOP_BY_HOP | {
     b"host",
@@ -65,6 +50,10 @@ class UpstreamFailedError(Exception):
         self.status = status
         self.retryable = retryable
         self.phase = phase
+
+    @property
+    def cause(self) -> Termination:
+        return Termination.UPSTREAM_TIMEOUT if self.status == 504 else Termination.UPSTREAM_ERROR
 
 
 def _failed(address: str, exc: UpstreamError) -> UpstreamFailedError:
@@ -102,74 +91,51 @@ def looks_like_sse(first: bytes) -> bool:
 
 
 class Relay:
-    """Proxies dispatched requests over one pooled upstream client and records their outcome."""
+    """Proxies dispatched requests over one pooled upstream client."""
 
     def __init__(
-        self,
-        client: UpstreamClient,
-        metrics: GatewayMetrics,
-        *,
-        e2e_as_ttft: bool,
-        max_body_bytes: int | None = None,
-        stats: RouterStats | None = None,
-        traffic: TrafficRecorder | None = None,
+        self, client: UpstreamClient, metrics: GatewayMetrics, *, max_body_bytes: int | None = None
     ) -> None:
         self._client = client
         self._max_body_bytes = max_body_bytes
         self._metrics = metrics
-        self._outcomes = OutcomeRecorder(metrics, e2e_as_ttft=e2e_as_ttft, stats=stats, traffic=traffic)
-        self._own_headers: dict[tuple[str, str, str | None], bytes] = {}
+        self._fixed_lines: dict[tuple[str, str, str | None], bytes] = {}
 
     async def relay(
-        self,
-        http: HttpRequest,
-        lifecycle: RequestLifecycle,
-        path: str,
-        body: bytes,
-        forward_head: bytes,
+        self, http: HttpRequest, exchange: Exchange, body: bytes, forward_head: bytes
     ) -> Response | None:
         """The response (None when it was streamed to the client). Raises ``UpstreamFailedError``."""
+        lifecycle = exchange.lifecycle
+        assert lifecycle is not None
         address = lifecycle.target.address
         try:
-            upstream = await self._client.request(address, "POST", path, forward_head, body)
+            upstream = await self._client.request(address, "POST", exchange.path, forward_head, body)
         except UpstreamError as exc:
-            phase = "connect" if isinstance(exc, UpstreamConnectError) else "response"
-            lifecycle.on_complete(error=f"{phase}: {exc.__class__.__name__}")
             raise _failed(address, exc) from exc
         try:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
-            lifecycle.on_headers(upstream.status, streaming)
+            exchange.started(upstream.status, streaming, keeps_body=False)
             if streaming and upstream.status == 200:
-                await self._relay_stream(http, lifecycle, upstream, path)
+                await self._relay_stream(http, exchange, upstream, address)
                 return None
-            return await self._relay_whole(lifecycle, upstream, path)
+            return await self._relay_whole(exchange, upstream, address)
         finally:
             upstream.release()
 
-    async def _relay_whole(
-        self, lifecycle: RequestLifecycle, upstream: UpstreamResponse, path: str
-    ) -> Response:
-        address = lifecycle.target.address
+    async def _relay_whole(self, exchange: Exchange, upstream: UpstreamResponse, address: str) -> Response:
         try:
             body = await upstream.read(self._max_body_bytes)
         except UpstreamError as exc:
-            lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise _failed(address, exc) from exc
         if upstream.status < 300 and not looks_like_json(body):
-            lifecycle.on_complete(error="invalid JSON answer")
             message = f"{address}: answered {upstream.status} with a body that is not a JSON object"
             raise UpstreamFailedError(message, phase="invalid")
-        error = None if upstream.status < 400 else f"upstream status {upstream.status}"
-        if error is None:
-            observe_body(lifecycle, body, lifecycle.request.history_form)
-        lifecycle.on_complete(error=error)
-        self._outcomes.record(lifecycle, path, body)
-        return Response(upstream.status, body, raw_headers=self._response_head(upstream, lifecycle))
+        exchange.answered(body=body)
+        return Response(upstream.status, body, raw_headers=self._response_head(upstream, exchange))
 
     async def _relay_stream(
-        self, http: HttpRequest, lifecycle: RequestLifecycle, upstream: UpstreamResponse, path: str
+        self, http: HttpRequest, exchange: Exchange, upstream: UpstreamResponse, address: str
     ) -> None:
-        address = lifecycle.target.address
         # Hold the client's headers back until the first whole event arrives (or _HOLD_BYTES of it), so
         # that an upstream that dies before sending one can still be retried elsewhere.
         first = b""
@@ -180,62 +146,42 @@ class Relay:
                 if not chunk or b"\n\n" in first or b"\r\n\r\n" in first or len(first) >= _HOLD_BYTES:
                     break
         except UpstreamError as exc:
-            lifecycle.on_complete(error=f"read: {exc.__class__.__name__}")
             raise _failed(address, exc) from exc
         if not chunk:
-            lifecycle.on_complete(error="empty stream")
             what = "anything" if not first else "a whole event"
             raise UpstreamFailedError(f"{address}: closed the stream before sending {what}")
         if not looks_like_sse(first):
-            lifecycle.on_complete(error="invalid SSE")
             raise UpstreamFailedError(f"{address}: answered a stream that is not SSE", phase="invalid")
-        observer = StreamObserver(lifecycle, lifecycle.request.history_form)
         chunk = first
         try:
-            writer = await http.start_stream(upstream.status, self._response_head(upstream, lifecycle))
+            writer = await http.start_stream(upstream.status, self._response_head(upstream, exchange))
             while chunk:
-                observer.feed(chunk)
+                exchange.chunk(chunk)
                 await writer.write(chunk)
                 try:
                     chunk = await upstream.next_chunk()
                 except UpstreamError as exc:
                     self._metrics.upstream_failures.labels(address, "stream").inc()
-                    lifecycle.on_complete(error=f"stream: {exc.__class__.__name__}")
                     if isinstance(exc, UpstreamTimeoutError):
-                        message = f"the model server {address} timed out mid-stream ({exc})"
-                        event = sse_error_event(504, message)
+                        exchange.answered(Termination.UPSTREAM_TIMEOUT, f"stream: {exc.__class__.__name__}")
+                        event = sse_error_event(
+                            504, f"the model server {address} timed out mid-stream ({exc})"
+                        )
                     else:
+                        exchange.answered(Termination.UPSTREAM_ERROR, f"stream: {exc.__class__.__name__}")
                         event = sse_error_event(502, f"the model server {address} failed mid-stream")
                     # The event is OpenAI's error shape; [DONE] tells a client's SDK the stream is over.
                     await writer.write(event + _SSE_DONE)
                     break
-            lifecycle.on_complete(usage=observer.finish())
-            self._outcomes.record(lifecycle, path)
+            exchange.answered()  # a no-op after a failure mid-stream
             await writer.write_eof()
         except ConnectionResetError:
-            self._metrics.client_disconnects.inc()
-            lifecycle.on_complete(error="client disconnected")
+            exchange.abandoned(Termination.CLIENT_GONE, "client disconnected")
 
-    def _response_head(self, upstream: UpstreamResponse, lifecycle: RequestLifecycle) -> bytes:
+    def _response_head(self, upstream: UpstreamResponse, exchange: Exchange) -> bytes:
         """The upstream's end-to-end headers, then the gateway's own, as preformatted lines."""
-        address = lifecycle.target.address
-        route = lifecycle.route
-        reason = lifecycle.fallback_reason
-        own = self._own_headers.get((address, route, reason))
-        if own is None:
-            text = f"{ENDPOINT_HEADER}: {address}\r\n{ROUTE_HEADER}: {route}\r\n"
-            if reason is not None:
-                text += f"{FALLBACK_REASON_HEADER}: {reason}\r\n"
-            own = self._own_headers[(address, route, reason)] = text.encode("latin-1")
-        parts = [upstream_headers(upstream), own]
-        predicted = lifecycle.prediction
-        if predicted is not None:
-            parts.append(b"%s: %.1f\r\n" % (PREDICTED_TTFT, predicted.ttft_ms))
-            if predicted.tpot_ms is not None:
-                parts.append(b"%s: %.2f\r\n" % (PREDICTED_TPOT, predicted.tpot_ms))
-        if lifecycle.admission.ticket is not None:
-            parts.append(b"%s: %.1f\r\n" % (QUEUED, lifecycle.queued_s * 1000))
-        return b"".join(parts)
+        assert exchange.facts is not None
+        return upstream_headers(upstream) + exchange.facts.head_lines(self._fixed_lines)
 
 
 def upstream_headers(upstream: UpstreamResponse) -> bytes:

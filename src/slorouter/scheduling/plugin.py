@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -199,12 +200,25 @@ class LatencyPredicting(ABC):
         """True when its "TTFT" is the end-to-end latency (non-streaming mode), as the original does."""
 
 
+class Termination(StrEnum):
+    """How a dispatched request ended (``ResponseInfo.cause``)."""
+
+    COMPLETE = "complete"  # the whole response arrived (with the server's status, an error status too)
+    CLIENT_GONE = "client-gone"  # the client left (or its stream was reset) before the response ended
+    UPSTREAM_ERROR = "upstream-error"  # no connection, a broken stream, or an answer that is not the API's
+    UPSTREAM_TIMEOUT = "upstream-timeout"  # the model server did not answer, or stopped, within a timeout
+    CANCELLED = "cancelled"  # the router ended it: its deadline passed, a hedged twin answered, the run ended
+    EVICTED = "evicted"  # the router took it back to make room for more urgent work
+
+
 @dataclass(slots=True)
 class ResponseInfo:
     """What the front-end has seen of the upstream response so far.
 
     ``tokens`` counts output tokens seen so far (SSE events carrying text, or ``usage`` at the end);
     ``first_token_at`` is the clock time of the first one; ``usage`` is the upstream's ``usage`` when known.
+    ``cause`` is how the request ended (None while it runs), ``detail`` what the front-end saw, for logs and
+    spans (``"connect: UpstreamConnectError"``); ``succeeded`` is a whole response with a status below 400.
     ``reply_text`` is the start of the generated reply (choice 0), collected by the front-end only when a
     response body processor asked for it (``ResponseBodyProcessor.reply_chars_wanted``).
     ``history_text``, set by the framework at a successful end when a reply was collected and the request's
@@ -220,9 +234,19 @@ class ResponseInfo:
     completed_at: float | None = None
     tokens: int = 0
     usage: dict[str, Any] | None = None
-    error: str | None = None
+    cause: Termination | None = None
+    detail: str = ""
     reply_text: str | None = None
     history_text: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.cause is Termination.COMPLETE and self.status < 400
+
+    @property
+    def failed(self) -> bool:
+        """It ended without its whole response (False while it runs)."""
+        return self.cause is not None and self.cause is not Termination.COMPLETE
 
 
 class ResponseHeaderProcessor(ABC):

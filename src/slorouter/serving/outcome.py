@@ -37,7 +37,7 @@ class OutcomeRecorder:
         address = response.endpoint.address
         self._metrics.count_request(address, response.status)
         ttft_s = tpot_s = None
-        if response.status == 200 and not response.error and response.first_token_at is not None:
+        if response.status == 200 and response.succeeded and response.first_token_at is not None:
             ttft, tpot = self._metrics.latency_children(request.model, request.target_model)
             end = (
                 response.completed_at

@@ -112,13 +112,13 @@ class TrafficRecorder:
         request = lifecycle.request
         response = lifecycle.response
         ttft_ms = tpot_ms = None
-        if response.first_token_at is not None and not response.error:
+        if response.first_token_at is not None and response.succeeded:
             ttft_ms = (response.first_token_at - request.received_at) * 1000
             if response.streaming and response.tokens > 1 and response.completed_at is not None:
                 tpot_ms = (response.completed_at - response.first_token_at) * 1000 / (response.tokens - 1)
         completion = (response.usage or {}).get("completion_tokens")
         if not isinstance(completion, int) or isinstance(completion, bool) or completion < 0:
-            completion = response.tokens if response.tokens and not response.error else None
+            completion = response.tokens if response.tokens and response.succeeded else None
         self.file.add(
             _Pending(
                 self._wall(request.received_at),

@@ -1,12 +1,11 @@
-"""The span attributes every front-end records (``slorouter.tracing``): the request, and the pick with the
-prediction it was made on."""
+"""The span attributes every front-end records (``slorouter.tracing``): the request, its upstream and its
+outcome; the pick's are ``RoutingFacts.span_attributes``."""
 
 from __future__ import annotations
 
 from slorouter.director import RequestLifecycle
 from slorouter.scheduling.types import InferenceRequest
-
-AttributeDict = dict[str, str | bool | int | float]
+from slorouter.serving.headers import AttributeDict
 
 
 def request_attributes(front_end: str, method: str, path: str) -> AttributeDict:
@@ -32,25 +31,6 @@ def parsed_attributes(request: InferenceRequest) -> AttributeDict:
     return attributes
 
 
-def pick_attributes(lifecycle: RequestLifecycle) -> AttributeDict:
-    """The pick (endpoint, route kind) and, when the latency predictor ran for it, its predictions."""
-    attributes: AttributeDict = {
-        "slorouter.endpoint": lifecycle.target.address,
-        "slorouter.route": str(lifecycle.route),
-    }
-    reason = lifecycle.fallback_reason
-    if reason is not None:
-        attributes["slorouter.fallback_reason"] = reason
-    predicted = lifecycle.prediction
-    if predicted is not None:
-        attributes["slorouter.predicted_ttft_ms"] = predicted.ttft_ms
-        if predicted.tpot_ms is not None:
-            attributes["slorouter.predicted_tpot_ms"] = predicted.tpot_ms
-    if lifecycle.admission.ticket is not None:
-        attributes["slorouter.queued_ms"] = lifecycle.queued_s * 1000
-    return attributes
-
-
 def upstream_attributes(address: str) -> AttributeDict:
     host, _, port = address.rpartition(":")
     attributes: AttributeDict = {"server.address": host.strip("[]") or address}
@@ -60,7 +40,7 @@ def upstream_attributes(address: str) -> AttributeDict:
 
 
 def outcome_attributes(lifecycle: RequestLifecycle) -> AttributeDict:
-    """What the response told (after ``on_complete``)."""
+    """What the response told (after its end)."""
     response = lifecycle.response
     attributes: AttributeDict = {"slorouter.output_tokens": response.tokens}
     if response.first_token_at is not None:

@@ -358,7 +358,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             self._follow(request, state, response.endpoint.address)
         if state.target < 0:
             return
-        ok = response.error is None and response.status in (0, 200)
+        ok = not response.failed and response.status in (0, 200)
         streaming = self.params.streaming_mode
         if streaming and start_of_stream and ok and response.first_token_at is not None and not end_of_stream:
             self._record(request, state, "ttft", (response.first_token_at - response.dispatched_at) * 1000)

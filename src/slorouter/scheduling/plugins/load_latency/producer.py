@@ -129,7 +129,7 @@ class LoadLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyProcesso
         dispatch: _Dispatch | None = request.state.get(self.name)
         if dispatch is None or dispatch.target < 0 or response.first_token_at is None:
             return
-        if response.error is not None or response.status not in (0, 200):
+        if response.failed or response.status not in (0, 200):
             return
         if end_of_stream and response.completed_at is not None:
             pod = dispatch.pods[dispatch.target]

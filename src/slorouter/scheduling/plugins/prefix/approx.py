@@ -165,7 +165,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     def on_response_body(
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None:
-        if not end_of_stream or response.error is not None or not response.history_text:
+        if not end_of_stream or not response.succeeded or not response.history_text:
             return
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is None or not self.params.index_responses:

@@ -1,0 +1,363 @@
+"""One inference request's walk around the Director, written once for every front-end.
+
+A front-end speaks its protocol (HTTP/1.1 for the gateway, ext_proc for Envoy, events for the discrete-event
+benchmark) and drives an ``Exchange`` through the same steps:
+
+    parsed → admit → pick (a retry: pick again, the tried endpoints left out) → upstream context →
+    response started → chunks (or tokens) → answered | failed | abandoned; or refused at any point before
+
+The exchange owns what happens at each step: the request id, flow control's admission, the request's spans,
+the scheduling and its timing, the dispatch, the routing facts (``RoutingFacts``: one derivation for the
+response headers and the spans), reading the response as it passes (SSE events, the reply text the plugins
+asked for, ``usage``), how the request ended (a typed ``Termination``), and the outcome: the front-end
+metrics, the status page, the traffic recording. A change to the request path is made here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from slorouter.api.requests import ParsedRequest
+from slorouter.api.routing_headers import RoutingHints
+from slorouter.api.stream import StreamObserver, observe_body
+from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
+from slorouter.flowcontrol.controller import Ticket
+from slorouter.metrics import GatewayMetrics
+from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.serving.headers import RoutingFacts
+from slorouter.serving.outcome import OutcomeRecorder
+from slorouter.serving.recording import TrafficRecorder
+from slorouter.serving.requests import RequestIds, inference_request
+from slorouter.serving.status import RouterStats
+from slorouter.serving.tracing import (
+    outcome_attributes,
+    parsed_attributes,
+    request_attributes,
+    upstream_attributes,
+)
+
+if TYPE_CHECKING:
+    from slorouter.tracing.tracer import RequestTrace, Tracing
+
+# A whole (non-SSE) response body is kept for the reply-text hooks only up to this size.
+MAX_KEPT_RESPONSE_BYTES = 4 << 20
+
+
+@dataclass(eq=False)
+class FrontEnd:
+    """What every exchange of one front-end shares. ``metrics`` None: the benchmark, which keeps its own
+    records (no metrics, status page, recording or spans)."""
+
+    director: Director
+    name: str  # the span's slorouter.front_end: gateway, extproc
+    metrics: GatewayMetrics | None = None
+    tracing: Tracing | None = None  # None: tracing is off
+    stats: RouterStats | None = None  # the status page's per-request figures
+    traffic: TrafficRecorder | None = None  # --record
+    outcomes: OutcomeRecorder | None = field(init=False)
+    ids: RequestIds = field(init=False, default_factory=RequestIds)
+
+    def __post_init__(self) -> None:
+        self.outcomes = (
+            None
+            if self.metrics is None
+            else OutcomeRecorder(
+                self.metrics,
+                e2e_as_ttft=self.director.predicts_end_to_end,
+                stats=self.stats,
+                traffic=self.traffic,
+            )
+        )
+
+    def exchange(self, method: str, path: str, trace_context: Mapping[str, str] | None = None) -> Exchange:
+        """A new exchange for an inference request on ``path``; its span starts now when tracing is on
+        (``trace_context``: the client's W3C trace-context headers, lower-case names)."""
+        tracing = self.tracing
+        trace = None
+        if tracing is not None:  # the only cost of tracing when it is off
+            trace = tracing.start_request(trace_context or {}, request_attributes(self.name, method, path))
+        return Exchange(self, path, trace)
+
+
+class Exchange:
+    """One inference request, from its parsed body to the end of its response (see the module docstring).
+
+    ``request`` is set once parsed; ``lifecycle`` and ``facts`` by each pick; ``tried`` lists the endpoints
+    of failed attempts, which a new pick leaves out."""
+
+    __slots__ = (
+        "_kept",
+        "_observer",
+        "_over",
+        "admission",
+        "facts",
+        "front",
+        "lifecycle",
+        "path",
+        "request",
+        "trace",
+        "tried",
+    )
+
+    def __init__(self, front: FrontEnd, path: str, trace: RequestTrace | None = None) -> None:
+        self.front = front
+        self.path = path
+        self.trace = trace
+        self.request: InferenceRequest | None = None
+        self.admission: Admission = NOT_QUEUED
+        self.lifecycle: RequestLifecycle | None = None
+        self.facts: RoutingFacts | None = None
+        self.tried: list[str] = []
+        self._observer: StreamObserver | None = None
+        self._kept: bytearray | None = None
+        self._over = False  # answered, refused or abandoned: later ends are no-ops
+
+    @classmethod
+    def of(cls, front: FrontEnd, request: InferenceRequest) -> Exchange:
+        """An exchange for a request built by the front-end itself (the benchmark's)."""
+        exchange = cls(front, "")
+        exchange.request = request
+        return exchange
+
+    # --- the request ---------------------------------------------------------------------------------
+    def parsed(
+        self, parsed: ParsedRequest, hints: RoutingHints, headers: dict[str, str], request_id: str | None
+    ) -> InferenceRequest:
+        """The scheduler's view of the parsed request; ``request_id`` None: a new one."""
+        front = self.front
+        request = inference_request(
+            parsed, hints, headers, request_id or front.ids.next(), front.director.clock.now()
+        )
+        self.request = request
+        if self.trace is not None:
+            self.trace.set(parsed_attributes(request))
+        return request
+
+    async def admit(self) -> None:
+        """Wait in flow control until the pool has room (at once without it). Raises ``SchedulingError``
+        (429, 503) when flow control turns the request away; the refusal is recorded."""
+        assert self.request is not None
+        try:
+            self.admission = await self.front.director.admit_async(self.request)
+        except SchedulingError as exc:
+            self.refuse(exc.status, exc.message)
+            raise
+
+    def admitted(self, ticket: Ticket) -> None:
+        """The benchmark's admission: a ticket that left flow control (raises as ``Director.admitted``)."""
+        self.admission = self.front.director.admitted(ticket)
+
+    async def pick(self, exclude: Collection[str] = ()) -> RequestLifecycle:
+        """Schedule (awaiting data producers that wait on I/O) and dispatch; ``exclude`` and the tried
+        endpoints are left out. Raises ``SchedulingError``, which the front-end answers (``refuse``) or,
+        after a failed attempt, turns into the last failure's answer."""
+        assert self.request is not None
+        started = time.perf_counter()
+        self._begin_schedule()
+        try:
+            result = await self.front.director.schedule_async(
+                self.request, exclude=self._excluded(exclude), admission=self.admission
+            )
+        except SchedulingError as exc:
+            self._schedule_failed(exc)
+            raise
+        except asyncio.CancelledError:
+            self.admission.release()
+            raise
+        metrics = self.front.metrics
+        if metrics is not None:
+            metrics.scheduling_duration.observe(time.perf_counter() - started)
+            if self.tried:
+                metrics.upstream_retries.inc()
+        return self._dispatch(self.front.director.dispatch(self.request, result, self.admission))
+
+    def pick_now(self) -> RequestLifecycle:
+        """``pick`` for the discrete-event benchmark (no event loop: every producer answers at once)."""
+        assert self.request is not None
+        try:
+            result = self.front.director.schedule(self.request, admission=self.admission)
+        except SchedulingError:
+            self.admission.release()
+            raise
+        return self._dispatch(self.front.director.dispatch(self.request, result, self.admission))
+
+    def upstream_context(self, address: str) -> dict[str, str]:
+        """The upstream span starts (tracing on): its W3C context, for the request to the model server."""
+        if self.trace is None:
+            return {}
+        return self.trace.begin_upstream(upstream_attributes(address))
+
+    def served_by(self, address: str) -> bool:
+        """The data plane served the request from ``address`` (a retry on a fallback of the pick): the load,
+        the response hooks and the routing facts follow it. False when nothing changed."""
+        lifecycle = self.lifecycle
+        if lifecycle is None or not lifecycle.served_by(address):
+            return False
+        assert self.facts is not None
+        self.facts.endpoint = lifecycle.target.address
+        return True
+
+    # --- the response --------------------------------------------------------------------------------
+    def started(
+        self, status: int, streaming: bool, *, keeps_body: bool = True, bytes_follow: bool = True
+    ) -> bool:
+        """The response's status and kind reached the router. True when its body is read on the way: an
+        SSE stream (tokens, reply text, usage), or a whole body whose reply text a plugin asked for (kept,
+        bounded, when ``keeps_body``: a front-end that reads the whole body itself passes it to
+        ``answered``). ``bytes_follow`` False: the front-end reports ``tokens`` and ``reply_text`` itself
+        (the benchmark's engines produce tokens, not bytes)."""
+        lifecycle = self.lifecycle
+        assert lifecycle is not None
+        lifecycle.on_headers(status, streaming)
+        if not bytes_follow:
+            return False
+        history_form = lifecycle.request.history_form
+        if streaming and status == 200:
+            self._observer = StreamObserver(lifecycle, history_form)
+            return True
+        if keeps_body and status < 400 and history_form and lifecycle.reply_chars_wanted > 0:
+            self._kept = bytearray()
+            return True
+        return False
+
+    def chunk(self, data: bytes) -> None:
+        """Body bytes as they pass to the client (after ``started``)."""
+        observer = self._observer
+        if observer is not None:
+            observer.feed(data)
+            return
+        kept = self._kept
+        if kept is not None:
+            if len(kept) + len(data) <= MAX_KEPT_RESPONSE_BYTES:
+                kept += data
+            else:
+                self._kept = None
+
+    def tokens(self, count: int = 1) -> None:
+        """Output tokens, for a front-end that sees tokens rather than bytes (the benchmark)."""
+        assert self.lifecycle is not None
+        self.lifecycle.on_tokens(count)
+
+    def reply_text(self, text: str) -> None:
+        assert self.lifecycle is not None
+        self.lifecycle.on_reply_text(text)
+
+    def answered(
+        self,
+        cause: Termination = Termination.COMPLETE,
+        detail: str = "",
+        *,
+        body: bytes | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> None:
+        """The response went to the client and ended: whole (``COMPLETE``, whatever its status) or cut
+        (``cause``, e.g. the model server failed mid-stream). ``body``: the whole body, when the front-end
+        read it; ``usage``: the server's, when the front-end read it itself."""
+        lifecycle = self.lifecycle
+        if self._over or lifecycle is None:
+            return
+        self._over = True
+        if cause is Termination.COMPLETE and lifecycle.response.status < 400:
+            observer = self._observer
+            if observer is not None:
+                usage = observer.finish()
+            else:
+                whole = body if body is not None else (None if self._kept is None else bytes(self._kept))
+                if whole is not None:
+                    observe_body(lifecycle, whole, lifecycle.request.history_form)
+        lifecycle.end(cause, usage=usage, detail=detail)
+        front = self.front
+        if front.outcomes is not None:
+            if body is None and self._kept is not None and front.traffic is not None:
+                body = bytes(self._kept)  # its usage, for the recording
+            front.outcomes.record(lifecycle, self.path, body)
+        trace = self.trace
+        if trace is not None:
+            status = lifecycle.response.status
+            trace.end_upstream(status, detail or None, outcome_attributes(lifecycle))
+            trace.end(status)
+
+    def failed(self, cause: Termination, detail: str, phase: str) -> None:
+        """This attempt failed before any byte reached the client: its endpoint is tried, and a new
+        ``pick`` may go elsewhere. ``phase`` labels the failure metric (connect, timeout, invalid, ...)."""
+        lifecycle = self.lifecycle
+        assert lifecycle is not None
+        lifecycle.end(cause, detail=detail)
+        address = lifecycle.target.address
+        self.tried.append(address)
+        if self.front.metrics is not None:
+            self.front.metrics.upstream_failures.labels(address, phase).inc()
+        if self.trace is not None:
+            self.trace.end_upstream(None, detail, {"slorouter.failure_phase": phase})
+
+    def abandoned(self, cause: Termination, detail: str) -> None:
+        """The request ends without its response reaching the client: the client left
+        (``CLIENT_GONE``, counted), or the router stopped it. A request already over is left alone."""
+        if self._over:
+            return
+        self._over = True
+        self.admission.release()
+        metrics = self.front.metrics
+        if cause is Termination.CLIENT_GONE and metrics is not None and self.request is not None:
+            metrics.client_disconnects.inc()
+        lifecycle = self.lifecycle
+        if lifecycle is not None:
+            lifecycle.end(cause, detail=detail)
+        if self.trace is not None:
+            self.trace.end(None, detail)
+
+    def refuse(self, status: int, message: str) -> None:
+        """The router answers the request itself (an error: bad request, shed, no endpoint, every attempt
+        failed): counted by the endpoint last tried (or none), recorded, its span ended."""
+        if self._over:
+            return
+        self._over = True
+        self.admission.release()
+        front = self.front
+        address = self.tried[-1] if self.tried else None
+        if front.metrics is not None:
+            front.metrics.count_request(address or "none", status)
+        if front.traffic is not None and self.request is not None:
+            front.traffic.unanswered(self.request, self.path, status, address)
+        if self.trace is not None:  # a client's error is not the server span's (OpenTelemetry's rule)
+            self.trace.end(status, message if status >= 500 else None)
+
+    @property
+    def over(self) -> bool:
+        return self._over
+
+    @property
+    def reads_body(self) -> bool:
+        """Whether the response body is read on the way (after ``started``)."""
+        return self._observer is not None or self._kept is not None
+
+    # --- internals -----------------------------------------------------------------------------------
+    def _excluded(self, exclude: Collection[str]) -> Collection[str]:
+        if not self.tried:
+            return exclude
+        return [*exclude, *self.tried] if exclude else self.tried
+
+    def _begin_schedule(self) -> None:
+        if self.trace is not None:
+            self.trace.begin_schedule({"slorouter.attempt": len(self.tried) + 1})
+
+    def _schedule_failed(self, exc: SchedulingError) -> None:
+        if self.trace is not None:
+            self.trace.end_schedule(error=exc.message)
+        self.admission.release()  # the room reserved for it goes back
+
+    def _dispatch(self, lifecycle: RequestLifecycle) -> RequestLifecycle:
+        self.lifecycle = lifecycle
+        self._observer = None
+        self._kept = None
+        facts = self.facts = RoutingFacts.of(lifecycle)
+        if self.trace is not None:
+            pick = facts.span_attributes()
+            self.trace.end_schedule(pick)
+            self.trace.set(pick)
+        return lifecycle
