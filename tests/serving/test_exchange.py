@@ -1,0 +1,219 @@
+"""The exchange: one request's walk around the Director, as every front-end drives it (the front-ends' own
+tests keep their protocol's behaviour)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from slorouter.api.requests import parse_chat_completion
+from slorouter.api.routing_headers import parse_routing_headers
+from slorouter.clock import ManualClock
+from slorouter.director import Director
+from slorouter.metrics import GatewayMetrics
+from slorouter.pool.inflight import InFlightTracker
+from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.plugin import PluginContext, Termination
+from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.exchange import MAX_KEPT_RESPONSE_BYTES, Exchange, FrontEnd
+from slorouter.tracing.config import TracingConfig
+from slorouter.tracing.tracer import Tracing
+
+ADDRESSES = ["10.0.0.1:8000", "10.0.0.2:8000"]
+PATH = "/v1/chat/completions"
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello " * 40}]}).encode()
+
+
+def _stream(tokens: int, completion: int) -> bytes:
+    events = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * tokens
+    usage = {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": completion}}
+    return b"".join(events) + b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(100.0)
+
+
+@pytest.fixture
+def front(clock: ManualClock) -> FrontEnd:
+    pool = PoolState([Endpoint(a) for a in ADDRESSES])
+    for address in ADDRESSES:
+        pool.set_metrics(address, MetricsSnapshot(kv_usage=0.1), at=clock.now())
+    setup = build_scheduler_setup(None, PluginContext(clock=clock, rng=np.random.default_rng(0), pool=pool))
+    director = Director(pool, setup, InFlightTracker(pool), clock)
+    return FrontEnd(director, "gateway", GatewayMetrics(pool))
+
+
+def _exchange(front: FrontEnd, request_id: str | None = None) -> Exchange:
+    exchange = front.exchange("POST", PATH)
+    exchange.parsed(
+        parse_chat_completion(BODY),
+        parse_routing_headers({}, {}, prediction_by_default=False),
+        {},
+        request_id,
+    )
+    return exchange
+
+
+def _count(front: FrontEnd, name: str, labels: dict[str, str] | None = None) -> float:
+    assert front.metrics is not None
+    return front.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def _inflight(front: FrontEnd) -> int:
+    return int(front.director.pool.columns["inflight_requests"].sum())
+
+
+async def test_a_streamed_answer_feeds_the_lifecycle_and_records_the_outcome(front, clock):
+    exchange = _exchange(front)
+    assert exchange.request is not None and exchange.request.request_id  # one was made
+    await exchange.admit()
+    lifecycle = await exchange.pick()
+    assert _inflight(front) == 1
+    assert exchange.started(200, True) and exchange.reads_body
+    clock.advance(0.2)
+    body = _stream(tokens=5, completion=4)
+    exchange.chunk(body[:7])  # split anywhere
+    exchange.chunk(body[7:])
+    clock.advance(0.3)
+    exchange.answered()
+    response = lifecycle.response
+    assert (response.cause, response.succeeded, response.tokens) == (Termination.COMPLETE, True, 4)
+    assert response.first_token_at == pytest.approx(100.2)
+    assert _inflight(front) == 0
+    served = {"endpoint": lifecycle.target.address, "code": "200"}
+    assert _count(front, "slorouter_requests_total", served) == 1
+    exchange.answered(Termination.UPSTREAM_ERROR, "late")  # over: ignored
+    exchange.abandoned(Termination.CLIENT_GONE, "late")
+    assert response.cause is Termination.COMPLETE
+    assert _count(front, "slorouter_client_disconnects_total") == 0
+
+
+async def test_an_error_status_is_a_complete_answer_that_did_not_succeed(front):
+    exchange = _exchange(front)
+    lifecycle = await exchange.pick()
+    assert not exchange.started(500, False)  # no reply text to read from an error body
+    exchange.answered(body=b'{"error": {"message": "boom"}}')
+    assert lifecycle.response.cause is Termination.COMPLETE
+    assert not lifecycle.response.succeeded and not lifecycle.response.failed
+    assert lifecycle.response.first_token_at is None  # no first token was served
+    labels = {"endpoint": lifecycle.target.address, "code": "500"}
+    assert _count(front, "slorouter_requests_total", labels) == 1
+
+
+async def test_a_failed_attempt_is_left_out_of_the_next_pick_and_the_refusal_names_it(front):
+    exchange = _exchange(front)
+    first = await exchange.pick()
+    exchange.failed(Termination.UPSTREAM_ERROR, "connect: refused", "connect")
+    assert first.response.cause is Termination.UPSTREAM_ERROR and first.response.failed
+    assert first.response.detail == "connect: refused"
+    assert exchange.tried == [first.target.address]
+    assert _inflight(front) == 0
+    second = await exchange.pick()
+    assert second.target.address != first.target.address
+    assert _count(front, "slorouter_upstream_retries_total") == 1
+    failure = {"endpoint": first.target.address, "phase": "connect"}
+    assert _count(front, "slorouter_upstream_failures_total", failure) == 1
+    exchange.failed(Termination.UPSTREAM_TIMEOUT, "read: timeout", "timeout")
+    with pytest.raises(SchedulingError):  # every endpoint was tried
+        await exchange.pick()
+    exchange.refuse(504, "the model server did not answer in time")
+    labels = {"endpoint": second.target.address, "code": "504"}
+    assert _count(front, "slorouter_requests_total", labels) == 1
+    exchange.refuse(502, "again")  # over: counted once
+    assert _count(front, "slorouter_requests_total", {"endpoint": second.target.address, "code": "502"}) == 0
+
+
+async def test_a_client_that_leaves_mid_stream_ends_the_request_and_is_counted(front):
+    exchange = _exchange(front)
+    lifecycle = await exchange.pick()
+    exchange.started(200, True)
+    exchange.chunk(_stream(tokens=2, completion=2)[:60])
+    exchange.abandoned(Termination.CLIENT_GONE, "client disconnected")
+    assert lifecycle.response.cause is Termination.CLIENT_GONE
+    assert _inflight(front) == 0
+    assert _count(front, "slorouter_client_disconnects_total") == 1
+    # No answer reached the client: no outcome is counted for the endpoint.
+    assert (
+        _count(front, "slorouter_requests_total", {"endpoint": lifecycle.target.address, "code": "200"}) == 0
+    )
+
+
+async def test_a_whole_body_is_kept_bounded_for_the_reply_text_the_plugins_asked_for(front):
+    # The default pipeline's prefix producer indexes replies: it asks for the reply's start.
+    exchange = _exchange(front)
+    lifecycle = await exchange.pick()
+    assert lifecycle.reply_chars_wanted > 0
+    assert not exchange.started(200, False, keeps_body=False)  # a front-end that reads the body itself
+    keeping = _exchange(front)
+    lifecycle = await keeping.pick()
+    assert keeping.started(200, False) and keeping.reads_body
+    keeping.chunk(b"x" * (MAX_KEPT_RESPONSE_BYTES + 1))  # too long to keep: dropped, not grown
+    assert not keeping.reads_body
+    keeping.answered()
+    assert lifecycle.response.reply_text is None
+    assert lifecycle.response.cause is Termination.COMPLETE
+
+
+async def test_the_data_plane_serving_elsewhere_moves_the_load_and_the_facts(front):
+    exchange = _exchange(front)
+    lifecycle = await exchange.pick()
+    picked = lifecycle.target.address
+    other = next(a for a in ADDRESSES if a != picked)
+    assert exchange.facts is not None and exchange.facts.endpoint == picked
+    assert exchange.served_by(other)
+    assert lifecycle.target.address == other
+    assert dict(exchange.facts.headers())["x-slorouter-endpoint"] == other
+    assert not exchange.served_by(other)  # already there
+    assert not exchange.served_by("10.9.9.9:1")  # not in the pool
+
+
+def _traced(front: FrontEnd) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    config = TracingConfig.model_validate({"enabled": True, "sampling": {"samplerArg": 1.0}})
+    front.tracing = Tracing.build(config, exporter)
+    return exporter
+
+
+async def test_spans_follow_the_exchange_to_its_end(front):
+    exporter = _traced(front)
+    exchange = _exchange(front)
+    lifecycle = await exchange.pick()
+    assert "traceparent" in exchange.upstream_context(lifecycle.target.address)
+    exchange.started(200, True)
+    exchange.chunk(_stream(tokens=3, completion=3))
+    exchange.answered()
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert set(spans) == {"slorouter.request", "slorouter.schedule", "slorouter.upstream"}
+    root = dict(spans["slorouter.request"].attributes or {})
+    assert root["slorouter.endpoint"] == lifecycle.target.address
+    assert root["http.response.status_code"] == 200
+    assert dict(spans["slorouter.upstream"].attributes or {})["slorouter.output_tokens"] == 3
+
+
+@pytest.mark.parametrize(("status", "error"), [(429, False), (502, True)])
+async def test_a_refusal_ends_the_span_as_a_server_error_only_for_5xx(front, status, error):
+    exporter = _traced(front)
+    _exchange(front).refuse(status, "no")
+    (root,) = exporter.get_finished_spans()
+    assert dict(root.attributes or {})["http.response.status_code"] == status
+    assert (root.status.status_code is StatusCode.ERROR) is error
+
+
+def test_the_benchmark_drives_tokens_without_bytes(front, clock):
+    request = _exchange(front).request
+    assert request is not None
+    exchange = Exchange.of(FrontEnd(front.director, "bench"), request)
+    lifecycle = exchange.pick_now()
+    assert not exchange.started(200, True, bytes_follow=False)
+    clock.advance(0.1)
+    exchange.tokens(1)
+    exchange.answered(usage={"completion_tokens": 7})
+    assert (lifecycle.response.tokens, lifecycle.response.cause) == (7, Termination.COMPLETE)
+    assert lifecycle.response.first_token_at == pytest.approx(100.1)
