@@ -194,7 +194,23 @@ async def test_spans_follow_the_exchange_to_its_end(front):
     root = dict(spans["slorouter.request"].attributes or {})
     assert root["slorouter.endpoint"] == lifecycle.target.address
     assert root["http.response.status_code"] == 200
+    assert root["slorouter.termination"] == "complete"
     assert dict(spans["slorouter.upstream"].attributes or {})["slorouter.output_tokens"] == 3
+
+
+async def test_spans_say_how_a_failed_attempt_and_an_abandoned_request_ended(front):
+    exporter = _traced(front)
+    exchange = _exchange(front)
+    first = await exchange.pick()
+    exchange.upstream_context(first.target.address)
+    exchange.failed(Termination.UPSTREAM_TIMEOUT, "read: timeout", "timeout")
+    await exchange.pick()
+    exchange.abandoned(Termination.CLIENT_GONE, "client disconnected")
+    spans = exporter.get_finished_spans()
+    failed = next(span for span in spans if span.name == "slorouter.upstream")
+    root = next(span for span in spans if span.name == "slorouter.request")
+    assert dict(failed.attributes or {})["slorouter.termination"] == "upstream-timeout"
+    assert dict(root.attributes or {})["slorouter.termination"] == "client-gone"
 
 
 @pytest.mark.parametrize(("status", "error"), [(429, False), (502, True)])

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 # A whole (non-SSE) response body is kept for the reply-text hooks only up to this size.
 MAX_KEPT_RESPONSE_BYTES = 4 << 20
+# How the request ended (a ``Termination``), on its span and on a failed attempt's upstream span.
+TERMINATION_ATTRIBUTE = "slorouter.termination"
 
 
 @dataclass(eq=False)
@@ -279,6 +281,7 @@ class Exchange:
         trace = self.trace
         if trace is not None:
             status = lifecycle.response.status
+            trace.set({TERMINATION_ATTRIBUTE: cause.value})
             trace.end_upstream(status, detail or None, outcome_attributes(lifecycle))
             trace.end(status)
 
@@ -293,7 +296,8 @@ class Exchange:
         if self.front.metrics is not None:
             self.front.metrics.upstream_failures.labels(address, phase).inc()
         if self.trace is not None:
-            self.trace.end_upstream(None, detail, {"slorouter.failure_phase": phase})
+            attributes = {"slorouter.failure_phase": phase, TERMINATION_ATTRIBUTE: cause.value}
+            self.trace.end_upstream(None, detail, attributes)
 
     def abandoned(self, cause: Termination, detail: str) -> None:
         """The request ends without its response reaching the client: the client left
@@ -309,6 +313,7 @@ class Exchange:
         if lifecycle is not None:
             lifecycle.end(cause, detail=detail)
         if self.trace is not None:
+            self.trace.set({TERMINATION_ATTRIBUTE: cause.value})
             self.trace.end(None, detail)
 
     def refuse(self, status: int, message: str) -> None:
