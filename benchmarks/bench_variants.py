@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from _harness import markdown_table
-from slorouter.bench.cluster import ClusterSettings, ClusterSimulator, RunRecords
+from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
 from slorouter.bench.policies import resolve_policies
 from slorouter.bench.pool import describe_pool, parse_pool
+from slorouter.bench.records import RunRecords
 from slorouter.bench.results import summarize_run
 from slorouter.bench.workloads import BenchRequest, generate
 from slorouter.sim.engine import Engine

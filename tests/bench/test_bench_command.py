@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slorouter.bench.cluster import OK, SHED, UNFINISHED, RunRecords
 from slorouter.bench.policies import POLICY_NAMES, PolicyError, resolve_policies, resolve_policy
 from slorouter.bench.pool import PoolSpecError, describe_pool, parse_pool
+from slorouter.bench.records import OK, SHED, UNFINISHED, RunRecords
 from slorouter.bench.report import markdown_tables
 from slorouter.bench.results import summarize_run
 from slorouter.cli import main

@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from slorouter.bench.cluster import OK, SHED, UNFINISHED, ClusterSettings, ClusterSimulator
+from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
 from slorouter.bench.policies import BUILTIN_POLICIES
 from slorouter.bench.pool import parse_pool
+from slorouter.bench.records import OK, SHED, UNFINISHED
 from slorouter.bench.workloads import BenchRequest
 from slorouter.sim.engine import Engine
 from slorouter.sim.profiles import get_profile

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from slorouter.bench.classes import class_figures
-from slorouter.bench.cluster import OK, SHED, ClusterSimulator
+from slorouter.bench.cluster import ClusterSimulator
 from slorouter.bench.policies import BUILTIN_POLICIES
 from slorouter.bench.pool import parse_pool
+from slorouter.bench.records import OK, SHED
 from slorouter.bench.workloads import BenchRequest
 from slorouter.flowcontrol.config import FlowControlConfig
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slorouter.bench.cluster import OK, ClusterSettings, ClusterSimulator, RunRecords
+from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
 from slorouter.bench.policies import BUILTIN_POLICIES, NAMED_POLICIES
 from slorouter.bench.pool import parse_pool
+from slorouter.bench.records import OK, RunRecords
 from slorouter.bench.workloads import BenchRequest
 from slorouter.cli import main
 from tests.bench.test_cluster import chat_requests

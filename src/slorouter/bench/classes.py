@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from slorouter.bench.cluster import RunRecords
+from slorouter.bench.records import RunRecords
 from slorouter.bench.workloads.request import BenchRequest
 
 Figures = dict[str, float | int | None]

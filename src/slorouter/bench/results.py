@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from slorouter.bench.cluster import OK, REJECTED, SHED, RunRecords
+from slorouter.bench.records import OK, REJECTED, SHED, RunRecords
 
 _HUGE = 1e300  # stands in for ∞ so that interpolating next to an unfinished request gives "∞", not NaN
 

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from slorouter.bench.classes import class_figures
-from slorouter.bench.cluster import ClusterSettings, ClusterSimulator, RunRecords
+from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
 from slorouter.bench.policies import Policy
 from slorouter.bench.pool import describe_pool
+from slorouter.bench.records import RunRecords
 from slorouter.bench.results import summarize_run
 from slorouter.bench.workloads import generate
 from slorouter.bench.workloads.trace import Replay

@@ -1,0 +1,414 @@
+"""One discrete-event run of a ``ClusterSimulator``: the event queue and one handler per kind of event.
+
+Events are ``(time, sequence, kind, argument)`` in a heap; at equal times they run in the order they were
+pushed. Each handler does what the network, the pods or the router's timers would do at that instant
+(``cluster.py``'s docstring says what is modelled); after every event, requests that flow control released
+are routed and its next wake-up is scheduled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from slorouter.api.replies import TEXT
+from slorouter.bench.records import OK, REJECTED, SHED, UNFINISHED, RunRecords, empty_column
+from slorouter.bench.workloads import BenchRequest
+from slorouter.director import NOT_QUEUED, Admission
+from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
+from slorouter.flowcontrol.controller import Ticket
+from slorouter.kvevents.wire import KVEventBatch
+from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.serving.exchange import Exchange
+from slorouter.sim.engine import Finished, FirstToken, RequestId, RequestRejected, Step
+from slorouter.sim.text import output_text
+from slorouter.tokenizer import BYTES_PER_TOKEN, encode_bytes
+
+if TYPE_CHECKING:
+    from slorouter.bench.cluster import ClusterSimulator, RouterStack
+
+# Event kinds (indices into ``SimulationRun._handlers``).
+(
+    _ARRIVAL,
+    _WAKE,
+    _STEP_END,
+    _FIRST_TOKEN,
+    _DONE,
+    _SCRAPE,
+    _TRAIN,
+    _KV_EVENTS,
+    _PUBLISH,
+    _PUBLISH_CHANGE,
+    _DELIVER,
+    _FLOW,
+) = range(12)
+
+
+class SimulationRun:
+    """The state of one run and its event handlers."""
+
+    def __init__(
+        self,
+        simulator: ClusterSimulator,
+        requests: Sequence[BenchRequest],
+        progress: Callable[[float], None] | None,
+    ) -> None:
+        self.sim = simulator
+        self.requests = requests
+        self.progress = progress
+        self.started = time.perf_counter()
+        settings = self.settings = simulator.settings
+        n = len(requests)
+        self.rec = rec = RunRecords(
+            arrival=np.array([r.arrival for r in requests], dtype=np.float64),
+            status=np.full(n, UNFINISHED, dtype=np.int32),
+            pod=np.full(n, -1, dtype=np.int32),
+            ttft_s=empty_column(n),
+            e2e_s=empty_column(n),
+            prompt_tokens=np.zeros(n, dtype=np.int64),
+            cached_tokens=np.zeros(n, dtype=np.int64),
+            output_tokens=np.zeros(n, dtype=np.int64),
+            slo_ttft_ms=np.array([_or_nan(r.slo_ttft_ms) for r in requests], dtype=np.float64),
+            slo_tpot_ms=np.array([_or_nan(r.slo_tpot_ms) for r in requests], dtype=np.float64),
+            predicted=np.zeros(n, dtype=bool),
+            predicted_ttft_ms=empty_column(n),
+            point_ttft_ms=empty_column(n),
+            predicted_tpot_ms=empty_column(n),
+            point_tpot_ms=empty_column(n),
+            pod_profiles=[p.name for p in simulator.profiles],
+            picker=simulator.assign_pickers(n),
+            queued_s=empty_column(n),
+        )
+        if n and np.any(np.diff(rec.arrival) < 0):
+            raise ValueError("requests must be sorted by arrival time")
+        self.end = (float(rec.arrival[-1]) if n else 0.0) + settings.drain_s
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = itertools.count()
+        self.engines = simulator.engines
+        self.busy: list[Step | None] = [None] * len(self.engines)
+        self.wake_at = [math.inf] * len(self.engines)
+        self.exchanges: dict[int, Exchange] = {}
+        self.net = settings.network_s
+        self.arrivals_left = n
+        self.steps = self.events = self.trainings = 0
+        self.recorders = simulator.kv_recorders
+        self.kv_indexes = [stack.kv_index for stack in simulator.pickers if stack.kv_index is not None]
+        self.pickers = simulator.pickers
+        self.board = simulator.board
+        self.predictors = list(
+            {id(s.predictor): s.predictor for s in self.pickers if s.predictor is not None}.values()
+        )
+        self.publish_every = settings.shared_inflight_interval_s
+        self.on_change = self.board is not None and settings.shared_inflight_publishing == "on-change"
+        # An on-change publication is due (after the current event), per picker.
+        self.publishing = [False] * len(self.pickers)
+        self.next_progress = 0.0
+        # Flow control: requests that left a queue (the controller's callback), routed after each event.
+        self.released: list[tuple[int, InferenceRequest, Ticket]] = []
+        self.flow_timer = [math.inf] * len(self.pickers)
+        self._handlers: list[Callable[[float, Any], None]] = [
+            self._arrival,
+            self._wake,
+            self._step_end,
+            self._first_token,
+            self._done,
+            self._scrape,
+            self._train,
+            self._kv_events,
+            self._publish,
+            self._publish_change,
+            self._deliver,
+            self._flow,
+        ]
+
+    def push(self, at: float, kind: int, arg: Any) -> None:
+        heapq.heappush(self.heap, (at, next(self.seq), kind, arg))
+
+    def execute(self) -> RunRecords:
+        rec, settings, pickers = self.rec, self.settings, self.pickers
+        for i in range(len(self.requests)):
+            self.push(float(rec.arrival[i]), _ARRIVAL, i)
+        self.push(settings.scrape_interval_s, _SCRAPE, None)
+        if self.predictors:
+            self.push(settings.train_poll_s, _TRAIN, None)
+        if self.board is not None:  # each picker on its own phase, as unsynchronised processes would be
+            for k in range(len(pickers)):
+                self.push(self.publish_every * (k + 1) / len(pickers), _PUBLISH, k)
+        heap, pop, handlers, end = self.heap, heapq.heappop, self._handlers, self.end
+        set_clock = self.sim.clock.set
+        while heap:
+            now, _, kind, arg = pop(heap)
+            if now > end:
+                break
+            self.events += 1
+            set_clock(now)
+            handlers[kind](now, arg)
+            self._after_event(now)
+        for exchange in self.exchanges.values():  # still running at the end: release their in-flight load
+            exchange.abandoned(Termination.CANCELLED, "the simulation ended before the request finished")
+        for stack in pickers:  # and the others' published load folded into each picker's counts
+            if stack.shared is not None:
+                stack.shared.detach()
+        clock = self.sim.clock
+        if self.progress is not None:
+            self.progress(clock.now())
+        rec.virtual_s = clock.now()
+        rec.wall_s = time.perf_counter() - self.started
+        rec.steps, rec.events, rec.trainings = self.steps, self.events, self.trainings
+        rec.facts = self.sim.facts()
+        return rec
+
+    # --- the pods --------------------------------------------------------------------------------------
+    def _kick(self, pod: int, now: float) -> None:
+        """Start the pod's next step, or wake it when its next request clears the API overhead."""
+        if self.busy[pod] is not None:
+            return
+        engine = self.engines[pod]
+        step = engine.plan_step(now)
+        if step is not None:
+            self.busy[pod] = step
+            self.push(step.end, _STEP_END, pod)
+            return
+        ready = engine.next_ready_time()
+        if ready is not None and ready < self.wake_at[pod]:
+            self.wake_at[pod] = ready
+            self.push(ready, _WAKE, pod)
+
+    def _step_end(self, now: float, pod: int) -> None:
+        step = self.busy[pod]
+        assert step is not None
+        self.busy[pod] = None
+        out = self.engines[pod].commit_step(step, now)
+        self.steps += 1
+        net = self.net
+        for first in out.first_tokens:
+            self.push(first.time + net, _FIRST_TOKEN, first)
+        for done in out.finished:
+            self.push(done.done_time + net, _DONE, done)
+        if self.recorders:
+            kv_events = self.recorders[pod].drain()
+            if kv_events:
+                batch = KVEventBatch(now, kv_events)
+                self.push(now + self.settings.kv_event_delay_s, _KV_EVENTS, (pod, batch))
+        self._kick(pod, now)
+
+    def _wake(self, now: float, pod: int) -> None:
+        if self.wake_at[pod] == now:
+            self.wake_at[pod] = math.inf
+            self._kick(pod, now)
+
+    # --- the responses ---------------------------------------------------------------------------------
+    def _first_token(self, now: float, first_token: FirstToken) -> None:
+        i = _index(first_token.request_id)
+        exchange = self.exchanges.get(i)
+        if exchange is None:
+            return
+        exchange.started(200, True, bytes_follow=False)
+        exchange.tokens(1)
+        rec = self.rec
+        rec.ttft_s[i] = now - rec.arrival[i]
+        if self.on_change:
+            self._changed(int(rec.picker[i]), now)
+
+    def _done(self, now: float, finished: Finished) -> None:
+        i = _index(finished.request_id)
+        exchange = self.exchanges.pop(i, None)
+        if exchange is None:
+            return
+        assert exchange.lifecycle is not None
+        wanted = exchange.lifecycle.reply_chars_wanted
+        if wanted > 0:  # the engine's reply is output_text(0, n): ASCII, BYTES_PER_TOKEN a token
+            tokens = min(finished.output_tokens, -(-wanted // BYTES_PER_TOKEN))
+            exchange.reply_text(output_text(0, tokens))
+        exchange.answered(
+            usage={"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.output_tokens}
+        )
+        rec = self.rec
+        rec.status[i] = OK
+        rec.e2e_s[i] = now - rec.arrival[i]
+        rec.output_tokens[i] = finished.output_tokens
+        rec.cached_tokens[i] = finished.cached_tokens
+        if self.on_change:
+            self._changed(int(rec.picker[i]), now)
+
+    # --- the requests ----------------------------------------------------------------------------------
+    def _arrival(self, now: float, i: int) -> None:
+        self.arrivals_left -= 1
+        rec = self.rec
+        k = int(rec.picker[i])
+        inference = self._inference(i, self.requests[i], now)
+        director = self.pickers[k].director
+        if director.flow_control is None:
+            self._route(k, i, inference, NOT_QUEUED, now)
+        else:
+            ticket = director.admit(inference, _releaser(self.released, i, inference))
+            if ticket.rejection is not None:
+                rec.status[i] = SHED
+        if self.progress is not None and now >= self.next_progress:
+            self.progress(now)
+            self.next_progress = now + 1.0
+
+    def _inference(self, i: int, request: BenchRequest, now: float) -> InferenceRequest:
+        prompt_tokens = len(encode_bytes(request.prompt)) // BYTES_PER_TOKEN
+        self.rec.prompt_tokens[i] = prompt_tokens
+        return InferenceRequest(
+            request_id=str(i),
+            model=self.settings.model,
+            prompt_text=request.prompt,
+            prompt_tokens=prompt_tokens,
+            max_tokens=request.max_tokens,
+            stream=True,
+            priority=request.priority,
+            slo_ttft_ms=request.slo_ttft_ms,
+            slo_tpot_ms=request.slo_tpot_ms,
+            received_at=now,
+            history_form=TEXT,  # completions: the next turn's prompt is this prompt followed by the reply
+            headers={FAIRNESS_HEADER: request.tenant} if request.tenant else {},
+        )
+
+    def _route(self, k: int, i: int, inference: InferenceRequest, admission: Admission, now: float) -> None:
+        self._send(self.pickers[k], i, inference, admission, now)
+        if self.on_change:
+            self._changed(k, now)
+
+    def _send(
+        self, stack: RouterStack, i: int, inference: InferenceRequest, admission: Admission, now: float
+    ) -> None:
+        """Schedule (on the load of ``now``: after the queue, when there is one), dispatch, and send."""
+        rec = self.rec
+        rec.queued_s[i] = admission.queued_s
+        exchange = Exchange.of(stack.front, inference)
+        exchange.admission = admission
+        try:
+            lifecycle = exchange.pick_now()
+        except SchedulingError as exc:
+            rec.status[i] = exc.status
+            return
+        pod = self.sim.pod_of[lifecycle.target.address]
+        rec.pod[i] = pod
+        prediction = lifecycle.prediction
+        if prediction is not None and stack.predictor is not None:
+            ttft, tpot = prediction.ttft_ms, prediction.tpot_ms
+            rec.predicted[i] = True
+            rec.predicted_ttft_ms[i] = ttft
+            # The point prediction is the model's: without the live-coverage factor of the served quantile.
+            point_factor = stack.predictor.predictor.point_factor
+            rec.point_ttft_ms[i] = ttft / prediction.ttft_coverage_factor * point_factor("ttft")
+            if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
+                rec.predicted_tpot_ms[i] = tpot
+                rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
+        prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
+        try:
+            self.engines[pod].add_request(i, prompt, inference.max_tokens, now + self.net)
+        except RequestRejected as exc:
+            exchange.failed(Termination.UPSTREAM_ERROR, str(exc), "rejected")
+            rec.status[i] = REJECTED
+            return
+        self.exchanges[i] = exchange
+        self._kick(pod, now)
+
+    # --- flow control ----------------------------------------------------------------------------------
+    def _flow(self, now: float, k: int) -> None:
+        self.flow_timer[k] = math.inf
+        controller = self.pickers[k].director.flow_control
+        assert controller is not None
+        controller.service()
+
+    def _after_event(self, now: float) -> None:
+        released = self.released
+        while released:
+            i, inference, ticket = released.pop(0)
+            k = int(self.rec.picker[i])
+            try:
+                admission = self.pickers[k].director.admitted(ticket)
+            except SchedulingError as exc:
+                self.rec.status[i] = exc.status
+                continue
+            self._route(k, i, inference, admission, now)
+        for k, stack in enumerate(self.pickers):
+            controller = stack.director.flow_control
+            if controller is None or not len(controller):
+                continue
+            wake = controller.next_wakeup()
+            if wake is not None and wake < self.flow_timer[k]:
+                self.flow_timer[k] = wake
+                self.push(wake, _FLOW, k)
+
+    # --- the router's timers ---------------------------------------------------------------------------
+    def _scrape(self, now: float, _: None) -> None:
+        self.sim.scrape_all(now)
+        pickers = self.pickers
+        for stack in pickers:  # new engine signals: maybe room
+            if stack.director.flow_control is not None:
+                stack.director.flow_control.service()
+        # After the last arrival only requests still held by flow control read them.
+        if self.arrivals_left or any(
+            stack.director.flow_control is not None and len(stack.director.flow_control) for stack in pickers
+        ):
+            self.push(now + self.settings.scrape_interval_s, _SCRAPE, None)
+
+    def _kv_events(self, now: float, event: tuple[int, KVEventBatch]) -> None:
+        pod, batch = event
+        for kv_index in self.kv_indexes:  # every picker subscribes to every pod's events
+            kv_index.apply(self.sim.addresses[pod], batch)
+
+    def _train(self, now: float, _: None) -> None:
+        for predictor in self.predictors:
+            self.trainings += len(predictor.maybe_train())
+        if self.arrivals_left:
+            self.push(now + self.settings.train_poll_s, _TRAIN, None)
+
+    # --- pickers sharing their in-flight load ----------------------------------------------------------
+    def _changed(self, k: int, now: float) -> None:
+        if not self.publishing[k]:
+            self.publishing[k] = True
+            self.push(now, _PUBLISH_CHANGE, k)
+
+    def _publish(self, now: float, k: int) -> None:
+        shared = self.pickers[k].shared
+        assert shared is not None
+        self.push(now + self.settings.shared_inflight_delay_s, _DELIVER, shared.publication())
+        if self.arrivals_left:
+            self.push(now + self.publish_every, _PUBLISH, k)
+
+    def _publish_change(self, now: float, k: int) -> None:
+        self.publishing[k] = False
+        shared = self.pickers[k].shared
+        assert shared is not None
+        self.push(now + self.settings.shared_inflight_delay_s, _DELIVER, shared.publication())
+
+    def _deliver(self, now: float, publication: Any) -> None:
+        board = self.board
+        assert board is not None
+        if board.receive(publication):
+            for stack in self.pickers:
+                if stack.shared is not None and stack.shared.picker != publication.picker:
+                    stack.shared.refresh(board)
+
+
+def _releaser(
+    released: list[tuple[int, InferenceRequest, Ticket]], i: int, inference: InferenceRequest
+) -> Callable[[Ticket], None]:
+    """Flow control's callback for request ``i``: noted, and routed once the current event is done."""
+
+    def on_outcome(ticket: Ticket) -> None:
+        released.append((i, inference, ticket))
+
+    return on_outcome
+
+
+def _index(request_id: RequestId) -> int:
+    """The engines here know each request by its index in the run."""
+    assert isinstance(request_id, int)
+    return request_id
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
