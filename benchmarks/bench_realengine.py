@@ -37,6 +37,10 @@ directory and prints the tables (per seed and median, ratios to heuristic, real 
         [--policies heuristic,token-aware,predicted-latency] [--warmup 40] [--duration 70] [--load 0.6]
         [--rate REQ_PER_S] [--out results/realengine]
     .venv/bin/python benchmarks/bench_realengine.py --report results/realengine
+    .venv/bin/python benchmarks/bench_realengine.py --virtual [--pool ...] [--seeds 0,1,...,9] [...]
+
+``--virtual`` runs the same requests through ``slorouter bench``'s discrete-event cluster on the fitted
+profile's pods in virtual time, and prints a table (medians over the seeds, ratios to the first policy).
 """
 
 from __future__ import annotations
@@ -450,11 +454,70 @@ def _run(argv: list[str]) -> int:
     return subprocess.run(argv, cwd=ROOT).returncode
 
 
+def virtual_time(args: argparse.Namespace, rate: float) -> None:
+    """The same requests (warm-up and measured phase) through ``slorouter bench``'s discrete-event cluster
+    on the fitted profile's pods, in virtual time: many seeds in minutes, and the runs' length free of the
+    real engine's cost. The predictor trains as in the real runs (``TRAINING``); the warm-up is not
+    extended (the predictor is ready within it at these rates)."""
+    from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
+    from slorouter.bench.policies import resolve_policy
+    from slorouter.bench.workloads.request import BenchRequest
+    from slorouter.sim.profiles import get_profile
+    from slorouter.sim.variants import apply_variant
+    from slorouter.tokenizer import chat_to_prompt
+
+    workload = Workload()
+    base = get_profile(SIM_PROFILE)
+    profiles = [apply_variant(base, v) if v else base for v in sim_variants(POOLS[args.pool])]
+    settings = ClusterSettings(
+        min_samples=int(TRAINING["min_samples"]),
+        retrain_interval_s=TRAINING["retrain_interval_s"],
+        model=MODEL,
+    )
+    rows: dict[str, list[list[float]]] = {}
+    for seed in args.seeds:
+        warm = build_requests(seed + WARMUP_SEED_OFFSET, rate, args.warmup, workload)
+        measured = build_requests(seed, rate, args.duration, workload)
+        requests = [
+            BenchRequest(start + r.offset_s, chat_to_prompt(json.loads(r.body)["messages"]), r.max_tokens)
+            for start, phase in ((0.0, warm), (args.warmup, measured))
+            for r in phase
+        ]
+        for policy in args.policies:
+            resolved = resolve_policy(policy)
+            with ClusterSimulator(
+                profiles, resolved.config, use_predictor=resolved.uses_predictor, settings=settings, seed=seed
+            ) as sim:
+                rec = sim.run(requests)
+            ttft = rec.ttft_s[len(warm) :] * 1e3
+            ttft = ttft[np.isfinite(ttft)]
+            tpot = rec.tpot_ms[len(warm) :]
+            row = [*np.percentile(ttft, [50, 90, 99]), float(np.nanmedian(tpot)), float(len(ttft))]
+            rows.setdefault(resolved.name, []).append(row)
+            print(f"seed {seed} {resolved.name}: TTFT p50/p90/p99 {row[0]:.0f}/{row[1]:.0f}/{row[2]:.0f} ms, "
+                  f"TPOT p50 {row[3]:.1f} ms, {row[4]:.0f} measured", flush=True)  # fmt: skip
+    base_name = policy_name(args.policies[0])
+    table = []
+    for name, values in rows.items():
+        medians = np.median(np.array(values), axis=0)
+        ratios = [medians[k] / np.median(np.array(rows[base_name]), axis=0)[k] for k in range(4)]
+        table.append([name, *(_fmt(v) for v in medians[:3]), _fmt(medians[3], 1),
+                      *(f"{r:.2f}×" for r in ratios[:3])])  # fmt: skip
+    seeds = ",".join(map(str, args.seeds))
+    print(f"\n{args.pool} pool, virtual time, {rate:.2f} req/s, {args.warmup:g} s warm-up + "
+          f"{args.duration:g} s measured, medians over seeds {seeds}:\n")  # fmt: skip
+    print(markdown_table(["policy", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p50 ms",
+                          f"p50 ÷ {base_name}", "p90 ÷", "p99 ÷"], table))  # fmt: skip
+
+
 def run_command(args: argparse.Namespace) -> None:
     servers = POOLS[args.pool]
     workload = Workload()
     capacity = pool_capacity(servers, workload)
     rate = args.rate if args.rate is not None else args.load * capacity
+    if args.virtual:
+        virtual_time(args, rate)
+        return
     engine = "sim" if args.sim else "real"
     print(f"pool {args.pool} ({'; '.join(s.describe() for s in servers)}), {engine}: capacity {capacity:.2f} "
           f"req/s (fitted profile, virtual time), offered {rate:.2f} req/s", flush=True)  # fmt: skip
@@ -543,6 +606,11 @@ def summarize(output: dict[str, Any]) -> dict[str, Any]:
             (len(mine), _pct([r["ttft_ms"] for r in mine], 50), _pct([tpot(r) for r in mine], 50))
         )
     s["servers"] = sorted(per_server, key=lambda row: -row[2])
+    # TTFT p90 in each fifth of the measured phase, in arrival order: a queue that keeps growing (a load the
+    # pool does not sustain) shows as a rising sequence, a steady state as a flat one.
+    s["ttft_p90_by_fifth"] = [
+        _pct([r["ttft_ms"] for r in ok[k * len(ok) // 5 : (k + 1) * len(ok) // 5]], 90) for k in range(5)
+    ]
     cpu = output["info"]["cpu"]
     servers_cpu = sum(v for k, v in cpu.items() if k.startswith("server"))
     s["cpu_gateway"] = cpu["gateway"]
@@ -667,6 +735,8 @@ def _notes(policy: str, seeds: dict[int, dict[str, Any]]) -> str:
         f"router CPU share {each('router_cpu_share', 100, 1, ' %')}",
         f"cores gateway/servers/loadgen {cores}",
         f"mean prompt tokens {each('prompt_tokens_mean', digits=0)}",
+        "TTFT p90 by fifth of the run "
+        + " ; ".join("/".join(f"{v:.0f}" for v in seeds[s]["ttft_p90_by_fifth"]) for s in order),
         "per server, slowest streams first, requests/TTFT p50/TPOT p50 "
         + " ; ".join(", ".join(f"{n}/{t:.0f}/{p:.1f}" for n, t, p in seeds[s]["servers"]) for s in order),
     ]
@@ -694,6 +764,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--pool", choices=sorted(POOLS), default="homogeneous")
     parser.add_argument("--sim", action="store_true", help="slorouter sim pods of the fitted profile instead")
+    parser.add_argument(
+        "--virtual",
+        action="store_true",
+        help="the fitted profile's pods in virtual time (slorouter bench's cluster), a table per pool",
+    )
     parser.add_argument("--seeds", type=lambda t: [int(v) for v in t.split(",")], default=[0, 1, 2])
     parser.add_argument(
         "--policies", type=lambda t: t.split(","), default=["heuristic", "token-aware", "predicted-latency"]

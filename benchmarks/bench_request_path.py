@@ -144,7 +144,7 @@ def report(case: str, cpu_ms: dict[str, list[float]], trees: dict[str, str]) -> 
     rows = []
     for name, values in cpu_ms.items():
         kind, _, tree = name.partition(" [")
-        base = statistics.median(cpu_ms[f"{kind} [{first}"])
+        base = statistics.median(cpu_ms[f"{kind} [{first}]"])
         median = statistics.median(values)
         rows.append([kind, tree.rstrip("]"), " / ".join(f"{v:.3f}" for v in values), f"{median:.3f}",
                      f"{median / base:.3f}×"])  # fmt: skip
