@@ -1,22 +1,29 @@
-"""Shared pieces of the benchmark scripts: starting processes, waiting for ports, wrk, Markdown tables."""
+"""Shared pieces of the benchmark scripts: starting processes (their output to a log, ready once their ports
+listen), their CPU and the machine's, the gateway's config for a policy, scraping /metrics, wrk, Markdown
+tables."""
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOROUTER = [sys.executable, "-m", "slorouter.cli"]
+PROBLEM = re.compile(r"(?i)error|warning|traceback|exception")  # a log line worth showing
 
 
 def free_port() -> int:
@@ -51,6 +58,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (Linux /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
 def wait_for_port(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -61,25 +76,112 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout}s")
 
 
+# --- processes --------------------------------------------------------------------------------------------
+
+
+def start_logged(
+    args: Sequence[str], log_path: Path, *, append: bool = False, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A child process in ``ROOT`` whose output (stdout and stderr) goes to ``log_path``, appended to it
+    with ``append`` (a pipe nobody reads could fill up and block it); ``env``, when given, its
+    environment."""
+    with log_path.open("ab" if append else "wb") as log:
+        return subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+
+def wait_listening(ports: Sequence[int], log_path: Path, name: str, timeout: float = 30.0) -> None:
+    """Returns once each of ``ports`` accepts connections (``timeout`` seconds each); exits with the log
+    of the process ``name`` when one does not."""
+    for port in ports:
+        try:
+            wait_for_port(port, timeout)
+        except TimeoutError:
+            output = log_path.read_text(errors="replace")
+            raise SystemExit(f"{name} did not start:\n{output}") from None
+
+
 @contextmanager
-def process(args: Sequence[str], wait_ports: Sequence[int] = ()) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(list(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    try:
-        for port in wait_ports:
-            wait_for_port(port)
+def logged_process(
+    args: Sequence[str],
+    ports: Sequence[int] = (),
+    log_path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process (``start_logged``), yielded once ``ports`` listen (``wait_listening``), stopped on
+    leaving (``stop_process``). Without ``log_path`` its output goes to a temporary file, shown only when
+    the process does not start."""
+    with ExitStack() as stack:
+        if log_path is None:
+            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-process-"))) / "log"
+        proc = start_logged(args, log_path, env=env)
+        stack.callback(stop_process, proc)
+        name = " ".join(args[3:5]) if list(args[:3]) == SLOROUTER else shlex.join(args)
+        wait_listening(ports, log_path, name)
         yield proc
-    finally:
-        stop_process(proc)
 
 
-def stop_process(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 10 s; reaped either way."""
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; reaped either way. Returns the exit status."""
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait()
+        return proc.wait()
+
+
+# --- the gateway ------------------------------------------------------------------------------------------
+
+
+def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> dict[str, Any]:
+    """The gateway's config for a policy: one of ``slorouter bench``'s (a built-in name, ``NAME=PATH`` or
+    ``PATH`` of a scheduler config), with the embedded predictor when it uses one."""
+    from slorouter.bench.policies import resolve_policy
+
+    resolved = resolve_policy(policy)
+    config: dict[str, Any] = {
+        "gateway": {"host": "127.0.0.1", "port": port},
+        "pool": {"endpoints": endpoints},
+        "seed": seed,
+        "scheduler": copy.deepcopy(resolved.config),
+    }
+    if resolved.uses_predictor:
+        # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
+        config["predictor"] = {
+            "mode": "embedded",
+            "prediction_by_default": True,
+            "embedded": {"persist": False},
+        }
+    return config
+
+
+def uses_predictor(policy: str) -> bool:
+    from slorouter.bench.policies import resolve_policy
+
+    return resolve_policy(policy).uses_predictor
+
+
+def policy_name(policy: str) -> str:
+    from slorouter.bench.policies import resolve_policy
+
+    return resolve_policy(policy).name
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of a Prometheus page, summed over label sets: {sample name: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+# --- wrk and tables ---------------------------------------------------------------------------------------
 
 
 def ensure_wrk() -> str:
@@ -97,7 +199,7 @@ def ensure_wrk() -> str:
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
 
-def _to_ms(text: str) -> float:
+def wrk_duration_ms(text: str) -> float:
     match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
     if not match:
         raise ValueError(f"unexpected wrk duration {text!r}")
@@ -134,7 +236,7 @@ wrk.headers["Content-Type"] = "application/json"
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
     result["requests"] = float(re.search(r"(\d+) requests in", out).group(1))
     for pct in ("50", "90", "99"):
-        result[f"p{pct}_ms"] = _to_ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))
+        result[f"p{pct}_ms"] = wrk_duration_ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     result["non_2xx"] = float(errors.group(1)) if errors else 0.0
     return result

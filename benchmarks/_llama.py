@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _harness import ROOT, free_port, stop_process
+from _harness import ROOT, free_port, logged_process
 
 MODEL = "gemma3-270m"  # the name the servers answer to (--alias) and the requests carry
 START_TIMEOUT_S = 90.0
@@ -91,10 +91,8 @@ def llama_server(
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A fresh llama-server (nothing cached), healthy; yields (process, base URL)."""
     port = port or free_port()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(spec.argv(port), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    try:
+    with logged_process(spec.argv(port), [], log_path) as proc:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
@@ -109,8 +107,6 @@ def llama_server(
                     ) from None
                 time.sleep(0.1)
         yield proc, url
-    finally:
-        stop_process(proc)
 
 
 # Natural English for prompts: the prose paragraphs of this repository's own documentation at a fixed commit

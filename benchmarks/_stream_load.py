@@ -12,21 +12,22 @@ requests sent, answered 200 with a whole stream (``[DONE]`` seen), failed, and p
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
+import math
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import uvloop
 
-TOKEN_MARK = b'"delta":{"content":"'
-EMPTY_TOKEN = b'"delta":{"content":""'
-COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+from _loadgen import OpenLoop, stream_completion
+
+JSON_HEADERS = {"Content-Type": "application/json"}
 WORDS = [
     "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
     "quietly", "judge", "boxing", "matches",
@@ -50,56 +51,33 @@ async def one(session: aiohttp.ClientSession, spec: dict[str, Any], index: int, 
         }
     )
     sent = time.perf_counter()
-    ttft = None
-    try:
-        async with session.post(
-            spec["url"], data=body, headers={"Content-Type": "application/json"}
-        ) as response:
-            if response.status != 200:
-                out["failed"] += 1
-                out["errors"].append(f"{response.status}: {(await response.text())[:120]}")
-                return
-            tail = b""
-            async for chunk in response.content.iter_any():
-                if ttft is None:
-                    start = chunk.find(TOKEN_MARK)
-                    if start >= 0 and chunk.find(EMPTY_TOKEN, start, start + len(EMPTY_TOKEN)) < 0:
-                        ttft = time.perf_counter() - sent
-                tail = (tail + chunk)[-4096:]
-        if not tail.rstrip().endswith(b"data: [DONE]"):
-            out["failed"] += 1
-            out["errors"].append("stream ended without [DONE]")
-            return
-        match = COMPLETION_TOKENS.search(tail)
-        out["ok"] += 1
-        out["ttft_ms"].append((ttft or 0.0) * 1e3)
-        out["e2e_ms"].append((time.perf_counter() - sent) * 1e3)
-        out["tokens"].append(int(match.group(1)) if match else 0)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    result = await stream_completion(session, spec["url"], body, JSON_HEADERS, sent)
+    if result.error:
         out["failed"] += 1
-        out["errors"].append(f"{type(exc).__name__}: {exc}"[:160])
+        refused = result.status not in (0, 200)
+        out["errors"].append(f"{result.status}: {result.error[:120]}" if refused else result.error[:160])
+        return
+    out["ok"] += 1
+    out["ttft_ms"].append(0.0 if math.isnan(result.ttft_ms) else result.ttft_ms)
+    out["e2e_ms"].append((time.perf_counter() - sent) * 1e3)  # once the response is released
+    out["tokens"].append(result.completion_tokens)
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"sent": 0, "ok": 0, "failed": 0, "errors": [], "ttft_ms": [], "e2e_ms": [],
                            "tokens": []}  # fmt: skip
-    loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = set()
     timeout = aiohttp.ClientTimeout(total=spec["timeout_s"])
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        start = loop.time()
-        count = int(spec["rate"] * spec["seconds"])
-        for index in range(count):
-            due = start + index / spec["rate"]
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.create_task(one(session, spec, index, out))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+
+        def begin(index: int, _sent: float, _lag_ms: float) -> Coroutine[Any, Any, None]:
+            return one(session, spec, index, out)  # one() reads its start time once its body is built
+
+        sender = OpenLoop()
+        start = sender.loop.time()
+        for index in range(int(spec["rate"] * spec["seconds"])):
+            await sender.send(start + index / spec["rate"], partial(begin, index))
             out["sent"] += 1
-        if tasks:
-            await asyncio.wait(set(tasks), timeout=spec["timeout_s"] + 5)
+        await sender.drain(spec["timeout_s"] + 5)
     out["errors"] = out["errors"][:10]
     return out
 

@@ -31,23 +31,22 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from _harness import (
     SLOROUTER,
     cpu_seconds,
     free_port,
     free_port_range,
+    logged_process,
     markdown_table,
-    process,
     run_wrk,
+    scrape,
     wait_for_port,
 )
 from _stream_load import stream_load
@@ -67,7 +66,7 @@ def envoy(setup: EnvoySetup, directory: Path) -> Iterator[subprocess.Popen[bytes
     path = directory / f"envoy-{setup.listen_port}.yaml"
     path.write_text(yaml.safe_dump(bootstrap(setup)), encoding="utf-8")
     args = [binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart", "--concurrency", "1"]
-    with process(args, [setup.listen_port]) as proc:
+    with logged_process(args, [setup.listen_port]) as proc:
         yield proc
 
 
@@ -107,13 +106,13 @@ def start_targets(
         path = directory / f"{profile}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         serve = [*SLOROUTER, "serve", "--config", str(path), "--log-level", "WARNING"]
-        gateway_process = stack.enter_context(process(serve, [gw_port]))
+        gateway_process = stack.enter_context(logged_process(serve, [gw_port]))
         base = f"http://127.0.0.1:{gw_port}"
         targets[f"gateway {profile}"] = Target(base, gateway_process.pid, None, f"{base}/metrics")
         epp = [*SLOROUTER, "epp", "--config", str(path), "--grpc-port", str(grpc_port),
                "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
                "--log-level", "WARNING"]  # fmt: skip
-        picker = stack.enter_context(process(epp, [grpc_port]))
+        picker = stack.enter_context(logged_process(epp, [grpc_port]))
         for path in args.response_paths:
             setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", grpc_port, endpoints=tuple(endpoints),
                                request_body_mode=args.body_mode, response_path=path)  # fmt: skip
@@ -127,7 +126,7 @@ def start_targets(
     if args.null_picker:
         null_port = free_port()
         null_picker = [sys.executable, str(HERE / "_null_picker.py"), str(null_port), endpoints[0]]
-        null = stack.enter_context(process(null_picker, [null_port]))
+        null = stack.enter_context(logged_process(null_picker, [null_port]))
         for path in args.response_paths:
             setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", null_port, endpoints=tuple(endpoints),
                                request_body_mode=args.body_mode, response_path=path)  # fmt: skip
@@ -149,7 +148,7 @@ def one_token(args: argparse.Namespace) -> None:
         directory = Path(tmp)
         sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", "instant",
                "--model", "sim-instant"]  # fmt: skip
-        stack.enter_context(process(sim, [sim_port + i for i in range(args.pods)]))
+        stack.enter_context(logged_process(sim, [sim_port + i for i in range(args.pods)]))
         args.null_picker = True
         targets = start_targets(stack, directory, endpoints, args, "sim-instant")
         for target in targets.values():  # warm up connections, code paths, and train the predictors
@@ -224,17 +223,6 @@ def one_token(args: argparse.Namespace) -> None:
 # --- streamed replies -------------------------------------------------------------------------------------
 
 
-def scrape(url: str) -> dict[str, float]:
-    """Every sample of a Prometheus page, summed over label sets: {sample name: value}."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
-
-
 def scrape_pods(endpoints: list[str]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for endpoint in endpoints:
@@ -266,7 +254,7 @@ def streamed(args: argparse.Namespace) -> None:
         directory = Path(tmp)
         sim = [*SLOROUTER, "sim", "--pods", str(pods), "--port", str(sim_port), "--profile", "llama3-8b-h100",
                "--model", "sim-llama3-8b"]  # fmt: skip
-        stack.enter_context(process(sim, [sim_port + i for i in range(pods)]))
+        stack.enter_context(logged_process(sim, [sim_port + i for i in range(pods)]))
         args.null_picker = False  # it routes every request to one pod: no load of the shape users send
         targets = start_targets(stack, directory, endpoints, args, "sim-llama3-8b")
         for name, target in targets.items():  # warm up, and train the predictors

@@ -19,7 +19,7 @@ three phases: ``--base-seconds`` at ``--base-load`` times the pool's capacity, `
 backlog to drain). Each request is ``critical`` / ``standard`` / ``sheddable`` with probability 20 / 50 /
 30 % (header ``x-gateway-inference-objective``) and carries ``x-slo-ttft-ms: --slo-ttft`` (default
 1,000 ms; the engine's unloaded TTFT on this workload, printed at the start, is 41 ms p50 and 188 ms
-p99). The load generator (asyncio + aiohttp, bench_quality_realtime's) runs in its own process.
+p99). The load generator (asyncio + aiohttp, benchmarks/_loadgen.py) runs in its own process.
 
 Capacity is derived as bench_quality_realtime derives it (pod_capacity: one pod's engine driven far above
 its capacity in virtual time, completions per second in that overload), not guessed: about 7.9 req/s per
@@ -51,7 +51,6 @@ Every subprocess runs the code this script is beside: ``ROOT/src`` is put first 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import math
@@ -64,26 +63,43 @@ import sys
 import tempfile
 import time
 import urllib.error
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import yaml
 
-from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, free_port_range, markdown_table
-from bench_extproc import scrape
-from bench_quality_realtime import (
-    MODEL,
+from _harness import (
     PROBLEM,
+    ROOT,
+    SLOROUTER,
+    free_port,
+    free_port_range,
+    gateway_config,
+    logged_process,
+    markdown_table,
+    scrape,
+)
+from _loadgen import (
+    CpuMeter,
+    OpenLoop,
+    StreamResult,
+    loadgen_argv,
+    record_row,
+    run_as_loadgen,
+    stream_completion,
+)
+from bench_quality_realtime import (
+    ANSWER_FIELDS,
+    MODEL,
     Request,
     Result,
     Workload,
-    _one,
     build_requests,
-    gateway_config,
-    logged_process,
-    machine_busy_seconds,
     pod_capacity,
 )
 
@@ -162,8 +178,6 @@ class FcResult(Result):
 
 
 async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
-    import aiohttp
-
     url = f"{spec['url']}/v1/chat/completions"
     schedule = build_schedule(spec)
     headers = {
@@ -172,60 +186,41 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         for cls, _, _ in CLASSES
     }  # fmt: skip
     results: list[FcResult] = []
-    tasks: set[asyncio.Task[None]] = set()
-    loop = asyncio.get_running_loop()
-    pids = spec["pids"]
+    sender = OpenLoop()
+    loop = sender.loop
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=spec["request_timeout_s"])
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        own_before = time.process_time()
-        machine_before = machine_busy_seconds()
-        start = loop.time() + 0.2
-        for i, arrival in enumerate(schedule):
-            due = start + arrival.offset_s
-            now = loop.time()
-            if due > now:
-                await asyncio.sleep(due - now)
-            sent = time.perf_counter()
+        cpu = CpuMeter(spec["pids"])
+
+        def begin(i: int, arrival: Arrival, sent: float, lag_ms: float) -> Coroutine[Any, Any, StreamResult]:
             r = arrival.request
-            lag_ms = (loop.time() - due) * 1e3
             result = FcResult(arrival.phase, i, r.kind, r.prompt_tokens, r.max_tokens, lag_ms,
                               cls=arrival.cls, offset_s=arrival.offset_s)  # fmt: skip
             results.append(result)
-            task = asyncio.create_task(_one(session, url, r, headers[arrival.cls], result, sent))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            return stream_completion(session, url, r.body, headers[arrival.cls], sent, result.answer)
+
+        start = loop.time() + 0.2
+        for i, arrival in enumerate(schedule):
+            await sender.send(start + arrival.offset_s, partial(begin, i, arrival))
         sending_done = loop.time()
-        if tasks:
-            await asyncio.wait(set(tasks), timeout=spec["request_timeout_s"] + 5)
+        await sender.drain(spec["request_timeout_s"] + 5)
         drain_s = loop.time() - sending_done
-        for task in tasks:  # still running past the timeout: counted as errors
+        for task in sender.tasks:  # still running past the timeout: counted as errors
             task.cancel()
     wall = loop.time() - start
-    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in pids.items()}
-    cpu["loadgen"] = (time.process_time() - own_before) / wall
-    busy, total = machine_busy_seconds()
-    cpu["machine"] = (busy - machine_before[0]) / wall
-    cpu["machine_cores"] = (total - machine_before[1]) / wall
+    cores = cpu.cores(wall)
     for result in results:  # a request still open past the timeout (its task cancelled) is an error
-        if result.status in (0, 200) and math.isnan(result.e2e_ms) and not result.error:
-            result.error = "no complete answer within the load generator's timeout"
+        answer = result.answer
+        if answer.status in (0, 200) and math.isnan(answer.e2e_ms) and not answer.error:
+            answer.error = "no complete answer within the load generator's timeout"
     info = {
         "wall_s": round(wall, 1),
         "drain_s": round(drain_s, 1),
-        "cpu": {name: round(value, 2) for name, value in cpu.items()},
+        "cpu": {name: round(value, 2) for name, value in cores.items()},
         "lag_p99_ms": float(np.percentile([r.lag_ms for r in results], 99)) if results else 0.0,
     }
-    return {"info": info, "results": [asdict(r) for r in results]}
-
-
-def loadgen_main(spec_path: str, out_path: str) -> None:
-    import uvloop
-
-    spec = json.loads(Path(spec_path).read_text())
-    output = uvloop.run(run_load(spec))
-    Path(out_path).write_text(json.dumps(output))
+    return {"info": info, "results": [record_row(r, ANSWER_FIELDS) for r in results]}
 
 
 # --- orchestration ----------------------------------------------------------------------------------------
@@ -315,7 +310,7 @@ def run_one(front_end: str, fc: bool, seed: int, args: argparse.Namespace, tmp: 
                 pids["envoy"] = envoy
         spec["pids"] = pids
         spec_path.write_text(json.dumps(spec))
-        loadgen = subprocess.run([sys.executable, __file__, "_loadgen", str(spec_path), str(out_path)])
+        loadgen = subprocess.run(loadgen_argv(__file__, spec_path, out_path))
         if loadgen.returncode != 0:
             raise SystemExit(f"{name}: the load generator failed ({loadgen.returncode})")
         after = gauges(f"http://127.0.0.1:{metrics_port}/metrics")
@@ -446,8 +441,7 @@ def gauge_table(outputs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> s
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
-        loadgen_main(sys.argv[2], sys.argv[3])
+    if run_as_loadgen(run_load):
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; figures are medians over them")

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _harness import SLOROUTER, cpu_seconds, free_port, markdown_table, process, run_wrk
+from _harness import SLOROUTER, cpu_seconds, free_port, logged_process, markdown_table, run_wrk
 
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
 
@@ -40,8 +40,8 @@ def main() -> None:
                "--model", "sim-instant"]  # fmt: skip
         serve = [*SLOROUTER, "serve", "--config", str(config), "--log-level", "WARNING"]
         with (
-            process(sim, [sim_port + i for i in range(args.pods)]) as sim_proc,
-            process(serve, [gw_port]) as gw,
+            logged_process(sim, [sim_port + i for i in range(args.pods)]) as sim_proc,
+            logged_process(serve, [gw_port]) as gw,
         ):
             direct_url = f"http://{endpoints[0]}/v1/completions"
             gateway_url = f"http://127.0.0.1:{gw_port}/v1/completions"

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from _harness import cpu_seconds, free_port, markdown_table, process
+from _harness import cpu_seconds, free_port, logged_process, markdown_table
 
 METHOD = "/bench.Echo/Process"
 REQUEST = b"\x2a\x04\x0a\x02hi"  # the size of a small response-body chunk message
@@ -116,7 +116,7 @@ def main() -> None:
         for name, kind in zip(SERVERS, ("lean", "grpcio"), strict=True):
             port = free_port()
             command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
-            with process(command, [port]) as server:
+            with logged_process(command, [port]) as server:
                 before = cpu_seconds(server.pid)
                 result = uvloop.run(drive(port, args.messages, args.streams))
                 cpu = cpu_seconds(server.pid) - before

@@ -36,7 +36,7 @@ import timeit
 import numpy as np
 import uvloop
 
-from _harness import _to_ms, ensure_wrk, free_port, markdown_table, process
+from _harness import ensure_wrk, free_port, logged_process, markdown_table, wrk_duration_ms
 from slorouter.bench.samples import SimSamples, generate_samples
 from slorouter.clock import ManualClock
 from slorouter.http.json_bodies import parse_json
@@ -208,7 +208,7 @@ def run_wrk(
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
     result["requests"] = float(re.search(r"(\d+) requests in", out).group(1))
     for pct in ("50", "99"):
-        result[f"p{pct}_ms"] = _to_ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))
+        result[f"p{pct}_ms"] = wrk_duration_ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     result["non_2xx"] = float(errors.group(1)) if errors else 0.0
     result["cpu_us"] = cpu * 1e6 / max(1.0, result["requests"])
@@ -262,7 +262,7 @@ def main() -> None:
             (fmt, c): [] for fmt in args.formats for c in args.connections
         }
         e2e: dict[tuple[str, float], dict] = {}
-        with process(server, [port]) as proc:
+        with logged_process(server, [port]) as proc:
             wait_ready(url)
             target = url + "/v1/predict/bulk"
             for fmt in args.formats:  # warm-up

@@ -45,34 +45,47 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import json
 import math
-import os
-import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Coroutine
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import yaml
 
 from _harness import (
-    ROOT,
+    PROBLEM,
     SLOROUTER,
-    cpu_seconds,
     free_port,
     free_port_range,
+    gateway_config,
+    logged_process,
     markdown_table,
-    stop_process,
-    wait_for_port,
+    policy_name,
+    uses_predictor,
+)
+from _loadgen import (
+    CpuMeter,
+    OpenLoop,
+    StreamResult,
+    loadgen_argv,
+    poisson_offsets,
+    prediction_ratio_counts,
+    predictor_ready,
+    record_row,
+    router_coverage,
+    run_as_loadgen,
+    stream_completion,
+    warm_up,
 )
 
 MODEL = "sim-llama3-8b"  # every pod of the pool serves this name, whatever its profile
@@ -134,11 +147,7 @@ def build_requests(seed: int, rate: float, duration_s: float, workload: Workload
     systems, documents = _shared_texts(0, workload)  # shared content does not depend on the phase's seed
     rng = np.random.default_rng(seed)
     requests: list[Request] = []
-    offset = 0.0
-    while True:
-        offset += float(rng.exponential(1.0 / rate))
-        if offset >= duration_s:
-            return requests
+    for offset in poisson_offsets(rng, rate, duration_s):
         max_tokens = int(rng.integers(workload.max_tokens[0], workload.max_tokens[1] + 1))
         if rng.random() < workload.long_share:
             kind = "long"
@@ -164,6 +173,7 @@ def build_requests(seed: int, rate: float, duration_s: float, workload: Workload
         requests.append(
             Request(offset, kind, prompt_tokens, max_tokens, json.dumps(body, separators=(",", ":")).encode())
         )
+    return requests
 
 
 # --- capacity ---------------------------------------------------------------------------------------------
@@ -226,105 +236,15 @@ class Result:
     prompt_tokens: int
     max_tokens: int
     lag_ms: float  # how late the request left, against its scheduled arrival
-    status: int = 0
-    ttft_ms: float = math.nan
-    e2e_ms: float = math.nan
-    completion_tokens: int = 0
-    route: str = ""
-    endpoint: str = ""
-    predicted_ttft_ms: float = math.nan  # the gateway's prediction for the chosen pod (response headers)
-    predicted_tpot_ms: float = math.nan
-    error: str = ""
-    queued_ms: float = math.nan  # time held by flow control (x-slorouter-queued-ms), when it is on
-    dropped_reason: str = ""  # x-slorouter-dropped-reason of a refused request
+    answer: StreamResult = field(default_factory=StreamResult)
 
 
-TOKEN_MARK = b'"delta":{"content":"'
-EMPTY_TOKEN = b'"delta":{"content":""'
-COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
-
-
-def _header_number(value: str | None) -> float:
-    """A numeric response header; NaN when it is missing or not a number."""
-    try:
-        return float(value) if value is not None else math.nan
-    except ValueError:
-        return math.nan
-
-
-async def _one(
-    session: Any, url: str, request: Request, headers: dict[str, str], result: Result, sent: float
-) -> None:
-    import aiohttp
-
-    try:
-        async with session.post(url, data=request.body, headers=headers) as response:
-            result.status = response.status
-            result.route = response.headers.get("x-slorouter-route", "")
-            result.endpoint = response.headers.get("x-slorouter-endpoint", "")
-            result.predicted_ttft_ms = float(response.headers.get("x-slorouter-predicted-ttft-ms", "nan"))
-            result.predicted_tpot_ms = float(response.headers.get("x-slorouter-predicted-tpot-ms", "nan"))
-            result.queued_ms = _header_number(response.headers.get("x-slorouter-queued-ms"))
-            result.dropped_reason = response.headers.get("x-slorouter-dropped-reason", "")
-            if response.status != 200:
-                result.error = (await response.text())[:200]
-                return
-            tail = b""
-            async for chunk in response.content.iter_any():
-                if math.isnan(result.ttft_ms):
-                    # A token chunk: the delta has content (the chat stream opens with an empty role chunk).
-                    start = chunk.find(TOKEN_MARK)
-                    if start >= 0 and chunk.find(EMPTY_TOKEN, start, start + len(EMPTY_TOKEN)) < 0:
-                        result.ttft_ms = (time.perf_counter() - sent) * 1e3
-                tail = (tail + chunk)[-4096:]
-            result.e2e_ms = (time.perf_counter() - sent) * 1e3
-            match = COMPLETION_TOKENS.search(tail)
-            result.completion_tokens = int(match.group(1)) if match else 0
-            if not tail.rstrip().endswith(b"data: [DONE]"):
-                result.error = "stream ended without [DONE]"
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-
-
-async def _predictor_ready(session: Any, base: str) -> bool:
-    """Both models (TTFT and TPOT) are served by the gateway's embedded predictor."""
-    try:
-        async with session.get(f"{base}/metrics") as response:
-            text = await response.text()
-    except Exception:
-        return False
-    return all(f'slorouter_predictor_model_info{{model="{kind}"' in text for kind in ("ttft", "tpot"))
-
-
-RATIO_METRIC = "slorouter_prediction_actual_over_predicted"
-
-
-async def _prediction_ratio_counts(session: Any, base: str) -> dict[str, tuple[float, float]]:
-    """Per model: (observations at or below 1, all observations) of the gateway's actual/predicted
-    histogram, i.e. its own clock from dispatch to the first token (or between tokens)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        async with session.get(f"{base}/metrics") as response:
-            text = await response.text()
-    except Exception:
-        return {}
-    counts: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != RATIO_METRIC:
-            continue
-        for sample in family.samples:
-            pair = counts.setdefault(sample.labels.get("model", ""), [0.0, 0.0])
-            if sample.name.endswith("_bucket") and float(sample.labels["le"]) == 1.0:
-                pair[0] = sample.value
-            elif sample.name.endswith("_count"):
-                pair[1] = sample.value
-    return {model: (covered, total) for model, (covered, total) in counts.items()}
+# What a result records of its answer, in this order (the JSON rows of --json and of the summaries).
+ANSWER_FIELDS = ("status", "ttft_ms", "e2e_ms", "completion_tokens", "route", "endpoint", "predicted_ttft_ms",
+                 "predicted_tpot_ms", "error", "queued_ms", "dropped_reason")  # fmt: skip
 
 
 async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
-    import aiohttp
-
     workload = Workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["workload"].items()})
     base = spec["gateway"]
     url = f"{base}/v1/chat/completions"
@@ -339,122 +259,55 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         for kind, (t, p) in slo.items()
     }
     results: list[Result] = []
-    tasks: set[asyncio.Task[None]] = set()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=spec["request_timeout_s"])
-    loop = asyncio.get_running_loop()
+    sender = OpenLoop()
+    loop = sender.loop
     info: dict[str, Any] = {"warmup_extended_s": 0.0, "ready_at_measured_start": None}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def send(phase: str, index: int, request: Request, due: float) -> None:
-            now = loop.time()
-            if due > now:
-                await asyncio.sleep(due - now)
-            sent = time.perf_counter()
-            result = Result(phase, index, request.kind, request.prompt_tokens, request.max_tokens,
-                            (loop.time() - due) * 1e3)  # fmt: skip
-            results.append(result)
-            task = asyncio.create_task(_one(session, url, request, headers[request.kind], result, sent))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            def begin(sent: float, lag_ms: float) -> Coroutine[Any, Any, StreamResult]:
+                result = Result(phase, index, request.kind, request.prompt_tokens, request.max_tokens, lag_ms)
+                results.append(result)
+                return stream_completion(
+                    session, url, request.body, headers[request.kind], sent, result.answer
+                )
+
+            await sender.send(due, begin)
 
         start = loop.time()
-        warm_end = start + spec["warmup_s"]
-        i = 0
-        while i < len(warmup):
-            due = start + warmup[i].offset_s
-            if due >= warm_end:
-                if not spec["wait_ready"] or await _predictor_ready(session, base):
-                    break
-                if due >= start + spec["warmup_s"] + extra:
-                    break
-                warm_end = min(warm_end + 1.0, start + spec["warmup_s"] + extra)
-            await send("warmup", i, warmup[i], due)
-            i += 1
+        ready = (lambda: predictor_ready(session, base)) if spec["wait_ready"] else None
+        warm_end = await warm_up(warmup, partial(send, "warmup"), start, spec["warmup_s"], extra, ready)
         info["warmup_extended_s"] = round(warm_end - start - spec["warmup_s"], 1)
         if spec["wait_ready"]:
-            info["ready_at_measured_start"] = await _predictor_ready(session, base)
+            info["ready_at_measured_start"] = await predictor_ready(session, base)
         measured_start = max(loop.time(), warm_end)
         if measured_start > loop.time():
             await asyncio.sleep(measured_start - loop.time())
-        ratios_before = await _prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
-        cpu_measured = time.process_time()
-        pids = spec.get("pids", {})
-        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        machine_before = machine_busy_seconds()
+        ratios_before = await prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
+        cpu = CpuMeter(spec.get("pids", {}))
         for j, request in enumerate(measured):
             await send("measured", j, request, measured_start + request.offset_s)
         sending_done = loop.time()
-        if tasks:
-            await asyncio.wait(set(tasks), timeout=spec["request_timeout_s"] + 5)
+        await sender.drain(spec["request_timeout_s"] + 5)
         info["drain_s"] = round(loop.time() - sending_done, 1)
         if spec["wait_ready"]:
             # What the gateway measured over the measured phase (the warm-up's last responses included).
-            ratios_after = await _prediction_ratio_counts(session, base)
-            info["router_coverage"] = {
-                model: (covered - ratios_before.get(model, (0.0, 0.0))[0])
-                / max(total - ratios_before.get(model, (0.0, 0.0))[1], 1.0)
-                for model, (covered, total) in ratios_after.items()
-            }
+            info["router_coverage"] = router_coverage(
+                ratios_before, await prediction_ratio_counts(session, base)
+            )
     wall = loop.time() - measured_start
     # CPU over the measured phase (its sending and its drain), in cores.
-    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in pids.items()}
-    cpu["loadgen"] = (time.process_time() - cpu_measured) / wall
-    busy, total = machine_busy_seconds()
-    cpu["machine"] = (busy - machine_before[0]) / wall  # every process on the machine, ours included
-    cpu["machine_cores"] = (total - machine_before[1]) / wall
-    info["cpu"] = {name: round(value, 2) for name, value in cpu.items()}
+    info["cpu"] = {name: round(value, 2) for name, value in cpu.cores(wall).items()}
     info["measured_wall_s"] = round(wall, 1)
-    return {"info": info, "results": [asdict(r) for r in results]}
-
-
-def loadgen_main(spec_path: str, out_path: str) -> None:
-    import uvloop
-
-    spec = json.loads(Path(spec_path).read_text())
-    output = uvloop.run(run_load(spec))
-    Path(out_path).write_text(json.dumps(output))
+    return {"info": info, "results": [record_row(r, ANSWER_FIELDS) for r in results]}
 
 
 # --- orchestration ----------------------------------------------------------------------------------------
 
 
 POLICIES = ("heuristic", "heuristic-tuned", "token-aware", "predicted-latency")
-PROBLEM = re.compile(r"(?i)error|warning|traceback|exception")
-
-
-def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> dict[str, Any]:
-    """The gateway's config for a policy: one of ``slorouter bench``'s (a built-in name, ``NAME=PATH`` or
-    ``PATH`` of a scheduler config), with the embedded predictor when it uses one."""
-    from slorouter.bench.policies import resolve_policy
-
-    resolved = resolve_policy(policy)
-    config: dict[str, Any] = {
-        "gateway": {"host": "127.0.0.1", "port": port},
-        "pool": {"endpoints": endpoints},
-        "seed": seed,
-        "scheduler": copy.deepcopy(resolved.config),
-    }
-    if resolved.uses_predictor:
-        # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
-        config["predictor"] = {
-            "mode": "embedded",
-            "prediction_by_default": True,
-            "embedded": {"persist": False},
-        }
-    return config
-
-
-def uses_predictor(policy: str) -> bool:
-    from slorouter.bench.policies import resolve_policy
-
-    return resolve_policy(policy).uses_predictor
-
-
-def policy_name(policy: str) -> str:
-    from slorouter.bench.policies import resolve_policy
-
-    return resolve_policy(policy).name
 
 
 def pool_processes(profiles: list[Any]) -> list[tuple[int, str, str]]:
@@ -513,7 +366,7 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
         pids["gateway"] = stack.enter_context(logged_process(serve, [gw_port], tmp / f"{logs[-1]}.log")).pid
         spec["pids"] = pids
         spec_path.write_text(json.dumps(spec))
-        loadgen = subprocess.run([sys.executable, __file__, "_loadgen", str(spec_path), str(out_path)])
+        loadgen = subprocess.run(loadgen_argv(__file__, spec_path, out_path))
         if loadgen.returncode != 0:
             raise SystemExit(f"{name}: the load generator failed ({loadgen.returncode})")
     for log in logs:
@@ -525,31 +378,6 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
     cpu = output["info"]["cpu"]
     cpu["sim"] = round(sum(v for k, v in cpu.items() if k.startswith("sim")), 2)
     return output
-
-
-@contextmanager
-def logged_process(args: list[str], ports: list[int], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process whose output goes to ``log_path`` (a pipe nobody reads could fill up and block it)."""
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        for port in ports:
-            try:
-                wait_for_port(port)
-            except TimeoutError:
-                output = log_path.read_text(errors="replace")
-                raise SystemExit(f"{' '.join(args[3:5])} did not start:\n{output}") from None
-        yield proc
-    finally:
-        stop_process(proc)
-
-
-def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, all cores (Linux /proc/stat)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    tick = os.sysconf("SC_CLK_TCK")
-    return (sum(fields) - idle) / tick, sum(fields) / tick
 
 
 # --- report -----------------------------------------------------------------------------------------------
@@ -614,8 +442,7 @@ def summarize(output: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
-        loadgen_main(sys.argv[2], sys.argv[3])
+    if run_as_loadgen(run_load):
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--duration", type=float, default=90.0, help="measured seconds per policy")

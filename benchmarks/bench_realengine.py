@@ -54,27 +54,41 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import yaml
 
-from _harness import ROOT, SLOROUTER, cpu_seconds, free_port, free_port_range, markdown_table
-from _llama import MODEL, ServerSpec, corpus, llama_server
-from bench_quality_realtime import (
-    EMPTY_TOKEN,
-    TOKEN_MARK,
-    _header_number,
-    _prediction_ratio_counts,
-    _predictor_ready,
+from _harness import (
+    ROOT,
+    SLOROUTER,
+    free_port,
+    free_port_range,
     gateway_config,
     logged_process,
-    machine_busy_seconds,
+    markdown_table,
     policy_name,
     uses_predictor,
+)
+from _llama import MODEL, ServerSpec, corpus, llama_server
+from _loadgen import (
+    CpuMeter,
+    OpenLoop,
+    StreamResult,
+    loadgen_argv,
+    poisson_offsets,
+    prediction_ratio_counts,
+    predictor_ready,
+    record_row,
+    router_coverage,
+    run_as_loadgen,
+    stream_completion,
+    warm_up,
 )
 
 SIM_PROFILE = "llamacpp-gemma3-270m-cpu"
@@ -127,11 +141,7 @@ def build_requests(seed: int, rate: float, duration_s: float, workload: Workload
     ]
     rng = np.random.default_rng(seed)
     requests: list[Request] = []
-    offset = 0.0
-    while True:
-        offset += float(rng.exponential(1.0 / rate))
-        if offset >= duration_s:
-            return requests
+    for offset in poisson_offsets(rng, rate, duration_s):
         max_tokens = int(rng.integers(workload.max_tokens[0], workload.max_tokens[1] + 1))
         user = _passage(text, rng, int(rng.integers(*workload.user_chars)))
         question = f"Question {seed}-{len(requests)}: what does this passage say, and why?\n\n{user}"
@@ -150,6 +160,7 @@ def build_requests(seed: int, rate: float, duration_s: float, workload: Workload
         }
         chars = sum(len(m["content"]) for m in messages)
         requests.append(Request(offset, kind, chars, max_tokens, json.dumps(body).encode()))
+    return requests
 
 
 # --- capacity (the fitted profile's engine, virtual time) -------------------------------------------------
@@ -213,145 +224,67 @@ class Result:
     prompt_chars: int
     max_tokens: int
     lag_ms: float
-    status: int = 0
-    ttft_ms: float = math.nan
-    e2e_ms: float = math.nan
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens
-    route: str = ""
-    endpoint: str = ""
-    predicted_ttft_ms: float = math.nan
-    predicted_tpot_ms: float = math.nan
-    error: str = ""
-    timings: dict[str, float] = field(default_factory=dict)  # llama-server's cache_n, prompt_n, ...
+    answer: StreamResult = field(default_factory=StreamResult)
 
 
-def _last_usage(tail: bytes) -> dict[str, Any]:
-    """The stream's event that carries ``usage`` (the last one before ``[DONE]``)."""
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {") and b'"usage"' in line:
-            with contextlib.suppress(ValueError):
-                event: dict[str, Any] = json.loads(line[6:])
-                return event
-    return {}
-
-
-async def _one(session: Any, url: str, request: Request, result: Result, sent: float) -> None:
-    import aiohttp
-
-    try:
-        async with session.post(
-            url, data=request.body, headers={"Content-Type": "application/json"}
-        ) as response:
-            result.status = response.status
-            result.route = response.headers.get("x-slorouter-route", "")
-            result.endpoint = response.headers.get("x-slorouter-endpoint", "")
-            result.predicted_ttft_ms = _header_number(response.headers.get("x-slorouter-predicted-ttft-ms"))
-            result.predicted_tpot_ms = _header_number(response.headers.get("x-slorouter-predicted-tpot-ms"))
-            if response.status != 200:
-                result.error = (await response.text())[:300]
-                return
-            tail = b""
-            async for chunk in response.content.iter_any():
-                if math.isnan(result.ttft_ms):
-                    start = chunk.find(TOKEN_MARK)
-                    if start >= 0 and chunk.find(EMPTY_TOKEN, start, start + len(EMPTY_TOKEN)) < 0:
-                        result.ttft_ms = (time.perf_counter() - sent) * 1e3
-                tail = (tail + chunk)[-16384:]
-            result.e2e_ms = (time.perf_counter() - sent) * 1e3
-            event = _last_usage(tail)
-            usage = event.get("usage") or {}
-            result.completion_tokens = int(usage.get("completion_tokens", 0))
-            result.prompt_tokens = int(usage.get("prompt_tokens", 0))
-            result.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", -1))
-            result.timings = {
-                k: v for k, v in (event.get("timings") or {}).items() if k in ("cache_n", "prompt_n")
-            }
-            if not tail.rstrip().endswith(b"data: [DONE]"):
-                result.error = "stream ended without [DONE]"
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+# What a result records of its answer, in this order (the JSON rows of --out).
+ANSWER_FIELDS = ("status", "ttft_ms", "e2e_ms", "completion_tokens", "prompt_tokens", "cached_tokens",
+                 "route", "endpoint", "predicted_ttft_ms", "predicted_tpot_ms", "error",
+                 "timings")  # fmt: skip
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
-    import aiohttp
-
     workload = Workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["workload"].items()})
     base, rate, extra = spec["gateway"], spec["rate"], spec["max_extra_warmup_s"]
     url = f"{base}/v1/chat/completions"
     warmup = build_requests(spec["seed"] + WARMUP_SEED_OFFSET, rate, spec["warmup_s"] + extra, workload)
     measured = build_requests(spec["seed"], rate, spec["duration_s"], workload)
     results: list[Result] = []
-    tasks: set[asyncio.Task[None]] = set()
-    loop = asyncio.get_running_loop()
+    sender = OpenLoop()
+    loop = sender.loop
     info: dict[str, Any] = {"warmup_extended_s": 0.0}
     timeout = aiohttp.ClientTimeout(total=spec["request_timeout_s"])
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
 
         async def send(phase: str, index: int, request: Request, due: float) -> None:
-            now = loop.time()
-            if due > now:
-                await asyncio.sleep(due - now)
-            sent = time.perf_counter()
-            result = Result(phase, index, request.kind, request.prompt_chars, request.max_tokens,
-                            (loop.time() - due) * 1e3)  # fmt: skip
-            results.append(result)
-            task = asyncio.create_task(_one(session, url, request, result, sent))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            def begin(sent: float, lag_ms: float) -> Coroutine[Any, Any, StreamResult]:
+                result = Result(phase, index, request.kind, request.prompt_chars, request.max_tokens, lag_ms)
+                results.append(result)
+                return stream_completion(session, url, request.body, JSON_HEADERS, sent, result.answer,
+                                         tail_bytes=16384, error_chars=300)  # fmt: skip
+
+            await sender.send(due, begin)
 
         start = loop.time()
-        warm_end = start + spec["warmup_s"]
-        i = 0
-        while i < len(warmup):
-            due = start + warmup[i].offset_s
-            if due >= warm_end:
-                if not spec["wait_ready"] or await _predictor_ready(session, base):
-                    break
-                if due >= start + spec["warmup_s"] + extra:
-                    break
-                warm_end = min(warm_end + 1.0, start + spec["warmup_s"] + extra)
-            await send("warmup", i, warmup[i], due)
-            i += 1
+        ready = (lambda: predictor_ready(session, base)) if spec["wait_ready"] else None
+        warm_end = await warm_up(warmup, partial(send, "warmup"), start, spec["warmup_s"], extra, ready)
         info["warmup_extended_s"] = round(warm_end - start - spec["warmup_s"], 1)
-        info["predictor_ready"] = await _predictor_ready(session, base) if spec["wait_ready"] else None
+        info["predictor_ready"] = await predictor_ready(session, base) if spec["wait_ready"] else None
         measured_start = max(loop.time(), warm_end)
         if measured_start > loop.time():
             await asyncio.sleep(measured_start - loop.time())
-        ratios_before = await _prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
-        pids = spec["pids"]
-        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        own_before = time.process_time()
-        machine_before = machine_busy_seconds()
+        ratios_before = await prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
+        cpu = CpuMeter(spec["pids"])
         pages_before = [await _page(session, server) for server in spec["servers"]]
         for j, request in enumerate(measured):
             await send("measured", j, request, measured_start + request.offset_s)
         sending_done = loop.time()
-        if tasks:
-            await asyncio.wait(set(tasks), timeout=spec["request_timeout_s"] + 5)
+        await sender.drain(spec["request_timeout_s"] + 5)
         wall = loop.time() - measured_start
         info["drain_s"] = round(loop.time() - sending_done, 1)
-        cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in pids.items()}
-        cpu["loadgen"] = (time.process_time() - own_before) / wall
-        busy, total = machine_busy_seconds()
-        cpu["machine"] = (busy - machine_before[0]) / wall
-        cpu["machine_cores"] = (total - machine_before[1]) / wall
-        info["cpu"] = {name: round(value, 3) for name, value in cpu.items()}
+        info["cpu"] = {name: round(value, 3) for name, value in cpu.cores(wall).items()}
         pages_after = [await _page(session, server) for server in spec["servers"]]
         info["server_counters"] = [
             {k: after.get(k, math.nan) - before.get(k, math.nan) for k in after if k.endswith("_total")}
             for before, after in zip(pages_before, pages_after, strict=True)
         ]
         if spec["wait_ready"]:
-            ratios_after = await _prediction_ratio_counts(session, base)
-            info["router_coverage"] = {
-                model: (covered - ratios_before.get(model, (0.0, 0.0))[0])
-                / max(total - ratios_before.get(model, (0.0, 0.0))[1], 1.0)
-                for model, (covered, total) in ratios_after.items()
-            }
+            info["router_coverage"] = router_coverage(
+                ratios_before, await prediction_ratio_counts(session, base)
+            )
     info["measured_wall_s"] = round(wall, 1)
-    return {"info": info, "results": [asdict(r) for r in results]}
+    return {"info": info, "results": [record_row(r, ANSWER_FIELDS) for r in results]}
 
 
 async def _page(session: Any, server: str) -> dict[str, float]:
@@ -368,13 +301,6 @@ async def _page(session: Any, server: str) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 values[name] = float(value)
     return values
-
-
-def loadgen_main(spec_path: str, out_path: str) -> None:
-    import uvloop
-
-    output = uvloop.run(run_load(json.loads(Path(spec_path).read_text())))
-    Path(out_path).write_text(json.dumps(output))
 
 
 # --- orchestration ----------------------------------------------------------------------------------------
@@ -437,7 +363,7 @@ def run_one(
             }
             spec_path, out_path = tmp / "spec.json", tmp / "out.json"
             spec_path.write_text(json.dumps(spec))
-            loadgen = _run([sys.executable, __file__, "_loadgen", str(spec_path), str(out_path)])
+            loadgen = _run(loadgen_argv(__file__, spec_path, out_path))
             if loadgen != 0:
                 raise SystemExit(f"the load generator failed ({loadgen})")
     output: dict[str, Any] = json.loads(out_path.read_text())
@@ -758,8 +684,7 @@ def _policy_order(name: str) -> int:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
-        loadgen_main(sys.argv[2], sys.argv[3])
+    if run_as_loadgen(run_load):
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--pool", choices=sorted(POOLS), default="homogeneous")

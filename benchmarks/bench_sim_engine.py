@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
-import subprocess
 import sys
 import time
 import timeit
@@ -23,6 +21,7 @@ import aiohttp
 import numpy as np
 import uvloop
 
+from _harness import SLOROUTER, free_port, logged_process
 from slorouter.sim.engine import Engine
 from slorouter.sim.metrics import PodMetrics
 from slorouter.sim.profiles import get_profile
@@ -147,12 +146,11 @@ async def request_rate(address: str, stream: bool, concurrency: int, seconds: fl
 
 
 def http_costs(seconds: float) -> None:
-    code = "import sys; from slorouter.cli import main; sys.exit(main())"
-    argv = [sys.executable, "-c", code, "sim", "--pods", "1", "--port", "0", "--profile", "instant"]
-    server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    try:
-        server.stdout.readline()
-        address = re.search(r"http://(\S+)", server.stdout.readline()).group(1)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with logged_process(
+        [*SLOROUTER, "sim", "--pods", "1", "--port", str(port), "--profile", "instant"], [port]
+    ):
         print("| measurement | result |")
         print("|---|---:|")
         print(f"| render /metrics in process (histograms filled) | {metrics_render_us():.1f} µs |")
@@ -165,9 +163,6 @@ def http_costs(seconds: float) -> None:
                 f"| `instant` pod, {kind} 16-token completions, {concurrency} clients "
                 f"| {rate:,.0f} req/s ({tokens:,.0f} tokens/s) |"
             )
-    finally:
-        server.terminate()
-        server.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

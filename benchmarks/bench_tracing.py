@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +33,8 @@ from _harness import (
     cpu_seconds,
     free_port,
     free_port_range,
+    logged_process,
     markdown_table,
-    process,
     run_wrk,
 )
 from _stream_load import stream_load
@@ -64,7 +63,7 @@ def start_gateways(
         config = directory / f"{tag}-{port}.yaml"
         config.write_text(gateway_yaml(port, endpoints, receiver, ratio))
         proc = stack.enter_context(
-            process([*SLOROUTER, "serve", "--config", str(config), "--log-level", "WARNING"], [port])
+            logged_process([*SLOROUTER, "serve", "--config", str(config), "--log-level", "WARNING"], [port])
         )
         gateways[name] = (f"http://127.0.0.1:{port}", proc.pid)
     return gateways
@@ -76,7 +75,7 @@ def one_token(args: argparse.Namespace, receiver: str, directory: Path) -> list[
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     with ExitStack() as stack:
         sim = [*SLOROUTER, "sim", "--port", str(sim_port), "--profile", "instant", "--model", "sim-instant"]
-        stack.enter_context(process(sim, [sim_port]))
+        stack.enter_context(logged_process(sim, [sim_port]))
         gateways = start_gateways(stack, directory, endpoints, receiver, "one-token")
         for url, _ in gateways.values():
             run_wrk(f"{url}/v1/completions", BODY, connections=8, seconds=1)
@@ -123,7 +122,7 @@ def streamed(args: argparse.Namespace, receiver: str, directory: Path) -> list[l
     with ExitStack() as stack:
         sim = [*SLOROUTER, "sim", "--pods", str(pods), "--port", str(sim_port), "--profile", "llama3-8b-h100",
                "--model", "sim-llama3-8b"]  # fmt: skip
-        stack.enter_context(process(sim, [sim_port + i for i in range(pods)]))
+        stack.enter_context(logged_process(sim, [sim_port + i for i in range(pods)]))
         gateways = start_gateways(stack, directory, endpoints, receiver, "streamed")
         for url, _ in gateways.values():
             run_load(url, args, 3.0, directory)
@@ -167,22 +166,18 @@ def main() -> None:
     args = parser.parse_args()
 
     receiver_port = free_port()
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        receiver_proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "otlp_receiver.py"), str(receiver_port)],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-        stack.callback(receiver_proc.kill)
-        assert receiver_proc.stdout is not None
-        receiver_proc.stdout.readline()  # "listening on ..."
-        receiver = f"http://127.0.0.1:{receiver_port}"
-        one = one_token(args, receiver, Path(tmp))
-        stream = streamed(args, receiver, Path(tmp))
-        time.sleep(1.0)
-        receiver_proc.terminate()
-        out, _ = receiver_proc.communicate(timeout=10)
-    spans = out.strip().splitlines()[-1] if out.strip() else "spans ?"
+    receiver_argv = [sys.executable, str(ROOT / "tests" / "otlp_receiver.py"), str(receiver_port)]
+    with tempfile.TemporaryDirectory() as tmp:
+        receiver_log = Path(tmp) / "receiver.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with logged_process(receiver_argv, [receiver_port], receiver_log, env=env):
+            receiver = f"http://127.0.0.1:{receiver_port}"
+            one = one_token(args, receiver, Path(tmp))
+            stream = streamed(args, receiver, Path(tmp))
+            time.sleep(1.0)
+        # Its last line once stopped: "spans N".
+        lines = receiver_log.read_text(errors="replace").splitlines()
+    spans = next((line for line in reversed(lines) if line.startswith("spans ")), "spans ?")
     print("One-token requests (wrk; req/s with 64 connections, p50 with 1):\n")
     print(markdown_table(
         ["tracing", "req/s", "ratio to off", "p50 ms", "added p50 ms", "gateway CPU ms/req",

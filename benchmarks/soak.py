@@ -54,27 +54,29 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import yaml
 
-from _harness import ROOT, SLOROUTER, free_port, markdown_table, wait_for_port
-from bench_quality_realtime import (
-    COMPLETION_TOKENS,
-    EMPTY_TOKEN,
-    MODEL,
-    TOKEN_MARK,
-    Workload,
-    build_requests,
+from _harness import (
+    SLOROUTER,
+    free_port,
     free_port_range,
-    pool_capacity,
+    gateway_config,
+    markdown_table,
+    start_logged,
+    stop_process,
+    wait_listening,
 )
+from _loadgen import OpenLoop, StreamResult, loadgen_argv, record_row, run_as_loadgen, stream_completion
+from bench_quality_realtime import MODEL, Request, Workload, build_requests, pool_capacity
 
-ERROR_EVENT = b'data: {"error"'
 INFLIGHT = re.compile(r"^slorouter_inflight_(requests|prefill_tokens|decode_tokens)\{[^}]*\} (\S+)$", re.M)
 SHED_OBJECTIVE = "batch"
 GROWTH_LIMIT = 0.10
@@ -97,14 +99,10 @@ class Child:
         return self.proc.pid
 
     def spawn(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = start_logged(self.args, self.log, append=True)
 
     def wait_listening(self, timeout: float = 60.0) -> None:
-        try:
-            wait_for_port(self.port, timeout)
-        except TimeoutError:
-            raise SystemExit(f"{self.name} did not start:\n{self.log.read_text(errors='replace')}") from None
+        wait_listening([self.port], self.log, self.name, timeout)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -113,14 +111,7 @@ class Child:
         self.proc = None
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        self.proc.terminate()
-        try:
-            return self.proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return None if self.proc is None else stop_process(self.proc, timeout=40)
 
 
 @dataclass
@@ -139,24 +130,19 @@ class Setup:
         return f"http://127.0.0.1:{self.gateway.port}"
 
 
-def gateway_config(
+def soak_gateway_config(
     port: int, endpoints: list[str], prediction_url: str, training_url: str, max_concurrent: int, seed: int
 ) -> dict[str, Any]:
     """The predicted-latency pipeline (streaming mode: TTFT and TPOT models) with a remote predictor."""
-    from slorouter.bench.policies import resolve_policy
-
-    return {
-        "gateway": {"host": "127.0.0.1", "port": port, "max_concurrent_requests": max_concurrent},
-        "pool": {"endpoints": endpoints},
-        "seed": seed,
-        "scheduler": resolve_policy("predicted-latency").config,
-        "predictor": {
-            "mode": "remote",
-            "prediction_by_default": True,
-            "remote": {"training_server": training_url, "prediction_servers": [prediction_url]},
-        },
-        "objectives": {SHED_OBJECTIVE: {"priority": -1}},
+    config = gateway_config(port, endpoints, "predicted-latency", seed)
+    config["gateway"]["max_concurrent_requests"] = max_concurrent
+    config["predictor"] = {
+        "mode": "remote",
+        "prediction_by_default": True,
+        "remote": {"training_server": training_url, "prediction_servers": [prediction_url]},
     }
+    config["objectives"] = {SHED_OBJECTIVE: {"priority": -1}}
+    return config
 
 
 @contextlib.contextmanager
@@ -185,9 +171,9 @@ def running_setup(args: argparse.Namespace, tmp: Path) -> Iterator[Setup]:
          "--training-server", training_url, "--log-level", "WARNING"],
         prediction_port, tmp / "prediction.log",
     )  # fmt: skip
-    config = gateway_config(gateway_port, [f"127.0.0.1:{p.port}" for p in pods],
-                            f"http://127.0.0.1:{prediction_port}", training_url, args.max_concurrent,
-                            args.seed)  # fmt: skip
+    config = soak_gateway_config(gateway_port, [f"127.0.0.1:{p.port}" for p in pods],
+                                 f"http://127.0.0.1:{prediction_port}", training_url, args.max_concurrent,
+                                 args.seed)  # fmt: skip
     config_path = tmp / "gateway.yaml"
     config_path.write_text(yaml.safe_dump(config))
     gateway = Child(
@@ -270,18 +256,11 @@ class Outcome:
     kind: str
     objective: str
     sent: float  # CLOCK_MONOTONIC, shared with the orchestrating process
-    end: float = math.nan
-    status: int = 0
-    ttft_ms: float = math.nan
-    e2e_ms: float = math.nan
-    completion_tokens: int = 0
-    endpoint: str = ""
-    route: str = ""
-    error: str = ""
+    answer: StreamResult = field(default_factory=StreamResult)
 
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and not self.error
+
+# What an outcome records of its answer, in this order (its end on CLOCK_MONOTONIC first).
+ANSWER_FIELDS = ("end", "status", "ttft_ms", "e2e_ms", "completion_tokens", "endpoint", "route", "error")
 
 
 @dataclass
@@ -293,41 +272,7 @@ class Probe:
     error: str = ""
 
 
-async def _stream(session: Any, url: str, body: bytes, headers: dict[str, str], out: Outcome) -> None:
-    import aiohttp
-
-    try:
-        async with session.post(url, data=body, headers=headers) as response:
-            out.status = response.status
-            out.endpoint = response.headers.get("x-slorouter-endpoint", "")
-            out.route = response.headers.get("x-slorouter-route", "")
-            if response.status != 200:
-                out.error = (await response.text())[:200]
-                return
-            tail = b""
-            async for chunk in response.content.iter_any():
-                if math.isnan(out.ttft_ms):
-                    start = chunk.find(TOKEN_MARK)
-                    if start >= 0 and chunk.find(EMPTY_TOKEN, start, start + len(EMPTY_TOKEN)) < 0:
-                        out.ttft_ms = (time.monotonic() - out.sent) * 1e3
-                if ERROR_EVENT in tail[-len(ERROR_EVENT) :] + chunk and not out.error:
-                    seen = (tail[-len(ERROR_EVENT) :] + chunk).decode(errors="replace")
-                    out.error = "error event: " + seen[seen.find('{"error"') :][:200]
-                tail = (tail + chunk)[-4096:]
-            out.e2e_ms = (time.monotonic() - out.sent) * 1e3
-            match = COMPLETION_TOKENS.search(tail)
-            out.completion_tokens = int(match.group(1)) if match else 0
-            if not out.error and not tail.rstrip().endswith(b"data: [DONE]"):
-                out.error = "stream ended without [DONE]"
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        out.end = time.monotonic()
-
-
 async def _probe(session: Any, url: str, path: str, out: list[Probe]) -> None:
-    import aiohttp
-
     probe = Probe(path, time.monotonic())
     out.append(probe)
     try:
@@ -340,16 +285,14 @@ async def _probe(session: Any, url: str, path: str, out: list[Probe]) -> None:
 
 
 async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
-    import aiohttp
-
     workload = Workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["workload"].items()})
     base = spec["gateway"]
     url = f"{base}/v1/chat/completions"
     slo = {"chat": spec["slo_chat"], "long": spec["slo_long"]}
     outcomes: list[Outcome] = []
     probes: list[Probe] = []
-    tasks: set[asyncio.Task[None]] = set()
-    loop = asyncio.get_running_loop()
+    sender = OpenLoop(clock=time.monotonic)
+    loop = sender.loop
     rng = np.random.default_rng(spec["seed"] + 99)
 
     def at(monotonic: float) -> float:  # a CLOCK_MONOTONIC time on the loop's clock
@@ -369,38 +312,42 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), spec["probe_interval_s"])
 
+        def begin(
+            phase: str,
+            index: int,
+            request: Request,
+            objective: str,
+            headers: dict[str, str],
+            sent: float,
+            _: float,
+        ) -> Coroutine[Any, Any, StreamResult]:
+            out = Outcome(phase, index, request.kind, objective, sent)
+            outcomes.append(out)
+            return stream_completion(session, url, request.body, headers, sent, out.answer,
+                                     clock=time.monotonic, error_events=True)  # fmt: skip
+
         prober = asyncio.create_task(probing())
         start = spec["start"]
         for p, phase in enumerate(spec["phases"]):
             requests = build_requests(spec["seed"] + 1_000 * p, phase["rate"], phase["duration_s"], workload)
             for i, request in enumerate(requests):
                 due = at(start + request.offset_s)
-                if due > loop.time():
-                    await asyncio.sleep(due - loop.time())
+                # Its objective and headers are decided before the wait: once due, it leaves at once.
                 objective = SHED_OBJECTIVE if rng.random() < phase.get("sheddable_share", 0.0) else ""
                 ttft, tpot = slo[request.kind]
                 headers = {"Content-Type": "application/json", "x-slo-ttft-ms": f"{ttft:g}",
                            "x-slo-tpot-ms": f"{tpot:g}"}  # fmt: skip
                 if objective:
                     headers["x-gateway-inference-objective"] = objective
-                out = Outcome(phase["name"], i, request.kind, objective, time.monotonic())
-                outcomes.append(out)
-                task = asyncio.create_task(_stream(session, url, request.body, headers, out))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                await sender.send(due, partial(begin, phase["name"], i, request, objective, headers))
             start += phase["duration_s"]
-        if tasks:
-            await asyncio.wait(set(tasks), timeout=spec["request_timeout_s"] + 5)
+        await sender.drain(spec["request_timeout_s"] + 5)
         done.set()
         await prober
-    return {"outcomes": [asdict(o) for o in outcomes], "probes": [asdict(p) for p in probes]}
-
-
-def loadgen_main(spec_path: str, out_path: str) -> None:
-    import uvloop
-
-    spec = json.loads(Path(spec_path).read_text())
-    Path(out_path).write_text(json.dumps(uvloop.run(run_load(spec))))
+    return {
+        "outcomes": [record_row(o, ANSWER_FIELDS) for o in outcomes],
+        "probes": [asdict(p) for p in probes],
+    }
 
 
 # --- faults -----------------------------------------------------------------------------------------------
@@ -593,9 +540,7 @@ def launch_load(setup: Setup, phases: list[dict[str, Any]], args: argparse.Names
         "slo_long": args.slo_long, "workload": asdict(Workload(long_share=args.long_share)),
     }  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
-    return subprocess.Popen(
-        [sys.executable, __file__, "_loadgen", str(tmp / "spec.json"), str(tmp / "out.json")]
-    )
+    return subprocess.Popen(loadgen_argv(__file__, tmp / "spec.json", tmp / "out.json"))
 
 
 def run_soak(args: argparse.Namespace, rate: float, capacity: float, tmp: Path) -> dict[str, Any]:
@@ -803,8 +748,7 @@ def report(summary: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
-        loadgen_main(sys.argv[2], sys.argv[3])
+    if run_as_loadgen(run_load):
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--overload", action="store_true", help="the overload run instead of the soak")
