@@ -1,6 +1,6 @@
 """Tracing overhead: the same gateway with tracing off, and on (every request sampled, and the default 10 %)
-exporting over OTLP/gRPC to a receiver (the collector's TraceService, tests/otlp_receiver.py, in its own
-process), side by side in one run.
+exporting over OTLP/gRPC to a receiver (the collector's TraceService, tests/helpers/otlp_receiver.py, in its
+own process), side by side in one run.
 
 Two shapes, each in rounds that alternate the three gateways (medians of the rounds):
 
@@ -169,7 +169,7 @@ def main() -> None:
     receiver_port = free_port()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         receiver_proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "otlp_receiver.py"), str(receiver_port)],
+            [sys.executable, str(ROOT / "tests" / "helpers" / "otlp_receiver.py"), str(receiver_port)],
             stdout=subprocess.PIPE, text=True, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip

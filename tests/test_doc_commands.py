@@ -1,6 +1,6 @@
 """Every command the README and docs/*.md show exists: ``slorouter`` subcommands and flags (the CLI's own
 parser), ``benchmarks/`` scripts and their flags, ``make`` targets, and the repository files they name.
-How commands are read and checked: tests/doc_commands.py."""
+How commands are read and checked: tests/helpers/doc_commands.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_commands import (
+from tests.helpers.doc_commands import (
     Command,
     commands,
     doc_paths,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.deploy.conftest import CHART, NAMESPACE, ROOT, Render, one, validate
+from tests.helpers.chart import CHART, NAMESPACE, ROOT, Render, one, validate
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "slorouter.json"
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, IMAGE, NAMESPACE, RELEASE, Render, one, set_flags, validate
+from tests.helpers.chart import CHART, IMAGE, NAMESPACE, RELEASE, Render, one, set_flags, validate
 
 LP = "inferenceExtension.latencyPredictor"
 PREDICTOR = {f"{LP}.enabled": "true"}

@@ -12,9 +12,8 @@ from typing import Any
 
 import yaml
 
-from tests.deploy.conftest import CHART, CRD_DIRS, CRDS, ROOT, one, validate
-from tests.deploy.test_helm_chart import SEED_LINE
-from tests.doc_commands import Command, commands
+from tests.helpers.chart import CHART, CRD_DIRS, CRDS, ROOT, SEED_LINE, one, validate
+from tests.helpers.doc_commands import Command, commands
 
 DOC = ROOT / "docs" / "deploy.md"
 # What the reader's shell holds after step 1's `export`s: values of the test's own, not the page's examples,

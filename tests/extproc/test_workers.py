@@ -27,8 +27,8 @@ from tests.extproc.conftest import (
     open_call,
     request_headers,
 )
-from tests.extproc.test_envoy_integration import free_port, spawn, start_sim, stop
-from tests.processes import wait_for_lines
+from tests.helpers.epp import start_sim
+from tests.helpers.processes import free_port, spawn, stop, wait_for_lines
 
 PAGE = """# HELP slorouter_requests_total Requests.
 # TYPE slorouter_requests_total counter

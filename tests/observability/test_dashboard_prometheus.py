@@ -34,8 +34,7 @@ import pytest
 import yaml
 
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
-from tests.predictor.test_servers_common import free_port
-from tests.processes import wait_for_lines
+from tests.helpers.processes import free_port, wait_for_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "slorouter.json"

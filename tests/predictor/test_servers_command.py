@@ -19,16 +19,15 @@ import pytest
 from slorouter.predictor import command
 from slorouter.predictor.state_dir import StateDirLock
 from slorouter.predictor.training_server import TrainingServer
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import (
+from tests.helpers.predictor_models import (
     FAST_TRAINING,
     eventually,
     feature_rows,
-    free_port,
     samples_body,
     samples_request,
+    synthetic,
 )
-from tests.processes import wait_for_line
+from tests.helpers.processes import free_port, wait_for_line
 
 
 def parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.processes import wait_for_line
+from tests.helpers.processes import free_port, wait_for_line
 
 MODEL = "sim-llama3-8b"
 CLI = [sys.executable, "-c", "import sys; from slorouter.cli import main; sys.exit(main())"]
@@ -43,12 +42,6 @@ def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not met within {timeout:g} s")
         time.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.processes import wait_for_line
+from tests.helpers.processes import wait_for_line
 from tests.reliability.conftest import (
     CLI,
     GatewayProcess,

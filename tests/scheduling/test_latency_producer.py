@@ -20,7 +20,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.headers import routing_response_headers
-from tests.scheduling.conftest import addresses, candidates_of, make_pool
+from tests.helpers.scheduling import addresses, candidates_of, make_pool
 
 
 class FakeBackend:

@@ -26,40 +26,12 @@ from slorouter.scheduling.plugins.scorers import (
 )
 from slorouter.scheduling.scheduler import SchedulerProfile, WeightedScorer
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
-
-from .conftest import make_ctx, make_request
+from tests.helpers.scheduling import bits, make_ctx, make_request, random_candidates
 
 # NaN and infinite inputs make numpy warn; the comparisons are the point here.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, float("nan"), float("inf"), -float("inf")]
-
-
-def bits(values) -> list[str]:
-    return [float(v).hex() for v in values]
-
-
-def random_pool(rng: np.random.Generator, n: int) -> PoolState:
-    pool = PoolState([Endpoint(f"10.1.0.{i + 1}:8000") for i in range(n)])
-    small = int(rng.integers(1, 6))  # few distinct values: ties are common
-    for endpoint in pool.endpoints:
-        kv = float(rng.choice([0.0, 1.0, rng.random(), round(rng.random(), 1)]))
-        snapshot = MetricsSnapshot(
-            waiting=int(rng.integers(0, small)), running=int(rng.integers(0, 300)), kv_usage=kv
-        )
-        pool.set_metrics(endpoint.address, snapshot, at=0.0)
-        pool.add_inflight(endpoint.address, 1, int(rng.integers(0, 5_000_000)), int(rng.integers(0, 10)))
-    return pool
-
-
-def random_candidates(rng: np.random.Generator, n: int) -> Candidates:
-    candidates = Candidates.healthy(random_pool(rng, n))
-    total = int(rng.integers(0, 20))
-    candidates.attrs[PREFIX_TOTAL_BLOCKS] = np.full(n, total, dtype=np.int64)
-    candidates.attrs[PREFIX_MATCH_BLOCKS] = rng.integers(0, total + 1, size=n).astype(np.int64)
-    tokens = candidates.column("inflight_prefill_tokens") + candidates.column("inflight_decode_tokens")
-    candidates.attrs[INFLIGHT_TOKENS] = tokens
-    return candidates
 
 
 def random_floats(rng: np.random.Generator, n: int) -> np.ndarray:

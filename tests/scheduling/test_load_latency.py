@@ -33,8 +33,7 @@ from slorouter.scheduling.plugins.load_latency import (
 )
 from slorouter.scheduling.plugins.load_latency import producer as load_latency_producer
 from slorouter.scheduling.types import CycleState, ProfileRunResult, Route, SchedulingResult
-
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
 def _truth(work: np.ndarray, decode: np.ndarray) -> np.ndarray:

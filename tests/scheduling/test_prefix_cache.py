@@ -8,19 +8,22 @@ import numpy as np
 import pytest
 import xxhash
 
-from slorouter.pool.state import Endpoint
 from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugins.prefix.approx import (
-    ApproxPrefixCacheParams,
-    ApproxPrefixCacheProducer,
     PrefixRequestState,
 )
 from slorouter.scheduling.plugins.prefix.index import PrefixIndex
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_match_ratio, prefix_seed
-from slorouter.scheduling.types import ProfileRunResult, SchedulingResult
-
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import (
+    addresses,
+    candidates_of,
+    make_ctx,
+    make_pool,
+    make_request,
+    producer,
+    result_for,
+)
 
 
 def xxh(data: bytes) -> int:
@@ -78,12 +81,6 @@ def test_a_block_hash_names_the_whole_prefix():
     assert a[1] != b[1]
     shared = prefix_block_hashes(b"A" * 64 + b"Z" * 64, 1, 64, 256)
     assert shared[0] == a[0] and shared[1] != a[1]
-
-
-def producer(seed=0, pool=None, **params):
-    return ApproxPrefixCacheProducer(
-        "approx-prefix-cache-producer", ApproxPrefixCacheParams(**params), make_ctx(seed, pool)
-    )
 
 
 def produced_state(prod, request, pool) -> PrefixRequestState:
@@ -218,13 +215,6 @@ def test_many_servers():
 
 
 # --- producer + pre-request ------------------------------------------------------------------------------
-
-
-def result_for(*targets: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
-    results = {"decode": ProfileRunResult(list(targets))}
-    if prefill is not None:
-        results["prefill"] = ProfileRunResult([prefill])
-    return SchedulingResult(results, "decode")
 
 
 def test_produce_attaches_aligned_match_arrays():

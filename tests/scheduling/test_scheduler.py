@@ -11,9 +11,9 @@ from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams
 from slorouter.scheduling.plugins.profile_handlers import SingleProfileHandler
 from slorouter.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from slorouter.scheduling.types import CycleState, NoCandidatesError, NoEndpointPickedError, Route
+from tests.helpers.scheduling import addresses, candidates_of, make_ctx, make_pool, make_request
 
 from . import fake_plugins
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
 def fixed(values, ctx=None):

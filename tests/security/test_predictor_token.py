@@ -23,9 +23,8 @@ from slorouter.predictor.prediction_server import PredictionServer
 from slorouter.predictor.remote import RemotePredictor
 from slorouter.predictor.sample_sink import TrainingSampleSink
 from slorouter.predictor.training_server import TrainingServer
-from tests.predictor import test_servers_common as common
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import FAST_TRAINING, eventually
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import FAST_TRAINING, eventually, synthetic
 
 TOKEN = "tok-Zr81-predictor-secret"
 trained_dir = common.trained_dir
