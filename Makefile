@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
 HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean helm tmux prometheus vllm-parity test-readme llama-server gemma-model test-realengine
+.PHONY: run test test-fast lint bench clean helm tmux prometheus vllm-parity test-readme llama-server gemma-model test-realengine
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ PYTEST_WORKERS ?= 2
 
 test: lint $(HELM) tmux prometheus
 	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest -n $(PYTEST_WORKERS)
+
+# The edit loop: the suite without the tests that start real processes (the `processes` marker), no lint.
+test-fast: $(STAMP_DEV)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not processes"
 
 # The README followed as a new user would (tests/readme): a copy of this tree in .cache, installed the way
 # `make run` installs it (the base package, no extras), its commands run as written in a network namespace of

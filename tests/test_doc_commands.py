@@ -22,6 +22,7 @@ from tests.helpers.doc_commands import (
 )
 
 
+@pytest.mark.processes
 def test_every_documented_command_exists() -> None:
     found = [command for path in doc_paths() for command in commands(path)]
     runners = [c for c in found if c.words and Path(c.words[0]).name == "slorouter"]
@@ -95,6 +96,7 @@ def test_commands_are_read_whole_and_split_at_operators(tmp_path: Path) -> None:
     assert [inline_problems(c) for c in inline] == [[], []]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("words", "problem"),
     [

@@ -17,6 +17,8 @@ import yaml
 
 from tests.helpers.chart import CHART, IMAGE, NAMESPACE, RELEASE, Render, one, set_flags, validate
 
+pytestmark = pytest.mark.processes
+
 LP = "inferenceExtension.latencyPredictor"
 PREDICTOR = {f"{LP}.enabled": "true"}
 SECRET = f"{RELEASE}-epp-predictor-token"

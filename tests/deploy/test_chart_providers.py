@@ -28,6 +28,8 @@ from tests.helpers.chart import (
     render_case,
 )
 
+pytestmark = pytest.mark.processes
+
 
 def _all(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [m for m in manifests if m["kind"] == kind]

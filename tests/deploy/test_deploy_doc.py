@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.helpers.chart import CHART, CRD_DIRS, CRDS, ROOT, SEED_LINE, one, validate
@@ -96,6 +97,7 @@ def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod.get("initContainers", []), *pod["containers"]]
 
 
+@pytest.mark.processes
 def test_the_install_line_renders_the_image_the_build_step_pushed(helm):
     pushed = _pushed_image()
     assert pushed.startswith(EXAMPLE_ENV["REGISTRY"] + "/"), "step 1 does not push to $REGISTRY"

@@ -46,6 +46,8 @@ from tests.helpers.chart import (
     validate,
 )
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(autouse=True)
 def pod_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,7 @@ from tests.helpers.epp import (
 )
 from tests.helpers.processes import free_port, stop_all
 
-pytestmark = requires_envoy
+pytestmark = [pytest.mark.processes, requires_envoy]
 
 PATHS = ("observed", "in-band")
 QUEUE_SIZE = "slorouter_flow_control_queue_size{"

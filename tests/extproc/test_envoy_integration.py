@@ -33,7 +33,7 @@ from tests.helpers.epp import (
 )
 from tests.helpers.processes import free_port, stop, stop_all
 
-pytestmark = requires_envoy
+pytestmark = [pytest.mark.processes, requires_envoy]
 
 
 @dataclass

@@ -28,6 +28,8 @@ from slorouter.extproc.envoy import (
 from tests.helpers.epp import requires_envoy
 from tests.helpers.processes import free_port, spawn, stop, wait_for_lines
 
+pytestmark = pytest.mark.processes
+
 ROUTING = "envoy routing on http://"
 EXIT_TIMEOUT_S = 60.0
 WORKERS = ["--workers", "2"]

@@ -12,6 +12,8 @@ import yaml
 
 from tests.helpers.processes import free_port, spawn, stop, wait_for_line
 
+pytestmark = pytest.mark.processes
+
 READY = "slorouter epp listening on grpc://"
 
 

@@ -29,6 +29,8 @@ from slorouter.sim.server import SimCluster
 from tests.gateway.conftest import eventually, start_router
 from tests.helpers.processes import free_port
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST_TRAINING = TrainerConfig(n_estimators=30, max_depth=4, min_samples=30, retrain_interval_s=0.2, nthread=1)
 PREDICTED_ROUTES = ("predicted", "explore")

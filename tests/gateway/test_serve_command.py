@@ -15,6 +15,8 @@ from slorouter.predictor.state_dir import LOCK, StateDirLock
 from tests.helpers.processes import stop_cleanly, wait_for_line
 from tests.helpers.serve import complete
 
+pytestmark = pytest.mark.processes
+
 SERVE = [sys.executable, "-m", "slorouter.cli", "serve"]
 
 

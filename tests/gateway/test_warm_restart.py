@@ -46,6 +46,7 @@ def metrics(address: str) -> str:
         return str(response.read().decode())
 
 
+@pytest.mark.processes
 async def test_a_restarted_router_routes_by_prediction_within_a_second(state_home: Path) -> None:
     state_dir = default_state_dir("serve", "embedded")  # the default's, under this test's XDG_STATE_HOME
     assert state_dir.is_relative_to(state_home)
@@ -66,6 +67,7 @@ async def test_a_restarted_router_routes_by_prediction_within_a_second(state_hom
     assert window is not None and len(window.kinds["ttft"].seq) == 401
 
 
+@pytest.mark.processes
 async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None:
     await previous_run(default_state_dir("serve", "embedded"), OTHER_POOL)
     process, address, _ = start_serve()

@@ -108,6 +108,7 @@ def test_dashboard_is_grafana_json() -> None:
     assert set(NEEDS_OTHER_COMPONENTS) <= {(title, legend) for title, legend, _ in panel_targets()}
 
 
+@pytest.mark.processes
 def test_rules_check_and_unit_tests() -> None:
     _, promtool = prometheus_binaries()
     for args in (["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
@@ -290,6 +291,7 @@ def _scalar(prometheus: str, expr: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
+@pytest.mark.processes
 def test_every_panel_query_has_series_on_a_real_prometheus(stack: dict[str, str]) -> None:
     gateway, prometheus = stack["gateway"], stack["prometheus"]
     model = _get_json(f"{gateway}/v1/models")["data"][0]["id"]

@@ -21,7 +21,7 @@ from tests.realengine.conftest import (
 )
 from tests.reliability.conftest import http, samples, wait_until
 
-pytestmark = [requires_engine, requires_envoy, pytest.mark.timeout(180)]
+pytestmark = [requires_engine, requires_envoy, pytest.mark.timeout(180), pytest.mark.processes]
 
 
 class Front:

@@ -36,7 +36,7 @@ from tests.reliability.conftest import (
     wait_until,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 COOLDOWN_S = 0.5  # the breaker's first cool-down; it doubles up to MAX_COOLDOWN_S
 MAX_COOLDOWN_S = 1.0
