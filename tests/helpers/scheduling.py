@@ -1,6 +1,7 @@
-"""Builders for scheduling tests: pools with set signals, requests, plugin contexts, random candidates (ties,
-many sizes) for comparing two code paths bit for bit, and the approximate prefix cache's producer with a
-scheduling result to hand to its hooks."""
+"""Builders for scheduling tests: pools with set signals, requests, plugin contexts, a Director on a manual
+clock to drive requests through the whole lifecycle, random candidates (ties, many sizes) for comparing two
+code paths bit for bit, and the approximate prefix cache's producer with a scheduling result to hand to its
+hooks."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from slorouter.clock import ManualClock
+from slorouter.director import Director
+from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.datakeys import INFLIGHT_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.loader import build_scheduler_setup
+from slorouter.scheduling.plugin import Admitter, PluginContext
 from slorouter.scheduling.plugins.prefix.approx import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
 from slorouter.scheduling.types import Candidates, InferenceRequest, ProfileRunResult, SchedulingResult
 
@@ -45,6 +50,45 @@ def make_request(prompt: str = "", model: str = "m", **fields: Any) -> Inference
 
 def make_ctx(seed: int = 0, pool: PoolState | None = None) -> PluginContext:
     return PluginContext(rng=np.random.default_rng(seed), pool=pool)
+
+
+def make_director(pool: PoolState, config: dict[str, Any] | None = None, seed: int = 0) -> Director:
+    """A Director over ``pool`` with the scheduler ``config`` builds (the built-in one for None), its plugins'
+    randomness seeded, on a manual clock (``director.clock``, at 0)."""
+    clock = ManualClock(0.0)
+    context = PluginContext(clock=clock, rng=np.random.default_rng(seed), pool=pool)
+    return Director(pool, build_scheduler_setup(config, context), InFlightTracker(pool), clock)
+
+
+def serve(director: Director, request: InferenceRequest) -> SchedulingResult:
+    """``request`` through ``director`` at once: scheduled (data producers, admitters, scheduler), dispatched
+    (pre-request hooks), answered (200, one token) and completed (response hooks); its pick."""
+    result = director.schedule(request)
+    lifecycle = director.dispatch(request, result)
+    lifecycle.on_headers(200, streaming=False)
+    lifecycle.on_complete()
+    return result
+
+
+class SeenCandidates(Admitter):
+    """An admitter that keeps the candidates it was last shown: what the data producers attached to them."""
+
+    candidates: Candidates | None = None
+
+    def admit(self, request: InferenceRequest, candidates: Candidates) -> None:
+        self.candidates = candidates
+
+
+def produced(director: Director, request: InferenceRequest) -> Candidates:
+    """The candidates as the data producers left them for ``request`` (scheduled, not dispatched)."""
+    seen = SeenCandidates()
+    director.setup.admitters.append(seen)
+    try:
+        director.schedule(request)
+    finally:
+        director.setup.admitters.remove(seen)
+    assert seen.candidates is not None
+    return seen.candidates
 
 
 def bits(values) -> list[str]:

@@ -9,7 +9,6 @@ import pytest
 import xxhash
 
 from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugins.prefix.approx import (
     PrefixRequestState,
 )
@@ -18,11 +17,12 @@ from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_match
 from tests.helpers.scheduling import (
     addresses,
     candidates_of,
-    make_ctx,
+    make_director,
     make_pool,
     make_request,
     producer,
     result_for,
+    serve,
 )
 
 
@@ -324,18 +324,11 @@ def test_drop_needs_a_pool():
 
 def test_default_setup_sends_a_repeated_prefix_back_to_its_pod():
     pool = make_pool(6, waiting=[3, 3, 3, 3, 3, 3], kv_usage=[0.5] * 6)
-    setup = build_scheduler_setup(None, make_ctx(3, pool))
+    director = make_director(pool, seed=3)
     system_prompt = "You are a helpful assistant that answers in French. " * 40
 
     def route(prompt: str) -> str:
-        request = make_request(prompt)
-        candidates = candidates_of(pool)
-        for prod in setup.data_producers:
-            prod.produce(request, candidates)
-        result = setup.scheduler.schedule(request, candidates)
-        for hook in setup.pre_request:
-            hook.pre_request(request, result)
-        return result.target.address
+        return serve(director, make_request(prompt)).target.address
 
     first = route(system_prompt + "Question 1")
     assert all(route(system_prompt + f"Question {i}") == first for i in range(2, 10))
