@@ -36,17 +36,14 @@ def _is_fixture(node: ast.AST) -> bool:
 
 def _marks(nodes: list[ast.expr]) -> bool:
     """Whether ``nodes`` (decorators, or a ``pytestmark`` value) hold ``pytest.mark.processes``."""
-    found = False
-    for node in nodes:
-        for inner in ast.walk(node):
-            if (
-                isinstance(inner, ast.Attribute)
-                and inner.attr == MARKER
-                and isinstance(inner.value, ast.Attribute)
-                and inner.value.attr == "mark"
-            ):
-                found = True
-    return found
+    return any(
+        isinstance(inner, ast.Attribute)
+        and inner.attr == MARKER
+        and isinstance(inner.value, ast.Attribute)
+        and inner.value.attr == "mark"
+        for node in nodes
+        for inner in ast.walk(node)
+    )
 
 
 def _pytestmark(body: list[ast.stmt]) -> bool:
