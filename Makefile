@@ -51,15 +51,18 @@ prometheus:
 		|| { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \
 		|| echo "prometheus is not installed: the dashboard and alerting-rule tests will be skipped (apt-get install prometheus)"
 
-# The suite on two workers (pytest-xdist): the machine this project targets has two cores.
+# The suite on two workers (pytest-xdist): the machine this project targets has two cores. Each module runs
+# on one worker (its module-scoped processes start once), in the suite's order (tests/conftest.py puts the
+# modules that start processes first).
 PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint $(HELM) tmux prometheus
-	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest -n $(PYTEST_WORKERS)
+	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest $(PYTEST_PARALLEL)
 
 # The edit loop: the suite without the tests that start real processes (the `processes` marker), no lint.
 test-fast: $(STAMP_DEV)
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not processes"
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not processes"
 
 # The README followed as a new user would (tests/readme): a copy of this tree in .cache, installed the way
 # `make run` installs it (the base package, no extras), its commands run as written in a network namespace of
