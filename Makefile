@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # The chart tests' helm (tests/deploy): pinned, checksummed, fetched by deploy/fetch-helm.sh.
 HELM := .cache/helm/helm
 
-.PHONY: run test lint bench clean helm tmux vllm-parity test-readme llama-server gemma-model test-realengine
+.PHONY: run test test-fast lint bench clean helm tmux prometheus vllm-parity test-readme llama-server gemma-model test-realengine
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,11 +44,25 @@ tmux:
 	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq tmux; } \
 		|| echo "tmux is not installed: the terminal test of slorouter top will be skipped (apt-get install tmux)"
 
-# The suite on two workers (pytest-xdist): the machine this project targets has two cores.
-PYTEST_WORKERS ?= 2
+# The dashboard and alerting-rule tests (tests/observability/test_dashboard_prometheus.py) run Prometheus and
+# promtool: Debian's package, installed when missing and this is root (otherwise those tests are skipped).
+prometheus:
+	@{ command -v prometheus && command -v promtool; } >/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \
+		|| echo "prometheus is not installed: the dashboard and alerting-rule tests will be skipped (apt-get install prometheus)"
 
-test: lint $(HELM) tmux
-	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest -n $(PYTEST_WORKERS)
+# The suite on two workers (pytest-xdist): the machine this project targets has two cores. Each module runs
+# on one worker (its module-scoped processes start once), in the suite's order (tests/conftest.py puts the
+# modules that start processes first).
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+test: lint $(HELM) tmux prometheus
+	SLOROUTER_HELM=$(abspath $(HELM)) $(BIN)/pytest $(PYTEST_PARALLEL)
+
+# The edit loop: the suite without the tests that start real processes (the `processes` marker), no lint.
+test-fast: $(STAMP_DEV)
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not processes"
 
 # The README followed as a new user would (tests/readme): a copy of this tree in .cache, installed the way
 # `make run` installs it (the base package, no extras), its commands run as written in a network namespace of

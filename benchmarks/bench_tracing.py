@@ -1,6 +1,6 @@
 """Tracing overhead: the same gateway with tracing off, and on (every request sampled, and the default 10 %)
-exporting over OTLP/gRPC to a receiver (the collector's TraceService, tests/otlp_receiver.py, in its own
-process), side by side in one run.
+exporting over OTLP/gRPC to a receiver (the collector's TraceService, tests/helpers/otlp_receiver.py, in its
+own process), side by side in one run.
 
 Two shapes, each in rounds that alternate the three gateways (medians of the rounds):
 
@@ -166,7 +166,7 @@ def main() -> None:
     args = parser.parse_args()
 
     receiver_port = free_port()
-    receiver_argv = [sys.executable, str(ROOT / "tests" / "otlp_receiver.py"), str(receiver_port)]
+    receiver_argv = [sys.executable, str(ROOT / "tests" / "helpers" / "otlp_receiver.py"), str(receiver_port)]
     with tempfile.TemporaryDirectory() as tmp:
         receiver_log = Path(tmp) / "receiver.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

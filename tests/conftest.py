@@ -10,6 +10,14 @@ import pytest
 from slorouter.predictor.state_dir import default_state_dir
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with tests that start processes run first: they hold the longest tests, so that the
+    workers of ``make test`` (``--dist loadfile``: a module's tests on one worker, in this order) end on the
+    many short modules, and together."""
+    starting = {item.path for item in items if item.get_closest_marker("processes") is not None}
+    items.sort(key=lambda item: item.path not in starting)
+
+
 def _listing(directory: Path) -> set[tuple[str, int]]:
     if not directory.exists():
         return set()

@@ -1,6 +1,6 @@
 """Every command the README and docs/*.md show exists: ``slorouter`` subcommands and flags (the CLI's own
 parser), ``benchmarks/`` scripts and their flags, ``make`` targets, and the repository files they name.
-How commands are read and checked: tests/doc_commands.py."""
+How commands are read and checked: tests/helpers/doc_commands.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_commands import (
+from tests.helpers.doc_commands import (
     Command,
     commands,
     doc_paths,
@@ -22,6 +22,7 @@ from tests.doc_commands import (
 )
 
 
+@pytest.mark.processes
 def test_every_documented_command_exists() -> None:
     found = [command for path in doc_paths() for command in commands(path)]
     runners = [c for c in found if c.words and Path(c.words[0]).name == "slorouter"]
@@ -95,6 +96,7 @@ def test_commands_are_read_whole_and_split_at_operators(tmp_path: Path) -> None:
     assert [inline_problems(c) for c in inline] == [[], []]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("words", "problem"),
     [

@@ -69,6 +69,7 @@ except ConfigError as exc:
 """
 
 
+@pytest.mark.processes
 def test_without_the_sdk_a_router_starts_with_tracing_off_and_names_the_extra_with_it_on():
     done = subprocess.run(
         [sys.executable, "-c", _WITHOUT_SDK], capture_output=True, text=True, timeout=60, check=False
@@ -95,6 +96,7 @@ except ConfigError as exc:
 """
 
 
+@pytest.mark.processes
 def test_overwritten_otlp_protos_are_named_with_the_fix():
     done = subprocess.run(
         [sys.executable, "-c", _WITH_OVERWRITTEN_PROTOS],

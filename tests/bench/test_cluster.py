@@ -14,22 +14,7 @@ from slorouter.bench.records import OK, SHED, UNFINISHED
 from slorouter.bench.workloads import BenchRequest
 from slorouter.sim.engine import Engine
 from slorouter.sim.profiles import get_profile
-
-
-def chat_requests(n: int, qps: float, seed: int = 0, **fields: object) -> list[BenchRequest]:
-    """Poisson arrivals of short prompts over 4 shared system prompts."""
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1 / qps, n))
-    systems = [f"S{g:03d}" + "s" * (4 * 256 - 4) for g in range(4)]
-    return [
-        BenchRequest(
-            arrival=float(t),
-            prompt=systems[int(rng.integers(4))] + "q" * (4 * int(rng.integers(20, 400))),
-            max_tokens=int(rng.integers(16, 200)),
-            **fields,  # type: ignore[arg-type]
-        )
-        for t in arrivals
-    ]
+from tests.helpers.bench_requests import chat_requests
 
 
 def test_a_lone_request_sees_the_engines_latency_plus_the_network() -> None:

@@ -15,7 +15,7 @@ from slorouter.bench.pool import parse_pool
 from slorouter.bench.records import OK, RunRecords
 from slorouter.bench.workloads import BenchRequest
 from slorouter.cli import main
-from tests.bench.test_cluster import chat_requests
+from tests.helpers.bench_requests import chat_requests
 
 _ARRAYS = ("status", "pod", "ttft_s", "e2e_s", "cached_tokens", "predicted_ttft_ms", "point_tpot_ms")
 

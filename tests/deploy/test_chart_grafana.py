@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
-from tests.deploy.conftest import CHART, NAMESPACE, ROOT, Render, one, validate
+import pytest
+
+from tests.helpers.chart import CHART, NAMESPACE, ROOT, Render, one, validate
+
+pytestmark = pytest.mark.processes
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "slorouter.json"
 

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, IMAGE, NAMESPACE, RELEASE, Render, one, set_flags, validate
+from tests.helpers.chart import CHART, IMAGE, NAMESPACE, RELEASE, Render, one, set_flags, validate
+
+pytestmark = pytest.mark.processes
 
 LP = "inferenceExtension.latencyPredictor"
 PREDICTOR = {f"{LP}.enabled": "true"}

@@ -13,8 +13,22 @@ import yaml
 
 from slorouter.config import parse_config
 from slorouter.extproc.runtime import EndpointPicker, PickerPorts
-from tests.deploy.conftest import CRD_DIRS, CRDS, NAMESPACE, RELEASE, VENDORED, Render, crd_version, one
-from tests.deploy.test_helm_chart import CASES, MATCH, SEED_RELEASE, render_case
+from tests.helpers.chart import (
+    CASES,
+    CRD_DIRS,
+    CRDS,
+    MATCH,
+    NAMESPACE,
+    RELEASE,
+    SEED_RELEASE,
+    VENDORED,
+    Render,
+    crd_version,
+    one,
+    render_case,
+)
+
+pytestmark = pytest.mark.processes
 
 
 def _all(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

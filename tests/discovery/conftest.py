@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slorouter.pool.config import KubernetesPoolConfig
-from tests.kube_apiserver import FakeKubeApiServer
+from tests.helpers.kube_apiserver import FakeKubeApiServer
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from slorouter.discovery.watcher import PoolWatcher
 from slorouter.pool.config import PoolConfig
 from slorouter.pool.state import PoolState
 from tests.discovery.conftest import discovery_config, eventually
-from tests.kube_apiserver import FakeKubeApiServer, inference_pool, pod
+from tests.helpers.kube_apiserver import FakeKubeApiServer, inference_pool, pod
 
 
 def addresses(pool: PoolState) -> list[str]:

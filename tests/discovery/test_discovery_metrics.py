@@ -19,7 +19,7 @@ from slorouter.pool.config import PoolConfig
 from slorouter.pool.state import PoolState
 from slorouter.serving.assembly import RouterCore
 from tests.discovery.conftest import discovery_config, eventually
-from tests.kube_apiserver import FakeKubeApiServer, inference_pool, pod
+from tests.helpers.kube_apiserver import FakeKubeApiServer, inference_pool, pod
 
 
 class Running:

@@ -14,7 +14,7 @@ from slorouter.discovery.start import start_discovery
 from slorouter.pool.config import PoolConfig
 from slorouter.pool.state import PoolState
 from tests.discovery.conftest import discovery_config, eventually
-from tests.kube_apiserver import FakeKubeApiServer, pod
+from tests.helpers.kube_apiserver import FakeKubeApiServer, pod
 
 NAMES = [f"p{i}" for i in range(5)]
 PORTS = [8000, 8001]

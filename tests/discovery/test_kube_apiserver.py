@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 
-from tests.kube_apiserver import FakeKubeApiServer, inference_pool, parse_label_selector, pod
+from tests.helpers.kube_apiserver import FakeKubeApiServer, inference_pool, parse_label_selector, pod
 
 AUTH = {"Authorization": "Bearer test-token", "Accept": "application/json"}
 PODS = "/api/v1/namespaces/default/pods"

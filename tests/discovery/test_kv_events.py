@@ -33,7 +33,7 @@ from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.kv_subscriber import KVSubscriberSet, PublisherAddress
 from slorouter.pool.state import PoolState
 from tests.discovery.conftest import discovery_config, eventually
-from tests.kube_apiserver import FakeKubeApiServer, pod
+from tests.helpers.kube_apiserver import FakeKubeApiServer, pod
 
 
 def stored(*hashes: int) -> BlockStored:

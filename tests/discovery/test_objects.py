@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slorouter.discovery.objects import ApiObjectError, parse_inference_pool, parse_pod
-from tests.kube_apiserver import inference_pool, pod
+from tests.helpers.kube_apiserver import inference_pool, pod
 
 
 def _stored(obj: dict) -> dict:

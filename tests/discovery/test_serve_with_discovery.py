@@ -15,7 +15,7 @@ from slorouter.kvevents.sim_hash import block_hashes
 from slorouter.sim.server import SimPod, start_pods
 from slorouter.tokenizer import encode_bytes
 from tests.discovery.conftest import eventually
-from tests.kube_apiserver import FakeKubeApiServer, inference_pool, pod
+from tests.helpers.kube_apiserver import FakeKubeApiServer, inference_pool, pod
 
 
 async def test_the_router_serves_the_pods_its_inference_pool_selects(

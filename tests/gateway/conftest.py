@@ -87,7 +87,9 @@ class FakeUpstream:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._inference)
         app.router.add_post("/v1/chat/completions", self._inference)
-        self.runner = web.AppRunner(app)
+        # A handler still running when the test closes the upstream (one that hangs) is cancelled after 0.1 s;
+        # aiohttp's default waits up to 60 s for it.
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

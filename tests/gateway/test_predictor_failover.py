@@ -27,7 +27,9 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.predictor.training_server import TrainingServer
 from slorouter.sim.server import SimCluster
 from tests.gateway.conftest import eventually, start_router
-from tests.predictor.test_servers_common import free_port
+from tests.helpers.processes import free_port
+
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_TRAINING = TrainerConfig(n_estimators=30, max_depth=4, min_samples=30, retrain_interval_s=0.2, nthread=1)

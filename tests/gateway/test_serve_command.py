@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from slorouter.predictor.state_dir import LOCK, StateDirLock
-from tests.gateway.test_warm_restart import complete, stop
-from tests.processes import wait_for_line
+from tests.helpers.processes import stop_cleanly, wait_for_line
+from tests.helpers.serve import complete
+
+pytestmark = pytest.mark.processes
 
 SERVE = [sys.executable, "-m", "slorouter.cli", "serve"]
 
@@ -78,4 +80,4 @@ def test_two_embedded_routers_run_side_by_side_with_their_own_state(tmp_path: Pa
             assert (tmp_path / name / LOCK).is_file()
     finally:
         for process in processes:
-            stop(process)
+            stop_cleanly(process)

@@ -1,11 +1,12 @@
 """Tracing over the wire: the gateway's real OTLP/gRPC exporter sends its spans to an OTLP receiver (the
-collector's TraceService, tests/otlp_receiver.py), the client's W3C trace continued, flushed at shutdown."""
+collector's TraceService, tests/helpers/otlp_receiver.py), the client's W3C trace continued, flushed at
+shutdown."""
 
 from __future__ import annotations
 
 from slorouter.config import parse_config
 from slorouter.gateway.runtime import Router
-from tests.otlp_receiver import OtlpReceiver
+from tests.helpers.otlp_receiver import OtlpReceiver
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 

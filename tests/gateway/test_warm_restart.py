@@ -5,10 +5,6 @@ their state apart."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,8 +19,9 @@ from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirBusyError, Stat
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.sim.profiles import LLAMA3_8B_H100
 from slorouter.sim.server import SimCluster
-from tests.predictor.conftest import synthetic
-from tests.processes import wait_for_line
+from tests.helpers.predictor_models import synthetic
+from tests.helpers.processes import stop_cleanly
+from tests.helpers.serve import complete, start_serve
 
 # The embedded default's pool: 4 simulated llama3-8b-h100 pods.
 EMBEDDED_POOL = PoolShape(((LLAMA3_8B_H100.block_size, LLAMA3_8B_H100.num_gpu_blocks),))
@@ -44,45 +41,12 @@ async def previous_run(state_dir: Path, shape: PoolShape) -> dict[str, str | Non
     return embedded.versions
 
 
-def start_serve() -> tuple[subprocess.Popen[str], str, float]:
-    """``slorouter serve`` (the embedded default) on a free port: the process, its address, and the
-    monotonic time at which it said it was listening."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "slorouter.cli", "serve", "--port", "0", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    line, at = wait_for_line(process, "routing on http://")
-    return process, line.split("http://", 1)[1].split()[0], at
-
-
-def stop(process: subprocess.Popen[str]) -> str:
-    process.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = process.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
-    assert process.returncode == 0, stderr[-2000:]
-    return stderr
-
-
-def complete(address: str) -> tuple[str, float]:
-    body = json.dumps({"model": LLAMA3_8B_H100.model, "prompt": "Hello, world", "max_tokens": 4}).encode()
-    request = urllib.request.Request(
-        f"http://{address}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        response.read()
-        return response.headers["x-slorouter-route"], time.monotonic()
-
-
 def metrics(address: str) -> str:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         return str(response.read().decode())
 
 
+@pytest.mark.processes
 async def test_a_restarted_router_routes_by_prediction_within_a_second(state_home: Path) -> None:
     state_dir = default_state_dir("serve", "embedded")  # the default's, under this test's XDG_STATE_HOME
     assert state_dir.is_relative_to(state_home)
@@ -90,7 +54,7 @@ async def test_a_restarted_router_routes_by_prediction_within_a_second(state_hom
     process, address, listening = start_serve()
     try:
         route, answered = complete(address)
-        assert route == "predicted", stop(process)
+        assert route == "predicted", stop_cleanly(process)
         print(f"first request answered {answered - listening:.3f} s after the gateway listened")
         assert answered - listening < 1.0
         text = metrics(address)
@@ -98,11 +62,12 @@ async def test_a_restarted_router_routes_by_prediction_within_a_second(state_hom
         assert f'slorouter_predictor_model_info{{model="ttft",version="{versions["ttft"]}"}} 1.0' in text
         assert "slorouter_predictor_warm_start_refused_total{" not in text
     finally:
-        stop(process)
+        stop_cleanly(process)
     window = read_window(state_dir / SAMPLE_WINDOW)  # saved again at shutdown, with the new sample
     assert window is not None and len(window.kinds["ttft"].seq) == 401
 
 
+@pytest.mark.processes
 async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None:
     await previous_run(default_state_dir("serve", "embedded"), OTHER_POOL)
     process, address, _ = start_serve()
@@ -113,7 +78,7 @@ async def test_a_router_refuses_models_of_another_pool(state_home: Path) -> None
         assert 'slorouter_predictor_warm_start_refused_total{item="model",reason="pool_shape"} 2.0' in text
         assert 'slorouter_predictor_warm_start_refused_total{item="samples",reason="pool_shape"} 1.0' in text
     finally:
-        stderr = stop(process)
+        stderr = stop_cleanly(process)
     assert stderr.count("refused the saved ttft model (pool_shape)") == 1, stderr
     assert "requests are routed by heuristics until a TTFT model is trained" in stderr
     assert "learnt on a pool of 1234 blocks of 16 tokens, but this pool also has 29205 blocks" in stderr

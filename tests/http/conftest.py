@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.http.test_server import App
+from tests.helpers.http_app import App
 
 
 @pytest.fixture

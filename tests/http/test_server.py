@@ -11,77 +11,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits, json_response
 from tests.gateway.conftest import eventually
-
-
-class App:
-    def __init__(self, limits: ServerLimits | None = None) -> None:
-        self.server = HttpServer(max_body_bytes=1024, limits=limits)
-        self.events: list[str] = []
-        self.release = asyncio.Event()
-        self.address = ""
-        self.server.add_route("POST", "/echo", self.echo)
-        self.server.add_route("GET", "/hello", self.hello)
-        self.server.add_route("GET", "/stream", self.stream)
-        self.server.add_route("GET", "/wait", self.wait)
-        self.server.add_route("GET", "/boom", self.boom)
-        self.server.add_route("POST", "/hold", self.hold)
-        self.server.add_route("GET", "/bad-header", self.bad_header)
-        self.server.add_route("GET", "/bad-raw-header", self.bad_raw_header)
-        self.server.add_route("GET", "/bad-stream-header", self.bad_stream_header)
-
-    async def start(self) -> App:
-        host, port = await self.server.start("127.0.0.1", 0)
-        self.address = f"{host}:{port}"
-        return self
-
-    async def echo(self, request: HttpRequest) -> Response:
-        if request.too_large:
-            return json_response(b'{"too": "large"}', status=413)
-        test = (request.header(b"x-test") or b"").decode()
-        return Response(
-            200,
-            request.body,
-            headers={"X-Query": request.query.decode(), "X-Test": test},
-            content_type=b"application/octet-stream",
-        )
-
-    async def hello(self, request: HttpRequest) -> Response:
-        return json_response(b'{"hello": "world"}')
-
-    async def stream(self, request: HttpRequest) -> None:
-        writer = await request.start_stream(200, b"Content-Type: text/event-stream\r\n")
-        await writer.write(b"data: one\n\n")
-        await self.release.wait()
-        await writer.write(b"data: two\n\n")
-        await writer.write_eof()
-
-    async def wait(self, request: HttpRequest) -> Response:
-        try:
-            await self.release.wait()
-        except asyncio.CancelledError:
-            self.events.append("cancelled")
-            raise
-        return json_response(b"{}")
-
-    async def boom(self, request: HttpRequest) -> Response:
-        raise RuntimeError("boom")
-
-    async def hold(self, request: HttpRequest) -> Response:
-        """Keeps the request (and its body) until released."""
-        self.events.append(f"hold {len(request.body)}")
-        await self.release.wait()
-        return json_response(b"{}")
-
-    async def bad_header(self, request: HttpRequest) -> Response:
-        return Response(200, b"{}", headers={"X-Echo": "a\r\nX-Injected: 1"})
-
-    async def bad_raw_header(self, request: HttpRequest) -> Response:
-        return Response(200, b"{}", raw_headers=b"X-Echo: a\nX-Injected: 1\r\n")
-
-    async def bad_stream_header(self, request: HttpRequest) -> None:
-        await request.start_stream(200, b"X-Echo: a\r\n\r\nX-Injected: 1\r\n")
+from tests.helpers.http_app import App
 
 
 @pytest.fixture

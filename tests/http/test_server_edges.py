@@ -10,63 +10,13 @@ speed.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from slorouter.http.server import ServerLimits
 from tests.gateway.conftest import eventually
-from tests.http.test_server import App
-
-WAIT = 10.0  # a bound on every read, never a speed expectation
-
-
-class Client:
-    """One raw connection."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    @classmethod
-    async def open(cls, address: str) -> Client:
-        host, port = address.rsplit(":", 1)
-        return cls(*await asyncio.open_connection(host, int(port)))
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def head(self) -> bytes:
-        return await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), WAIT)
-
-    async def response(self) -> tuple[bytes, bytes]:
-        """One whole response with a Content-Length body: (head, body)."""
-        head = await self.head()
-        lines = head.lower().split(b"\r\n")
-        length = next(int(line.split(b":", 1)[1]) for line in lines if line.startswith(b"content-length:"))
-        return head, await asyncio.wait_for(self.reader.readexactly(length), WAIT)
-
-    async def chunked_body(self) -> bytes:
-        body = b""
-        while True:
-            size = int(await asyncio.wait_for(self.reader.readuntil(b"\r\n"), WAIT), 16)
-            chunk = await asyncio.wait_for(self.reader.readexactly(size + 2), WAIT)
-            if size == 0:
-                return body
-            body += chunk[:-2]
-
-    async def rest(self) -> bytes:
-        """Everything up to the server's close."""
-        return await asyncio.wait_for(self.reader.read(), WAIT)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _error(body: bytes) -> dict:
-    return json.loads(body)["error"]
+from tests.helpers.http_app import WAIT, App, Client, error_of
 
 
 async def _started(limits: ServerLimits | None = None) -> App:
@@ -179,8 +129,8 @@ async def test_a_slow_request_head_gets_408_with_a_json_body_and_close(limited):
         head, _, body = text.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408")
         assert b"Connection: close" in head and b"Content-Type: application/json" in head
-        assert _error(body)["type"] == "RequestTimeoutError"
-        assert "head" in _error(body)["message"]
+        assert error_of(body)["type"] == "RequestTimeoutError"
+        assert "head" in error_of(body)["message"]
     finally:
         client.close()
 
@@ -203,7 +153,7 @@ async def test_a_stalled_request_body_gets_408(limited):
         text = await client.rest()
         head, _, body = text.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
-        assert "body" in _error(body)["message"]
+        assert "body" in error_of(body)["message"]
     finally:
         client.close()
 
@@ -271,7 +221,7 @@ async def test_connections_beyond_the_cap_get_503(limited):
         extra.close()
         head, _, body = text.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head and b"Connection: close" in head
-        assert "too many connections" in _error(body)["message"]
+        assert "too many connections" in error_of(body)["message"]
         clients.pop().close()
         await eventually(lambda: len(app.server.connections) < 2)
         again = await Client.open(app.address)

@@ -16,8 +16,7 @@ import pytest
 
 from slorouter.http.server import HttpRequest, HttpServer, Response, ServerLimits
 from tests.gateway.conftest import eventually
-from tests.http.test_server import App
-from tests.http.test_server_edges import WAIT, Client, _error
+from tests.helpers.http_app import WAIT, App, Client, error_of
 
 LONG = ServerLimits(head_timeout_s=60, body_timeout_s=60, keepalive_timeout_s=60)
 
@@ -77,7 +76,7 @@ async def test_one_endless_header_field_gets_431_before_the_head_timeout(limited
     try:
         head, body = await client.response()
         assert head.startswith(b"HTTP/1.1 431") and b"Connection: close" in head
-        assert _error(body)["type"] == "RequestHeaderFieldsTooLargeError"
+        assert error_of(body)["type"] == "RequestHeaderFieldsTooLargeError"
     finally:
         sender.cancel()
         client.close()
@@ -389,7 +388,7 @@ async def test_requests_pipelined_beyond_the_limit_get_503_after_the_answers_bef
             assert head.startswith(b"HTTP/1.1 200 OK")
         text = await client.rest()
         assert text.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in text and b"Connection: close" in text
-        assert "pipelined" in _error(text.partition(b"\r\n\r\n")[2])["message"]
+        assert "pipelined" in error_of(text.partition(b"\r\n\r\n")[2])["message"]
     finally:
         client.close()
 
@@ -412,7 +411,7 @@ async def test_requests_beyond_the_concurrency_limit_get_503_and_unbounded_route
         head, body = await extra.response()
         assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
         assert b"Connection: close" not in head  # the request was read whole: the connection goes on
-        assert "too many requests at once" in _error(body)["message"] and hits == ["concurrent_requests"]
+        assert "too many requests at once" in error_of(body)["message"] and hits == ["concurrent_requests"]
         await extra.send(b"GET /probe HTTP/1.1\r\nHost: x\r\n\r\n")
         head, body = await extra.response()
         assert head.startswith(b"HTTP/1.1 200 OK") and body == b'{"hello": "world"}'

@@ -3,7 +3,7 @@ SITE``).
 
 ``SITE`` is a directory with the ``vllm`` package (``pip install --no-deps --target SITE vllm==VERSION``).
 The file holds the generic cases of ``vllm_vectors.generated_cases`` and the end-to-end tests' prompts
-(``tests.scheduling.test_precise_prefix_vllm.e2e_cases``), each with the hashes vLLM gives it.
+(``tests.helpers.vllm_prompts.e2e_cases``), each with the hashes vLLM gives it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from tests.helpers.vllm_prompts import e2e_cases
 from tests.kvevents import vllm_reference
 from tests.kvevents.vllm_vectors import VECTORS, ask_vllm, generated_cases
-from tests.scheduling.test_precise_prefix_vllm import e2e_cases
 
 
 def main(site: str) -> None:

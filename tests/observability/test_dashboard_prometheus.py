@@ -1,7 +1,7 @@
 """The Grafana dashboard and the alerting rules against a real Prometheus and promtool.
 
-Prometheus comes from Debian's ``prometheus`` package (2.42, with promtool), installed on first use when the
-tests run as root, as the benchmarks install wrk; without it (and without root) these tests are skipped.
+Prometheus comes from Debian's ``prometheus`` package (2.42, with promtool), which ``make prometheus``
+installs (``make test`` runs it; as root); without it these tests are skipped.
 
 The end-to-end test starts two simulated pods (``slorouter sim``, a small KV cache so that sheddable
 requests find no cold pod, a few answers 503 or cut mid-stream), a
@@ -34,8 +34,7 @@ import pytest
 import yaml
 
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
-from tests.predictor.test_servers_common import free_port
-from tests.processes import wait_for_lines
+from tests.helpers.processes import free_port, wait_for_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "slorouter.json"
@@ -62,17 +61,13 @@ NEEDS_OTHER_COMPONENTS = {
 VARIABLES = {"${datasource}": "prometheus", "$__rate_interval": "1m", "$__interval": "1s", "$job": ".+"}
 
 
-def ensure_prometheus() -> tuple[str, str]:
-    """The prometheus and promtool binaries; installs Debian's package on first use when running as root."""
-    if not (shutil.which("prometheus") and shutil.which("promtool")):
-        if os.geteuid() != 0 or not shutil.which("apt-get"):
-            pytest.skip("prometheus and promtool are not installed (apt-get install prometheus, as root)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "prometheus"]):
-            done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                pytest.skip(f"could not install prometheus ({' '.join(args)}): {done.stderr[-500:]}")
-    return shutil.which("prometheus") or "prometheus", shutil.which("promtool") or "promtool"
+def prometheus_binaries() -> tuple[str, str]:
+    """The prometheus and promtool binaries (``make prometheus`` installs them); the test is skipped without
+    them."""
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is None or promtool is None:
+        pytest.skip("prometheus and promtool are not installed: `make prometheus` installs them (as root)")
+    return prometheus, promtool
 
 
 def panel_targets() -> list[tuple[str, str, str]]:
@@ -113,8 +108,9 @@ def test_dashboard_is_grafana_json() -> None:
     assert set(NEEDS_OTHER_COMPONENTS) <= {(title, legend) for title, legend, _ in panel_targets()}
 
 
+@pytest.mark.processes
 def test_rules_check_and_unit_tests() -> None:
-    _, promtool = ensure_prometheus()
+    _, promtool = prometheus_binaries()
     for args in (["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
         done = subprocess.run(
             [promtool, *args], capture_output=True, text=True, check=False, cwd=RULES.parent
@@ -168,7 +164,7 @@ def _poll(what: str, check: Any, timeout_s: float = 60.0, every_s: float = 0.5) 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Simulated pods, a gateway with the predictor and flow control, and Prometheus scraping it."""
-    prometheus, _ = ensure_prometheus()
+    prometheus, _ = prometheus_binaries()
     processes: list[subprocess.Popen[str]] = []
     try:
         sim = _spawn(
@@ -295,6 +291,7 @@ def _scalar(prometheus: str, expr: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
+@pytest.mark.processes
 def test_every_panel_query_has_series_on_a_real_prometheus(stack: dict[str, str]) -> None:
     gateway, prometheus = stack["gateway"], stack["prometheus"]
     model = _get_json(f"{gateway}/v1/models")["data"][0]["id"]

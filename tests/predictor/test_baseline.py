@@ -10,7 +10,7 @@ from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.trainer import Trainer, TrainerConfig
-from tests.predictor.conftest import synthetic
+from tests.helpers.predictor_models import synthetic
 
 NAMES = DEFAULT_SCHEMA.features("ttft")
 

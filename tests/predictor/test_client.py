@@ -26,22 +26,11 @@ from slorouter.predictor.remote import RemotePredictor
 from slorouter.predictor.sample_sink import TrainingSampleSink, encode_sample
 from slorouter.predictor.training_server import TrainingServer
 from slorouter.predictor.wire import RowEncoder
-from tests.predictor import test_servers_common as common
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import FAST_TRAINING, eventually, feature_rows, free_port
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import FAST_TRAINING, eventually, feature_rows, matrices, synthetic, union
+from tests.helpers.processes import free_port
 
 trained_dir = common.trained_dir
-
-
-def matrices(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    x_ttft, _, x_tpot, _ = synthetic(n, seed)
-    return x_ttft, x_tpot
-
-
-def union(n: int, seed: int = 0) -> np.ndarray:
-    """Rows of both models' features (``all_features()`` order: the TTFT columns, then the TPOT output)."""
-    x_ttft, x_tpot = matrices(n, seed)
-    return np.hstack([x_ttft, x_tpot[:, 6:]])
 
 
 def local_predictor(directory: Path) -> Predictor:

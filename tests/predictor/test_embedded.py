@@ -13,9 +13,8 @@ from slorouter.clock import ManualClock
 from slorouter.predictor.backend import LatencyPredictorBackend, PredictionUnavailable
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.features import FeatureError
-from tests.predictor import test_servers_common as common
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import FAST_TRAINING, eventually, feature_rows
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import FAST_TRAINING, eventually, feature_rows, synthetic
 
 trained_dir = common.trained_dir
 

@@ -10,7 +10,7 @@ import xgboost as xgb
 
 from slorouter.predictor.forest import _CACHE_BYTES, CompiledForest
 from slorouter.predictor.forest_compiler import pack_trees
-from tests.predictor.conftest import synthetic
+from tests.helpers.predictor_models import synthetic
 
 
 def _booster(X: np.ndarray, y: np.ndarray, rounds: int = 40, **params: object) -> xgb.Booster:

@@ -20,9 +20,8 @@ from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.prediction_client import PredictionClient
 from slorouter.predictor.prediction_server import PredictionServer
 from slorouter.predictor.wire import check_predictions
-from tests.predictor import test_servers_common as common
-from tests.predictor.test_client import union
-from tests.predictor.test_servers_common import eventually
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import eventually, union
 
 trained_dir = common.trained_dir
 

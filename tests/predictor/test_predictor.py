@@ -17,7 +17,7 @@ from slorouter.predictor.forest import CompiledForest
 from slorouter.predictor.model_store import ModelStore
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.trainer import Trainer, booster_predict_ms
-from tests.predictor.conftest import synthetic
+from tests.helpers.predictor_models import synthetic
 
 
 @pytest.fixture

@@ -19,16 +19,15 @@ import pytest
 from slorouter.predictor import command
 from slorouter.predictor.state_dir import StateDirLock
 from slorouter.predictor.training_server import TrainingServer
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import (
+from tests.helpers.predictor_models import (
     FAST_TRAINING,
     eventually,
     feature_rows,
-    free_port,
     samples_body,
     samples_request,
+    synthetic,
 )
-from tests.processes import wait_for_line
+from tests.helpers.processes import free_port, wait_for_line
 
 
 def parser() -> argparse.ArgumentParser:
@@ -178,6 +177,7 @@ def _stop(process: subprocess.Popen[str]) -> int:
         raise
 
 
+@pytest.mark.processes
 def test_both_servers_as_separate_processes(tmp_path: Path) -> None:
     training_port, prediction_port = free_port(), free_port()
     training_url = f"http://127.0.0.1:{training_port}"
@@ -247,6 +247,7 @@ def _spawn_listening(*argv: str) -> tuple[subprocess.Popen[str], float]:
     return process, at
 
 
+@pytest.mark.processes
 async def test_restarted_servers_serve_the_saved_models_at_once(tmp_path: Path) -> None:
     # The previous run (in-process, to keep the test short): trained on samples of one pool, then stopped.
     shape = {"kv_caches": [{"block_size": 16, "num_gpu_blocks": 29205}]}

@@ -27,9 +27,8 @@ from slorouter.predictor.wire import (
     decode_binary_predictions,
     encode_predictions,
 )
-from tests.predictor import test_servers_common as common
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import (
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import (
     FAST_TRAINING,
     copy_models,
     eventually,
@@ -37,6 +36,7 @@ from tests.predictor.test_servers_common import (
     republish,
     samples_body,
     samples_request,
+    synthetic,
 )
 
 http = common.http

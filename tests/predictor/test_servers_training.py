@@ -21,14 +21,14 @@ from slorouter.predictor.model_store import decode_model_file
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.sample_sink import TrainingSampleSink
 from slorouter.predictor.training_server import MODEL_METADATA_HEADER, TrainingServer
-from tests.predictor import test_servers_common as common
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import (
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import (
     FAST_TRAINING,
     SAMPLES_SCHEMA,
     eventually,
     samples_body,
     samples_request,
+    synthetic,
 )
 
 http = common.http

@@ -7,7 +7,7 @@ import pytest
 
 from slorouter.predictor.features import FeatureError
 from slorouter.predictor.store import SampleStore, StoreConfig
-from tests.predictor.conftest import synthetic
+from tests.helpers.predictor_models import synthetic
 
 
 def ttft_rows(

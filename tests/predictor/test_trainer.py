@@ -19,7 +19,7 @@ from slorouter.predictor.trainer import (
     holdout_flags,
     holdout_metrics,
 )
-from tests.predictor.conftest import synthetic
+from tests.helpers.predictor_models import synthetic
 
 
 def test_holdout_flags_are_reproducible_and_about_the_fraction() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +27,9 @@ from slorouter.predictor.sample_window import (
 from slorouter.predictor.state_dir import SAMPLE_WINDOW, StateDirBusyError, default_state_dir, state_key
 from slorouter.predictor.store import SampleStore, StoreConfig
 from slorouter.predictor.warm_start import StatePersistence
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import FAST_TRAINING
+from tests.helpers.predictor_models import H100, TRAINING, synthetic
 
-H100 = PoolShape(((16, 29_205),))
 H100_AND_A100 = PoolShape(((16, 17_187), (16, 29_205)))
-TRAINING = replace(FAST_TRAINING, retrain_interval_s=0.0)
 
 
 def filled_store(n: int = 500, seed: int = 0, config: StoreConfig | None = None) -> SampleStore:

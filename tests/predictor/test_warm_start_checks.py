@@ -18,8 +18,7 @@ from slorouter.predictor.live_check import LIVE_SAMPLES, score
 from slorouter.predictor.state_dir import MODELS, SAMPLE_WINDOW
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.warm_start import StatePersistence, WarmStartReport
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_warm_start import H100, TRAINING
+from tests.helpers.predictor_models import H100, TRAINING, synthetic
 
 HOUR = 3600.0
 DAY = 24 * HOUR

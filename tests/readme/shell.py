@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.doc_commands import SHELL_BLOCKS, fenced_blocks, logical_lines
+from tests.helpers.doc_commands import SHELL_BLOCKS, fenced_blocks, logical_lines
 
 CHECKOUT = os.environ.get("SLOROUTER_README_CHECKOUT", "")
 
 
 @dataclass
 class DocCommands:
-    """A document's command lines: each as ``tests/doc_commands.py`` reads it (continuations joined, spaces
-    collapsed), to find it by how it begins, and as the document writes it (its lines), to run."""
+    """A document's command lines: each as ``tests/helpers/doc_commands.py`` reads it (continuations joined,
+    spaces collapsed), to find it by how it begins, and as the document writes it (its lines), to run."""
 
     lines: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)

@@ -13,9 +13,12 @@ import pytest
 
 from tests.readme.shell import CHECKOUT, DocCommands, Namespace
 
-pytestmark = pytest.mark.skipif(
-    not CHECKOUT, reason="the docs' how-tos run in the README's own install: `make test-readme`"
-)
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(
+        not CHECKOUT, reason="the docs' how-tos run in the README's own install: `make test-readme`"
+    ),
+]
 
 
 def _doc(name: str) -> DocCommands:

@@ -17,9 +17,12 @@ import pytest
 
 from tests.readme.shell import CHECKOUT, DocCommands, Namespace
 
-pytestmark = pytest.mark.skipif(
-    not CHECKOUT, reason="the README walkthrough runs in its own install: `make test-readme`"
-)
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(
+        not CHECKOUT, reason="the README walkthrough runs in its own install: `make test-readme`"
+    ),
+]
 
 # The README's command lines this file runs, by how each begins.
 MAKE_RUN = "make run #"

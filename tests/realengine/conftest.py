@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.processes import free_port
 from tests.reliability.conftest import (
     GatewayProcess,
     RestartableProcess,
-    free_port,
     http,
     samples,
     terminate,

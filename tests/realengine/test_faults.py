@@ -24,7 +24,7 @@ from tests.realengine.conftest import (
 from tests.realengine.conftest import router_inflight as inflight
 from tests.reliability.conftest import GatewayProcess, wait_until
 
-pytestmark = [requires_engine, pytest.mark.timeout(240)]
+pytestmark = [requires_engine, pytest.mark.timeout(240), pytest.mark.processes]
 
 CLIENTS = 6  # concurrent clients, two per server: every server has requests in flight
 

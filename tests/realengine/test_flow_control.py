@@ -28,7 +28,7 @@ from tests.realengine.conftest import (
 from tests.realengine.conftest import router_inflight as inflight
 from tests.reliability.conftest import GatewayProcess, http, wait_until
 
-pytestmark = [requires_engine, pytest.mark.timeout(180)]
+pytestmark = [requires_engine, pytest.mark.timeout(180), pytest.mark.processes]
 
 FLOW_CONTROL = {
     "enabled": True,

@@ -29,7 +29,7 @@ from tests.realengine.conftest import (
 )
 from tests.reliability.conftest import GatewayProcess, wait_until
 
-pytestmark = [requires_engine, pytest.mark.timeout(180)]
+pytestmark = [requires_engine, pytest.mark.timeout(180), pytest.mark.processes]
 
 PER_SLOT_CTX = CTX_SIZE // SLOTS  # llama-server gives each slot an equal share of --ctx-size
 

@@ -17,7 +17,7 @@ from tests.realengine.conftest import LlamaServer, completion, idle, post, real_
 from tests.realengine.conftest import router_inflight as inflight
 from tests.reliability.conftest import GatewayProcess, http, wait_until
 
-pytestmark = [requires_engine, pytest.mark.timeout(240)]
+pytestmark = [requires_engine, pytest.mark.timeout(240), pytest.mark.processes]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "predicted-latency.yaml"
 # The example trains on 200 samples every 5 s with 200 trees; 40 samples, 0.5 s and 30 trees keep this short.

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.processes import wait_for_line
+from tests.helpers.processes import free_port, wait_for_line
 
 MODEL = "sim-llama3-8b"
 CLI = [sys.executable, "-c", "import sys; from slorouter.cli import main; sys.exit(main())"]
@@ -43,12 +42,6 @@ def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not met within {timeout:g} s")
         time.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -116,10 +109,19 @@ class SimProcess(RestartableProcess):
         self.address = f"127.0.0.1:{self.port}"
 
     def start(self, *faults: str) -> SimProcess:
+        return self.launch(*faults).ready()
+
+    def launch(self, *faults: str) -> SimProcess:
+        """Starts the process without waiting for it (``ready`` waits)."""
         args = [*CLI, "sim", "--port", str(self.port), "--profile", self.profile, "--model", MODEL]
         for fault in faults:
             args += ["--fault", fault]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self
+
+    def ready(self) -> SimProcess:
+        """Waits until the pod listens."""
+        assert self.process is not None
         wait_for_line(self.process, f"http://{self.address}")
         return self
 
@@ -148,6 +150,17 @@ class SimProcess(RestartableProcess):
     def successes(self) -> float:
         _, _, body = http("GET", f"http://{self.address}/metrics")
         return sum(samples(body.decode(), "vllm:request_success_total").values())
+
+
+def start_sims(count: int) -> list[SimProcess]:
+    """``count`` pods, started side by side and then each waited for (all killed if one fails)."""
+    pods = [SimProcess().launch() for _ in range(count)]
+    try:
+        return [pod.ready() for pod in pods]
+    except BaseException:
+        for pod in pods:
+            pod.kill()
+        raise
 
 
 class GatewayProcess:
@@ -244,7 +257,7 @@ class GatewayProcess:
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[list[SimProcess]]:
-    pods = [SimProcess().start() for _ in range(3)]
+    pods = start_sims(3)
     try:
         yield pods
     finally:

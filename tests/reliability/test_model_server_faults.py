@@ -18,7 +18,7 @@ import pytest
 
 from tests.reliability.conftest import MODEL, GatewayProcess, SimProcess, http, wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 
 def stream(gateway: GatewayProcess, max_tokens: int = 8, timeout: float = 15.0, stop_after: int | None = None,

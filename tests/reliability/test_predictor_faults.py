@@ -25,18 +25,17 @@ from typing import Any
 
 import pytest
 
-from tests.processes import wait_for_line
+from tests.helpers.processes import free_port, wait_for_line
 from tests.reliability.conftest import (
     CLI,
     GatewayProcess,
     RestartableProcess,
-    SimProcess,
-    free_port,
     http,
+    start_sims,
     wait_until,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 COOLDOWN_S = 0.5  # the breaker's first cool-down; it doubles up to MAX_COOLDOWN_S
 MAX_COOLDOWN_S = 1.0
@@ -125,7 +124,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("predictor-faults")
-    sims = [SimProcess().start() for _ in range(2)]
+    sims = start_sims(2)
     training_args = ["--state-dir", str(tmp / "training"), "--min-samples", "30", "--retrain-interval-s",
                      "0.2", "--train-threads", "1", "--log-level", "WARNING"]  # fmt: skip
     training = PredictorProcess("training-server", training_args, tmp / "training.log")

@@ -14,7 +14,7 @@ import pytest
 
 from tests.reliability.conftest import MODEL, GatewayProcess, SimProcess, wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 class _Stream(threading.Thread):

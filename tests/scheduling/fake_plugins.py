@@ -50,6 +50,22 @@ class KeepFilter(Plugin, Filter):
         return candidates.subset(np.isin(candidates.positions, self.params.positions))
 
 
+PIN_HEADER = "x-test-pin"
+
+
+@register_plugin
+class PinFilter(Plugin, Filter):
+    """Keeps the candidate a request names in its ``x-test-pin`` header (every candidate if none)."""
+
+    type_name = "test-pin-filter"
+
+    def filter(self, cycle, request, candidates):
+        pin = request.headers.get(PIN_HEADER)
+        if pin is None:
+            return candidates
+        return candidates.subset(np.array([e.address == pin for e in candidates.endpoints], dtype=bool))
+
+
 @register_plugin
 class RouteScorer(Plugin, Scorer):
     type_name = "test-route-scorer"

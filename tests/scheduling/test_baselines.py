@@ -5,7 +5,7 @@ import numpy as np
 from slorouter.scheduling.plugins.pickers import RoundRobinPicker
 from slorouter.scheduling.plugins.scorers import LeastRequestScorer
 from slorouter.scheduling.types import CycleState
-from tests.scheduling.conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
 def test_round_robin_cycles_in_pool_order_and_skips_missing_candidates() -> None:

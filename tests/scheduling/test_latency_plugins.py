@@ -27,7 +27,7 @@ from slorouter.scheduling.plugins.latency import (
 )
 from slorouter.scheduling.plugins.latency_producer import compute_headroom
 from slorouter.scheduling.types import AdmissionDeniedError, CycleState, Route
-from tests.scheduling.conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
 def _plugin(cls, seed=0, **params):

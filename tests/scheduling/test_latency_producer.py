@@ -20,7 +20,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.headers import RoutingFacts
-from tests.scheduling.conftest import addresses, candidates_of, make_pool
+from tests.helpers.scheduling import addresses, candidates_of, make_pool, produced
 
 
 class FakeBackend:
@@ -285,10 +285,7 @@ async def test_remote_backends_are_awaited():
 def test_headroom_attached_for_slo_requests():
     backend = FakeBackend()
     director, _ = _director(backend)
-    request = _request(slo_ttft_ms=250.0)
-    cands = candidates_of(director.pool)
-    for producer in director.setup.data_producers:
-        producer.produce(request, cands)
+    cands = produced(director, _request(slo_ttft_ms=250.0))
     assert cands.attrs[PREDICTED_TTFT_MS].tolist() == [300.0, 100.0, 200.0]
     assert cands.attrs[TTFT_HEADROOM_MS].tolist() == [-50.0, 150.0, 50.0]
 

@@ -12,8 +12,7 @@ import pytest
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling import scheduler as scheduler_module
 from slorouter.scheduling.datakeys import INFLIGHT_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugin import ListScorer, Plugin, PluginContext, PluginParams, Scorer
+from slorouter.scheduling.plugin import ListScorer, Plugin, PluginParams, Scorer
 from slorouter.scheduling.plugins.inflight import TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams
 from slorouter.scheduling.plugins.prefix.approx import PrefixCacheScorer
@@ -25,41 +24,13 @@ from slorouter.scheduling.plugins.scorers import (
     min_max_inverted_list,
 )
 from slorouter.scheduling.scheduler import SchedulerProfile, WeightedScorer
-from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
-
-from .conftest import make_ctx, make_request
+from slorouter.scheduling.types import CycleState, InferenceRequest
+from tests.helpers.scheduling import bits, make_ctx, make_director, make_request, random_candidates, serve
 
 # NaN and infinite inputs make numpy warn; the comparisons are the point here.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, float("nan"), float("inf"), -float("inf")]
-
-
-def bits(values) -> list[str]:
-    return [float(v).hex() for v in values]
-
-
-def random_pool(rng: np.random.Generator, n: int) -> PoolState:
-    pool = PoolState([Endpoint(f"10.1.0.{i + 1}:8000") for i in range(n)])
-    small = int(rng.integers(1, 6))  # few distinct values: ties are common
-    for endpoint in pool.endpoints:
-        kv = float(rng.choice([0.0, 1.0, rng.random(), round(rng.random(), 1)]))
-        snapshot = MetricsSnapshot(
-            waiting=int(rng.integers(0, small)), running=int(rng.integers(0, 300)), kv_usage=kv
-        )
-        pool.set_metrics(endpoint.address, snapshot, at=0.0)
-        pool.add_inflight(endpoint.address, 1, int(rng.integers(0, 5_000_000)), int(rng.integers(0, 10)))
-    return pool
-
-
-def random_candidates(rng: np.random.Generator, n: int) -> Candidates:
-    candidates = Candidates.healthy(random_pool(rng, n))
-    total = int(rng.integers(0, 20))
-    candidates.attrs[PREFIX_TOTAL_BLOCKS] = np.full(n, total, dtype=np.int64)
-    candidates.attrs[PREFIX_MATCH_BLOCKS] = rng.integers(0, total + 1, size=n).astype(np.int64)
-    tokens = candidates.column("inflight_prefill_tokens") + candidates.column("inflight_decode_tokens")
-    candidates.attrs[INFLIGHT_TOKENS] = tokens
-    return candidates
 
 
 def random_floats(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -176,10 +147,6 @@ def test_profiles_without_list_twins_take_the_numpy_path():
     assert profile.run(CycleState(), make_request(), candidates) is not None
 
 
-def _default_setup(pool: PoolState, seed: int):
-    return build_scheduler_setup(None, PluginContext(rng=np.random.default_rng(seed), pool=pool))
-
-
 @pytest.mark.parametrize("n", [1, 2, 4, 16])
 def test_default_profile_schedules_identically_on_both_paths(monkeypatch, n):
     """The built-in profile (queue 2, KV 2, prefix 3, max-score picker) and its prefix producer."""
@@ -190,7 +157,7 @@ def test_default_profile_schedules_identically_on_both_paths(monkeypatch, n):
         monkeypatch.setattr(scheduler_module, "LIST_PATH_MAX_CANDIDATES", threshold)
         signals = np.random.default_rng(100 + n)
         pool = PoolState([Endpoint(f"10.2.0.{i + 1}:8000") for i in range(n)])
-        setup = _default_setup(pool, seed=7)
+        director = make_director(pool, seed=7)
         picks = []
         for i in range(400):
             for endpoint in pool.endpoints:
@@ -202,12 +169,7 @@ def test_default_profile_schedules_identically_on_both_paths(monkeypatch, n):
                 )
                 pool.set_metrics(endpoint.address, snapshot, at=0.0)
             request = InferenceRequest(str(i), "m", prompts[int(signals.integers(len(prompts)))], 10, 4)
-            candidates = Candidates.healthy(pool)
-            for producer in setup.data_producers:
-                producer.produce(request, candidates)
-            result = setup.scheduler.schedule(request, candidates)
-            for hook in setup.pre_request:
-                hook.pre_request(request, result)
+            result = serve(director, request)
             picks.append(([e.address for e in result.primary.targets], bits(result.primary.scores)))
         runs.append(picks)
     assert runs[0] == runs[1]

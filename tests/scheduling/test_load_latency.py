@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from slorouter.pool.state import Endpoint
+from slorouter.director import Director
+from slorouter.pool.state import Endpoint, PoolState
 from slorouter.scheduling.datakeys import (
     DECODE_PACE_MS,
     EXPECTED_TTFT_MS,
@@ -32,9 +33,17 @@ from slorouter.scheduling.plugins.load_latency import (
     load_terms,
 )
 from slorouter.scheduling.plugins.load_latency import producer as load_latency_producer
-from slorouter.scheduling.types import CycleState, ProfileRunResult, Route, SchedulingResult
-
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from slorouter.scheduling.types import CycleState, InferenceRequest, ProfileRunResult, Route, SchedulingResult
+from tests.helpers.scheduling import (
+    addresses,
+    candidates_of,
+    make_ctx,
+    make_director,
+    make_pool,
+    make_request,
+    produced,
+)
+from tests.scheduling.fake_plugins import PIN_HEADER
 
 
 def _truth(work: np.ndarray, decode: np.ndarray) -> np.ndarray:
@@ -206,33 +215,66 @@ def _producer(min_samples: int = 3) -> LoadLatencyProducer:
     return LoadLatencyProducer("", params, make_ctx())
 
 
-def _round(producer, cands, request, target: int, ttft_ms: float) -> None:
-    producer.produce(request, cands)
-    endpoint = cands.endpoint(target)
-    result = SchedulingResult({"default": ProfileRunResult([endpoint])}, "default")
-    producer.pre_request(request, result)
-    response = ResponseInfo(
-        endpoint=endpoint, status=200, dispatched_at=1.0, first_token_at=1.0 + ttft_ms / 1000
-    )
-    producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
-    producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)  # counted once
+def _director(pool: PoolState, min_samples: int = 3) -> Director:
+    """The producer alone in front of a picker, each request sent where its pin header says."""
+    plugins = [
+        {"type": "load-latency-producer", "parameters": {"minSamples": min_samples}},
+        {"type": "test-pin-filter"},
+        {"type": "max-score-picker"},
+    ]
+    profile = {
+        "name": "default",
+        "plugins": [{"pluginRef": "test-pin-filter"}, {"pluginRef": "max-score-picker"}],
+    }
+    return make_director(pool, {"plugins": plugins, "schedulingProfiles": [profile]})
+
+
+def _load_latency(director: Director) -> LoadLatencyProducer:
+    producer = director.setup.plugins["load-latency-producer"]
+    assert isinstance(producer, LoadLatencyProducer)
+    return producer
+
+
+def _round(
+    director: Director,
+    request: InferenceRequest,
+    target: str,
+    ttft_ms: float,
+    *,
+    streaming: bool = False,
+    tokens: int = 1,
+    completed_s: float | None = None,
+) -> None:
+    """``request`` through ``director`` to ``target``: its first ``tokens`` ``ttft_ms`` after dispatch, and
+    its response complete ``completed_s`` after dispatch (with the first tokens if None or if they are
+    later)."""
+    request.headers[PIN_HEADER] = target
+    result = director.schedule(request)
+    assert result.target.address == target
+    lifecycle = director.dispatch(request, result)
+    dispatched = director.clock.now()
+    lifecycle.on_headers(200, streaming)
+    director.clock.advance(ttft_ms / 1000)
+    lifecycle.on_tokens(tokens)
+    if completed_s is not None:
+        director.clock.set(max(director.clock.now(), dispatched + completed_s))
+    lifecycle.end()
 
 
 def test_the_producer_learns_from_first_tokens_and_attaches_expectations_for_every_candidate():
     """TTFT = 10 ms + 0.05 ms per queued token + 0.1 ms per token of the request's own prompt."""
-    producer = _producer(min_samples=3)
     pool = make_pool(2)
+    director = _director(pool, min_samples=3)
     a = addresses(2)
     history = [(0, 1_000), (4_000, 2_000), (0, 9_000), (12_000, 500), (2_000, 16_000)]
     for i, (queue, own) in enumerate(history):
         pool.add_inflight(a[i % 2], 1, queue, 0)
         request = make_request(prompt_tokens=own, request_id=f"r{i}")
-        _round(producer, candidates_of(pool), request, target=i % 2, ttft_ms=10 + 0.05 * queue + 0.1 * own)
+        _round(director, request, target=a[i % 2], ttft_ms=10 + 0.05 * queue + 0.1 * own)
         pool.add_inflight(a[i % 2], -1, -queue, 0)
-    assert producer.fit.samples == 5
+    assert _load_latency(director).fit.samples == 5
     pool.add_inflight(a[1], 1, 5_000, 0)
-    cands = candidates_of(pool)
-    producer.produce(make_request(prompt_tokens=2_000), cands)
+    cands = produced(director, make_request(prompt_tokens=2_000))
     expected = cands.attrs[EXPECTED_TTFT_MS]
     assert expected.shape == (2,)
     np.testing.assert_allclose(expected, [10 + 0.1 * 2_000, 10 + 0.05 * 5_000 + 0.1 * 2_000], rtol=0.05)
@@ -301,8 +343,8 @@ def test_meaningless_service_times_are_ignored(service_ms):
 def test_the_producer_learns_the_slot_wait_of_a_pod_at_its_cap():
     """A pod that reports waiting requests at 4 running has a cap of 4; each request beyond it waits a
     quarter of the 2 s service time, which the fit learns from the first tokens (TTFT = 20 ms + that)."""
-    producer = _producer(min_samples=20)
     pool = make_pool(2, waiting=[2, 0], running=[4, 1])
+    director = _director(pool, min_samples=20)
     a = addresses(2)
     rng = np.random.default_rng(0)
     for i in range(80):
@@ -310,21 +352,12 @@ def test_the_producer_learns_the_slot_wait_of_a_pod_at_its_cap():
         inflight = int(rng.integers(0, 9))
         pool.add_inflight(a[target], inflight, 0, 0)
         request = make_request(prompt_tokens=0, request_id=f"r{i}")
-        cands = candidates_of(pool)
-        producer.produce(request, cands)
-        endpoint = cands.endpoint(target)
-        producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
         slot_wait = max(inflight + 1 - 4, 0) * 500.0 if target == 0 else 0.0
-        first = 1.0 + (20.0 + slot_wait) / 1000
-        response = ResponseInfo(endpoint=endpoint, status=200, dispatched_at=1.0, first_token_at=first)
-        producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
-        response.completed_at = 3.0
-        producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+        _round(director, request, target=a[target], ttft_ms=20.0 + slot_wait, completed_s=2.0)
         pool.add_inflight(a[target], -inflight, 0, 0)
     pool.add_inflight(a[0], 7, 0, 0)
     pool.add_inflight(a[1], 7, 0, 0)
-    cands = candidates_of(pool)
-    producer.produce(make_request(prompt_tokens=0), cands)
+    cands = produced(director, make_request(prompt_tokens=0))
     expected = cands.attrs[EXPECTED_TTFT_MS]
     assert expected[0] == pytest.approx(20.0 + 4 * 500.0, rel=0.1)
     assert expected[1] == pytest.approx(20.0, rel=0.25)  # the two pods' speeds share what the fit misses
@@ -333,26 +366,16 @@ def test_the_producer_learns_the_slot_wait_of_a_pod_at_its_cap():
 def test_the_state_of_pods_that_left_the_pool_is_dropped(monkeypatch):
     monkeypatch.setattr(load_latency_producer, "PRUNE_EVERY", 4)
     pool = make_pool(3, waiting=[1, 1, 1], running=[2, 2, 2])
-    producer = LoadLatencyProducer(
-        "", LoadLatencyParams.model_validate({"minSamples": 3}), make_ctx(pool=pool)
-    )
+    director = _director(pool, min_samples=3)
+    producer = _load_latency(director)
     a = addresses(3)
     for i in range(6):
         request = make_request(prompt_tokens=100, request_id=f"r{i}")
-        cands = candidates_of(pool)
-        producer.produce(request, cands)
-        endpoint = cands.endpoint(i % 3)
-        producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
-        response = ResponseInfo(
-            endpoint=endpoint, status=200, streaming=True, dispatched_at=1.0, first_token_at=1.05, tokens=20
-        )
-        producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
-        response.completed_at = 2.0
-        producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+        _round(director, request, target=a[i % 3], ttft_ms=50.0, streaming=True, tokens=20, completed_s=1.0)
     assert producer.fit.speeds.pods() == producer.slots.pods() == producer.pace.pods() == set(a)
     pool.remove(a[1])
     for i in range(4):  # the next prune
-        producer.produce(make_request(prompt_tokens=100, request_id=f"s{i}"), candidates_of(pool))
+        director.schedule(make_request(prompt_tokens=100, request_id=f"s{i}"))
     assert producer.fit.speeds.pods() == producer.slots.pods() == producer.pace.pods() == {a[0], a[2]}
     assert producer.fit.samples == 6  # the pooled fit keeps what the departed pod taught it
 
@@ -420,27 +443,13 @@ def test_streams_that_carry_no_pace_are_ignored(first, completed, tokens):
 
 
 def test_the_producer_learns_the_pace_of_streamed_replies_only():
-    producer = _producer(min_samples=1)
     pool = make_pool(2)
+    director = _director(pool, min_samples=1)
     for i, streaming in enumerate([True, False]):
         request = make_request(prompt_tokens=100, request_id=f"r{i}")
-        cands = candidates_of(pool)
-        producer.produce(request, cands)
-        endpoint = cands.endpoint(i)
-        producer.pre_request(request, SchedulingResult({"default": ProfileRunResult([endpoint])}, "default"))
-        response = ResponseInfo(
-            endpoint=endpoint,
-            status=200,
-            streaming=streaming,
-            dispatched_at=1.0,
-            first_token_at=1.02,
-            tokens=51,
-        )
-        producer.on_response_body(request, response, start_of_stream=True, end_of_stream=False)
-        response.completed_at = 1.52  # 500 ms over 50 tokens after the first
-        producer.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
-    cands = candidates_of(pool)
-    producer.produce(make_request(prompt_tokens=100), cands)
+        # 500 ms over 50 tokens after the first
+        _round(director, request, addresses(2)[i], 20.0, streaming=streaming, tokens=51, completed_s=0.52)
+    cands = produced(director, make_request(prompt_tokens=100))
     # a non-streamed reply's first token is its last: no pace for pod 1
     np.testing.assert_allclose(cands.attrs[DECODE_PACE_MS], [10.0, math.nan])
 
@@ -467,14 +476,13 @@ def test_the_decode_term_charges_the_requests_own_tokens_at_the_pace_beyond_the_
 
 
 def test_own_prefill_is_what_the_requests_own_prompt_adds_to_the_expectation():
-    producer = _producer(min_samples=3)
     pool = make_pool(2)
+    director = _director(pool, min_samples=3)
     for i, work in enumerate([1_000, 4_000, 9_000, 16_000]):
         request = make_request(prompt_tokens=work, request_id=f"r{i}")
-        _round(producer, candidates_of(pool), request, target=i % 2, ttft_ms=10 + 0.1 * work)
+        _round(director, request, target=addresses(2)[i % 2], ttft_ms=10 + 0.1 * work)
     pool.add_inflight(addresses(2)[1], 1, 5_000, 0)
-    cands = candidates_of(pool)
-    producer.produce(make_request(prompt_tokens=2_000), cands)
+    cands = produced(director, make_request(prompt_tokens=2_000))
     # 0.1 ms per token of the request's own 2,000 on both pods; the queue ahead of it is not its own work
     np.testing.assert_allclose(cands.attrs[OWN_PREFILL_MS], [200.0, 200.0], rtol=0.05)
 

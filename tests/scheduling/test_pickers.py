@@ -12,8 +12,7 @@ from slorouter.scheduling.plugins.pickers import (
     WeightedRandomPicker,
 )
 from slorouter.scheduling.types import CycleState
-
-from .conftest import candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import candidates_of, make_ctx, make_pool, make_request
 
 
 def make_picker(cls, k=1, seed=0):

@@ -29,9 +29,7 @@ from slorouter.scheduling.plugins.prefix.precise import (
 )
 from slorouter.scheduling.types import CycleState, InferenceRequest
 from slorouter.tokenizer import chat_to_prompt, encode_bytes
-
-from .conftest import addresses, candidates_of, make_pool, make_request
-from .test_prefix_cache import result_for
+from tests.helpers.scheduling import addresses, candidates_of, make_pool, make_request, result_for
 
 PROMPT = "system prompt " * 40 + "question"  # 568 bytes: 8 blocks of 16 tokens, 2 of 64 tokens
 

@@ -8,19 +8,22 @@ import numpy as np
 import pytest
 import xxhash
 
-from slorouter.pool.state import Endpoint
 from slorouter.scheduling.datakeys import PREFIX_BLOCK_SIZE_TOKENS, PREFIX_MATCH_BLOCKS, PREFIX_TOTAL_BLOCKS
-from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugins.prefix.approx import (
-    ApproxPrefixCacheParams,
-    ApproxPrefixCacheProducer,
     PrefixRequestState,
 )
 from slorouter.scheduling.plugins.prefix.index import PrefixIndex
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_match_ratio, prefix_seed
-from slorouter.scheduling.types import ProfileRunResult, SchedulingResult
-
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import (
+    addresses,
+    candidates_of,
+    make_director,
+    make_pool,
+    make_request,
+    producer,
+    result_for,
+    serve,
+)
 
 
 def xxh(data: bytes) -> int:
@@ -78,12 +81,6 @@ def test_a_block_hash_names_the_whole_prefix():
     assert a[1] != b[1]
     shared = prefix_block_hashes(b"A" * 64 + b"Z" * 64, 1, 64, 256)
     assert shared[0] == a[0] and shared[1] != a[1]
-
-
-def producer(seed=0, pool=None, **params):
-    return ApproxPrefixCacheProducer(
-        "approx-prefix-cache-producer", ApproxPrefixCacheParams(**params), make_ctx(seed, pool)
-    )
 
 
 def produced_state(prod, request, pool) -> PrefixRequestState:
@@ -220,13 +217,6 @@ def test_many_servers():
 # --- producer + pre-request ------------------------------------------------------------------------------
 
 
-def result_for(*targets: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
-    results = {"decode": ProfileRunResult(list(targets))}
-    if prefill is not None:
-        results["prefill"] = ProfileRunResult([prefill])
-    return SchedulingResult(results, "decode")
-
-
 def test_produce_attaches_aligned_match_arrays():
     pool = make_pool(4)
     a = addresses(4)
@@ -334,18 +324,11 @@ def test_drop_needs_a_pool():
 
 def test_default_setup_sends_a_repeated_prefix_back_to_its_pod():
     pool = make_pool(6, waiting=[3, 3, 3, 3, 3, 3], kv_usage=[0.5] * 6)
-    setup = build_scheduler_setup(None, make_ctx(3, pool))
+    director = make_director(pool, seed=3)
     system_prompt = "You are a helpful assistant that answers in French. " * 40
 
     def route(prompt: str) -> str:
-        request = make_request(prompt)
-        candidates = candidates_of(pool)
-        for prod in setup.data_producers:
-            prod.produce(request, candidates)
-        result = setup.scheduler.schedule(request, candidates)
-        for hook in setup.pre_request:
-            hook.pre_request(request, result)
-        return result.target.address
+        return serve(director, make_request(prompt)).target.address
 
     first = route(system_prompt + "Question 1")
     assert all(route(system_prompt + f"Question {i}") == first for i in range(2, 10))

@@ -12,9 +12,7 @@ from pydantic import ValidationError
 from slorouter.scheduling.plugin import ResponseInfo, Termination
 from slorouter.scheduling.plugins.prefix.approx import ApproxPrefixCacheParams
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
-
-from .conftest import addresses, candidates_of, make_pool, make_request
-from .test_prefix_cache import producer, result_for
+from tests.helpers.scheduling import addresses, candidates_of, make_pool, make_request, producer, result_for
 
 BLOCK = 64  # 16 tokens × 4 characters
 

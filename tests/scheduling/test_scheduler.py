@@ -11,9 +11,17 @@ from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams
 from slorouter.scheduling.plugins.profile_handlers import SingleProfileHandler
 from slorouter.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from slorouter.scheduling.types import CycleState, NoCandidatesError, NoEndpointPickedError, Route
+from tests.helpers.scheduling import (
+    addresses,
+    candidates_of,
+    make_ctx,
+    make_director,
+    make_pool,
+    make_request,
+    serve,
+)
 
 from . import fake_plugins
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
 def fixed(values, ctx=None):
@@ -159,19 +167,12 @@ def test_all_profiles_failing_is_429():
 
 def test_same_seed_same_decisions():
     def decisions(seed):
-        pool = make_pool(8, waiting=[1, 1, 2, 1, 3, 1, 1, 2])
-        setup = build_scheduler_setup(None, make_ctx(seed, pool))
+        director = make_director(make_pool(8, waiting=[1, 1, 2, 1, 3, 1, 1, 2]), seed=seed)
         picks = []
         for i in range(40):
             # Unique prompts (no prefix affinity) on equally loaded pods: ties, broken at random.
             request = make_request(f"{i} a prompt with no shared prefix " * 5, request_id=str(i))
-            candidates = candidates_of(pool)
-            for producer in setup.data_producers:
-                producer.produce(request, candidates)
-            result = setup.scheduler.schedule(request, candidates)
-            for hook in setup.pre_request:
-                hook.pre_request(request, result)
-            picks.append(result.target.address)
+            picks.append(serve(director, request).target.address)
         return picks
 
     assert decisions(11) == decisions(11)

@@ -17,9 +17,9 @@ from slorouter.scheduling.plugins.inflight import InflightLoadProducer
 from slorouter.scheduling.plugins.pickers import MaxScorePicker
 from slorouter.scheduling.plugins.prefix.approx import ApproxPrefixCacheProducer
 from slorouter.scheduling.plugins.profile_handlers import SingleProfileHandler
+from tests.helpers.scheduling import make_ctx
 
 from . import fake_plugins  # noqa: F401  (registers the test-* plugin types)
-from .conftest import make_ctx
 
 
 def build(config):

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.yamlfile import parse_yaml_mapping
-
-from .conftest import make_ctx
+from tests.helpers.scheduling import make_ctx
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration-scheduler.md"
 

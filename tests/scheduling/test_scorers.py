@@ -13,8 +13,7 @@ from slorouter.scheduling.plugins.scorers import (
     min_max_inverted,
 )
 from slorouter.scheduling.types import CycleState
-
-from .conftest import candidates_of, make_ctx, make_pool, make_request
+from tests.helpers.scheduling import candidates_of, make_ctx, make_pool, make_request
 
 
 def score(scorer_cls, candidates, params=None):

@@ -26,9 +26,15 @@ from slorouter.scheduling.plugin import PluginParams
 from slorouter.scheduling.plugins.inflight import InflightLoadProducer, TokenLoadParams, TokenLoadScorer
 from slorouter.scheduling.plugins.latency import AffinityParams, PrefixCacheAffinityFilter
 from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
-
-from .conftest import addresses, candidates_of, make_ctx, make_pool, make_request
-from .test_list_path import bits, random_candidates
+from tests.helpers.scheduling import (
+    addresses,
+    bits,
+    candidates_of,
+    make_ctx,
+    make_pool,
+    make_request,
+    random_candidates,
+)
 
 
 def _candidates(

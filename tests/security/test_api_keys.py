@@ -103,6 +103,7 @@ def test_no_dump_or_repr_shows_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert SECRET not in text
 
 
+@pytest.mark.processes
 def test_a_bad_key_file_stops_serve_with_exit_2_and_no_key_printed(tmp_path: Path):
     (tmp_path / "keys").write_text(f"{SECRET} two words\n")
     (tmp_path / "gw.yaml").write_text(

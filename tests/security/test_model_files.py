@@ -15,8 +15,8 @@ from slorouter.predictor.model_sources import TrainingServerSource
 from slorouter.predictor.model_store import ModelFileError, ModelStore
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.training_server import TrainingServer
-from tests.predictor import test_servers_common as common
-from tests.predictor.test_servers_common import FAST_TRAINING, republish
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import FAST_TRAINING, republish
 
 trained_dir = common.trained_dir
 model_dir = common.model_dir

@@ -23,9 +23,8 @@ from slorouter.predictor.prediction_server import PredictionServer
 from slorouter.predictor.remote import RemotePredictor
 from slorouter.predictor.sample_sink import TrainingSampleSink
 from slorouter.predictor.training_server import TrainingServer
-from tests.predictor import test_servers_common as common
-from tests.predictor.conftest import synthetic
-from tests.predictor.test_servers_common import FAST_TRAINING, eventually
+from tests.helpers import predictor_models as common
+from tests.helpers.predictor_models import FAST_TRAINING, eventually, synthetic
 
 TOKEN = "tok-Zr81-predictor-secret"
 trained_dir = common.trained_dir
@@ -61,6 +60,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("server", ["training-server", "prediction-server"])
 def test_the_command_exits_2_on_a_non_loopback_bind_without_a_token(tmp_path: Path, server: str):
     extra = ["--state-dir", str(tmp_path / "state")] if server == "training-server" else []
@@ -69,6 +69,7 @@ def test_the_command_exits_2_on_a_non_loopback_bind_without_a_token(tmp_path: Pa
     assert "not a loopback address" in done.stderr and "--token-file" in done.stderr
 
 
+@pytest.mark.processes
 def test_the_command_refuses_an_empty_token_file(tmp_path: Path):
     (tmp_path / "token").write_text("# nothing\n")
     done = _run("prediction-server", "--model-dir", str(tmp_path), "--token-file", str(tmp_path / "token"))
@@ -76,6 +77,7 @@ def test_the_command_refuses_an_empty_token_file(tmp_path: Path):
     assert "--token-file" in done.stderr and "holds no token" in done.stderr
 
 
+@pytest.mark.processes
 def test_an_empty_token_variable_is_refused(tmp_path: Path):
     done = _run("prediction-server", "--model-dir", str(tmp_path), env={"SLOROUTER_PREDICTOR_TOKEN": " "})
     assert done.returncode == 2

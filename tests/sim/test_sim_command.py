@@ -96,6 +96,7 @@ def test_unknown_profile_lists_valid_names():
     assert all(name in str(error.value) for name in PROFILES)
 
 
+@pytest.mark.processes
 def test_runs_until_sigterm():
     process = subprocess.Popen(
         [sys.executable, "-c", "import sys; from slorouter.cli import main; sys.exit(main())", "sim",

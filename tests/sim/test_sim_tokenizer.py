@@ -50,6 +50,7 @@ def test_ids_are_the_little_endian_bytes():
     assert encode("abcde") == [0x64636261, 0x65]
 
 
+@pytest.mark.processes
 def test_ids_are_stable_across_processes():
     code = "from slorouter.tokenizer import encode; print(encode('stable across processes?'))"
     outputs = {

@@ -5,10 +5,7 @@ been sent through it and its predictor is ready, so every part of the view has s
 from __future__ import annotations
 
 import json
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,26 +15,9 @@ import pytest
 import yaml
 
 from slorouter.serving.status import STATUS_PATH, decode_status
-from tests.processes import wait_for_lines
+from tests.helpers.processes import CLI, free_port, stop, wait_for_lines, wait_listening
 
-CLI = [sys.executable, "-m", "slorouter.cli"]
 MODEL = "sim-llama3-8b"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        process.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
 
 
 def complete(address: str, prompt: str) -> None:
@@ -50,19 +30,6 @@ def complete(address: str, prompt: str) -> None:
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
         response.read()
-
-
-def _wait_listening(port: int, process: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"slorouter serve exited: {process.communicate()[1][-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"slorouter serve did not listen on port {port} in time")
 
 
 @dataclass
@@ -105,7 +72,7 @@ def watched_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched
             text=True,
         )
         address = f"127.0.0.1:{port}"
-        _wait_listening(port, serve)
+        wait_listening(port, serve)
         # Enough finished requests for the first model, then more that are routed by its predictions.
         deadline = time.monotonic() + 60
         sent = 0

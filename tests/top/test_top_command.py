@@ -6,7 +6,11 @@ from __future__ import annotations
 import socket
 import subprocess
 
+import pytest
+
 from tests.top.conftest import CLI, WatchedRouter
+
+pytestmark = pytest.mark.processes
 
 
 def top(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -23,9 +23,12 @@ import pytest
 from tests.top.conftest import CLI, WatchedRouter, complete
 
 TMUX = shutil.which("tmux")
-pytestmark = pytest.mark.skipif(
-    TMUX is None, reason="tmux is not installed (apt-get install tmux; make test installs it as root)"
-)
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(
+        TMUX is None, reason="tmux is not installed (apt-get install tmux; make test installs it as root)"
+    ),
+]
 WIDTH, HEIGHT = 132, 30
 
 

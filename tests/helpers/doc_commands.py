@@ -30,7 +30,7 @@ from pathlib import Path
 
 from slorouter import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHELL_BLOCKS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

@@ -1,8 +1,8 @@
 """A minimal OTLP/gRPC trace receiver: the collector's ``TraceService/Export`` on 127.0.0.1, keeping what it
 receives. Built on the protocol's own service definition (``opentelemetry-proto``), so the router's real
 OTLP exporter talks to it exactly as to a collector. Used by the tracing tests and
-``benchmarks/bench_tracing.py``; ``python tests/otlp_receiver.py PORT`` runs one in its own process and prints
-the span count on SIGTERM.
+``benchmarks/bench_tracing.py``; ``python tests/helpers/otlp_receiver.py PORT`` runs one in its own process
+and prints the span count on SIGTERM.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""Helpers shared by the server, client and embedded tests.
-
-The helpers live here (not in conftest.py, which belongs to the library's tests) and are imported by
-``test_servers_*``, ``test_client*`` and ``test_embedded*``.
-"""
+"""Predictor models for tests: synthetic samples with a learnable relation, trained models on disk, sample
+bodies for the training server, and the fixtures of the server, client and embedded tests (a module binds
+one with ``trained_dir = predictor_models.trained_dir``)."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,15 +17,55 @@ import pytest
 
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS
 from slorouter.predictor.model_store import ModelStore
+from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.store import SampleStore
 from slorouter.predictor.trainer import Trainer, TrainerConfig
 from slorouter.predictor.wire import RowEncoder
-from tests.predictor.conftest import synthetic
+
+
+def synthetic(
+    n: int, seed: int = 0, *, scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of both kinds with latencies that depend on the features (plus noise): (X_ttft, y, X_tpot, y)."""
+    rng = np.random.default_rng(seed)
+    kv = rng.random(n)
+    length = rng.integers(1, 4000, n).astype(np.float64)
+    waiting = rng.integers(0, 20, n).astype(np.float64)
+    running = rng.integers(0, 100, n).astype(np.float64)
+    prefill = rng.integers(0, 20000, n).astype(np.float64)
+    decode = rng.integers(0, 100000, n).astype(np.float64)
+    prefix = rng.random(n)
+    out = rng.integers(1, 500, n).astype(np.float64)
+    effective = (1 - prefix) * length
+    noise = rng.lognormal(0.0, 0.1, n)
+    ttft = scale * (10 + 0.02 * effective + 30 * waiting + 0.002 * prefill + 5 * kv) * noise
+    tpot = scale * (8 + 0.1 * running + 0.00005 * decode + 4 * kv) * noise
+    x_ttft = np.column_stack([kv, length, waiting, running, prefill, decode, prefix, effective]).astype(
+        np.float32
+    )
+    x_tpot = np.column_stack([kv, length, waiting, running, prefill, decode, out]).astype(np.float32)
+    return x_ttft, ttft, x_tpot, tpot
+
+
+def matrices(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    x_ttft, _, x_tpot, _ = synthetic(n, seed)
+    return x_ttft, x_tpot
+
+
+def union(n: int, seed: int = 0) -> np.ndarray:
+    """Rows of both models' features (``all_features()`` order: the TTFT columns, then the TPOT output)."""
+    x_ttft, x_tpot = matrices(n, seed)
+    return np.hstack([x_ttft, x_tpot[:, 6:]])
+
 
 # Few trees and a short cadence: these tests check the mechanics, not accuracy.
 FAST_TRAINING = TrainerConfig(
     n_estimators=20, max_depth=4, min_samples=200, retrain_interval_s=0.05, nthread=1
 )
+# The same, training as soon as there are samples enough (the warm-start tests).
+TRAINING = replace(FAST_TRAINING, retrain_interval_s=0.0)
+# A pool of H100 pods (the warm-start tests' shape).
+H100 = PoolShape(((16, 29_205),))
 
 
 def feature_rows(x_ttft: np.ndarray, x_tpot: np.ndarray) -> list[dict[str, float]]:
@@ -75,12 +112,6 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float
         if loop.time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def train_models(directory: Path, n: int = 400, seed: int = 0) -> Path:
