@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.source import imported_from
+
 TESTS = Path(__file__).resolve().parent
 MARKER = "processes"
 # What starts a process: the standard library's ways, and the router's (slorouter.extproc).
@@ -64,7 +66,6 @@ class Module:
     aliases: dict[str, str] = field(default_factory=dict)  # local name: module
 
     def __post_init__(self) -> None:
-        package = self.name.rsplit(".", 1)[0]
         for node in self.tree.body:
             if isinstance(node, Def):
                 self.defs[node.name] = node
@@ -73,10 +74,7 @@ class Module:
                     if isinstance(target, ast.Name):
                         self.defs[target.id] = node.value
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                base = imported_from(node, self.name)
                 for alias in node.names:
                     local = alias.asname or alias.name
                     if base.startswith("tests"):

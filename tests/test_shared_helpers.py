@@ -7,21 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.source import imported_from
+
 TESTS = Path(__file__).resolve().parent
 
 
 def imported_modules(text: str, module: str) -> list[tuple[int, str]]:
     """(line, absolute name) of every module that ``module``'s source imports from, or imports."""
-    package = module.rsplit(".", 1)[0]
     found = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            base = imported_from(node, module)
             found.append((node.lineno, base))
             found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]  # `from pkg import mod`
     return found

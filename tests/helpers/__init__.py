@@ -10,4 +10,5 @@
 - ``http_app``: the HTTP server tests' app and raw client.
 - Fakes: an in-test Kubernetes API server (``kube_apiserver``), an OTLP receiver (``otlp_receiver``), and the
   docs' shell commands read and checked (``doc_commands``).
+- ``source``: reading test modules' imports (the marker and import checks).
 """
