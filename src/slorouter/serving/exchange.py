@@ -264,20 +264,18 @@ class Exchange:
         if self._over or lifecycle is None:
             return
         self._over = True
+        if body is None and self._kept is not None:
+            body = bytes(self._kept)  # the whole body, kept on the way
         if cause is Termination.COMPLETE and lifecycle.response.status < 400:
             observer = self._observer
             if observer is not None:
                 usage = observer.finish()
-            else:
-                whole = body if body is not None else (None if self._kept is None else bytes(self._kept))
-                if whole is not None:
-                    observe_body(lifecycle, whole, lifecycle.request.history_form)
+            elif body is not None:
+                observe_body(lifecycle, body, lifecycle.request.history_form)
         lifecycle.end(cause, usage=usage, detail=detail)
-        front = self.front
-        if front.outcomes is not None:
-            if body is None and self._kept is not None and front.traffic is not None:
-                body = bytes(self._kept)  # its usage, for the recording
-            front.outcomes.record(lifecycle, self.path, body)
+        outcomes = self.front.outcomes
+        if outcomes is not None:
+            outcomes.record(lifecycle, self.path, body)
         trace = self.trace
         if trace is not None:
             status = lifecycle.response.status
