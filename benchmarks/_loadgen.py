@@ -153,6 +153,51 @@ def record_row(record: Any, answer_fields: Sequence[str]) -> dict[str, Any]:
     return row
 
 
+# --- summaries of the JSON rows ---------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values``; NaN for none."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def row_tpot_ms(row: Mapping[str, Any]) -> float:
+    """(E2E − TTFT) / (completion tokens − 1) of an answered row with more than one token."""
+    return float((row["e2e_ms"] - row["ttft_ms"]) / (row["completion_tokens"] - 1))
+
+
+def measured_rows(output: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The measured phase's rows, and those answered whole (200, no error, more than one token)."""
+    rows = [r for r in output["results"] if r["phase"] == "measured"]
+    ok = [r for r in rows if r["status"] == 200 and not r["error"] and r["completion_tokens"] > 1]
+    return rows, ok
+
+
+def latency_figures(rows: Sequence[Mapping[str, Any]], ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Requests, errors, and TTFT, TPOT and E2E percentiles (ms) of the answered ones."""
+    ttft = [r["ttft_ms"] for r in ok]
+    tpot = [row_tpot_ms(r) for r in ok]
+    return {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p90": percentile(tpot, 90),
+        "e2e_p50": percentile([r["e2e_ms"] for r in ok], 50),
+    }
+
+
+def count_by(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, int]:
+    """How many rows have each value of ``key`` ("-" for an empty one), in first-seen order."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        value = r[key] or "-"
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
 # --- sending ----------------------------------------------------------------------------------------------
 
 

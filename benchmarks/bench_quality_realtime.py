@@ -77,12 +77,17 @@ from _loadgen import (
     CpuMeter,
     OpenLoop,
     StreamResult,
+    count_by,
+    latency_figures,
     loadgen_argv,
+    measured_rows,
+    percentile,
     poisson_offsets,
     prediction_ratio_counts,
     predictor_ready,
     record_row,
     router_coverage,
+    row_tpot_ms,
     run_as_loadgen,
     stream_completion,
     warm_up,
@@ -384,32 +389,16 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
 
 
 def summarize(output: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    rows = [r for r in output["results"] if r["phase"] == "measured"]
-    ok = [r for r in rows if r["status"] == 200 and not r["error"] and r["completion_tokens"] > 1]
+    rows, ok = measured_rows(output)
     slo = {"chat": args.slo_chat, "long": args.slo_long}
-
-    def tpot(r: dict[str, Any]) -> float:
-        return (r["e2e_ms"] - r["ttft_ms"]) / (r["completion_tokens"] - 1)
+    tpot, pct = row_tpot_ms, percentile
 
     def met(r: dict[str, Any]) -> bool:
         ttft_slo, tpot_slo = slo[r["kind"]]
         return r["ttft_ms"] <= ttft_slo and tpot(r) <= tpot_slo
 
-    def pct(values: list[float], q: float) -> float:
-        return float(np.percentile(values, q)) if values else math.nan
-
-    ttft = [r["ttft_ms"] for r in ok]
-    summary: dict[str, Any] = {
-        "requests": len(rows),
-        "errors": len(rows) - len(ok),
-        "ttft_p50": pct(ttft, 50),
-        "ttft_p90": pct(ttft, 90),
-        "ttft_p99": pct(ttft, 99),
-        "tpot_p50": pct([tpot(r) for r in ok], 50),
-        "tpot_p90": pct([tpot(r) for r in ok], 90),
-        "e2e_p50": pct([r["e2e_ms"] for r in ok], 50),
-        "slo": sum(map(met, ok)) / max(len(rows), 1),  # errors count as misses
-    }
+    summary = latency_figures(rows, ok)
+    summary["slo"] = sum(map(met, ok)) / max(len(rows), 1)  # errors count as misses
     for kind in ("chat", "long"):
         of_kind = [r for r in ok if r["kind"] == kind]
         summary[f"{kind}_ttft_p90"] = pct([r["ttft_ms"] for r in of_kind], 90)
@@ -418,10 +407,7 @@ def summarize(output: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         # and the fastest long streams and moves 15-20 % between runs of one policy on the same arrivals.
         summary[f"{kind}_tpot_p50"] = pct([tpot(r) for r in of_kind], 50)
         summary[f"{kind}_slo"] = sum(map(met, of_kind)) / max(sum(r["kind"] == kind for r in rows), 1)
-    routes: dict[str, int] = {}
-    for r in rows:
-        routes[r["route"] or "-"] = routes.get(r["route"] or "-", 0) + 1
-    summary["routes"] = routes
+    summary["routes"] = count_by(rows, "route")
     predicted = [r for r in ok if not math.isnan(r["predicted_ttft_ms"])]
     if predicted:  # the model predicts a quantile (p90 by default): coverage should be near it
         n = len(predicted)
@@ -431,10 +417,7 @@ def summarize(output: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             of_kind = [r for r in predicted if r["kind"] == kind]
             covered = sum(r["ttft_ms"] <= r["predicted_ttft_ms"] for r in of_kind)
             summary[f"{kind}_ttft_coverage"] = covered / len(of_kind) if of_kind else math.nan
-    pods: dict[str, int] = {}
-    for r in ok:
-        pods[r["endpoint"]] = pods.get(r["endpoint"], 0) + 1
-    summary["requests_per_pod"] = sorted(pods.values())
+    summary["requests_per_pod"] = sorted(count_by(ok, "endpoint").values())
     lags = [r["lag_ms"] for r in rows]
     summary["lag_p99_ms"] = pct(lags, 99)
     summary["achieved_rate"] = len(rows) / args.duration

@@ -80,12 +80,17 @@ from _loadgen import (
     CpuMeter,
     OpenLoop,
     StreamResult,
+    count_by,
+    latency_figures,
     loadgen_argv,
+    measured_rows,
+    percentile,
     poisson_offsets,
     prediction_ratio_counts,
     predictor_ready,
     record_row,
     router_coverage,
+    row_tpot_ms,
     run_as_loadgen,
     stream_completion,
     warm_up,
@@ -472,33 +477,12 @@ def run_command(args: argparse.Namespace) -> None:
 # --- report -----------------------------------------------------------------------------------------------
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else math.nan
-
-
 def summarize(output: dict[str, Any]) -> dict[str, Any]:
-    rows = [r for r in output["results"] if r["phase"] == "measured"]
-    ok = [r for r in rows if r["status"] == 200 and not r["error"] and r["completion_tokens"] > 1]
-
-    def tpot(r: dict[str, Any]) -> float:
-        return float((r["e2e_ms"] - r["ttft_ms"]) / (r["completion_tokens"] - 1))
-
-    ttft = [r["ttft_ms"] for r in ok]
-    s: dict[str, Any] = {
-        "requests": len(rows),
-        "errors": len(rows) - len(ok),
-        "ttft_p50": _pct(ttft, 50),
-        "ttft_p90": _pct(ttft, 90),
-        "ttft_p99": _pct(ttft, 99),
-        "tpot_p50": _pct([tpot(r) for r in ok], 50),
-        "tpot_p90": _pct([tpot(r) for r in ok], 90),
-        "tpot_p99": _pct([tpot(r) for r in ok], 99),
-        "e2e_p50": _pct([r["e2e_ms"] for r in ok], 50),
-        "prompt_tokens_mean": statistics.fmean(r["prompt_tokens"] for r in ok) if ok else math.nan,
-    }
-    routes: dict[str, int] = {}
-    for r in rows:
-        routes[r["route"] or "-"] = routes.get(r["route"] or "-", 0) + 1
+    rows, ok = measured_rows(output)
+    s = latency_figures(rows, ok)
+    s["tpot_p99"] = percentile([row_tpot_ms(r) for r in ok], 99)
+    s["prompt_tokens_mean"] = statistics.fmean(r["prompt_tokens"] for r in ok) if ok else math.nan
+    routes = count_by(rows, "route")
     s["routes"] = routes
     s["predicted_share"] = routes.get("predicted", 0) / max(len(rows), 1)
     # Prompt-cache reuse: the share of the measured requests' prompt tokens the engine did not evaluate.
@@ -516,26 +500,29 @@ def summarize(output: dict[str, Any]) -> dict[str, Any]:
         s["ttft_actual_over_predicted_p50"] = float(np.median(actual / served))
         with_tpot = [r for r in predicted if not math.isnan(r["predicted_tpot_ms"])]
         if with_tpot:
-            actual = np.array([tpot(r) for r in with_tpot])
+            actual = np.array([row_tpot_ms(r) for r in with_tpot])
             served = np.array([r["predicted_tpot_ms"] for r in with_tpot])
             s["tpot_coverage"] = float(np.mean(actual <= served))
             s["tpot_mape"] = float(np.mean(np.abs(served - actual) / actual))
-    pods: dict[str, int] = {}
-    for r in ok:
-        pods[r["endpoint"]] = pods.get(r["endpoint"], 0) + 1
+    pods = count_by(ok, "endpoint")
     s["requests_per_server"] = [pods[k] for k in sorted(pods)]
     # Per server, busiest streams first: (requests, TTFT p50, TPOT p50).
     per_server = []
     for endpoint in pods:
         mine = [r for r in ok if r["endpoint"] == endpoint]
         per_server.append(
-            (len(mine), _pct([r["ttft_ms"] for r in mine], 50), _pct([tpot(r) for r in mine], 50))
+            (
+                len(mine),
+                percentile([r["ttft_ms"] for r in mine], 50),
+                percentile([row_tpot_ms(r) for r in mine], 50),
+            )
         )
     s["servers"] = sorted(per_server, key=lambda row: -row[2])
     # TTFT p90 in each fifth of the measured phase, in arrival order: a queue that keeps growing (a load the
     # pool does not sustain) shows as a rising sequence, a steady state as a flat one.
     s["ttft_p90_by_fifth"] = [
-        _pct([r["ttft_ms"] for r in ok[k * len(ok) // 5 : (k + 1) * len(ok) // 5]], 90) for k in range(5)
+        percentile([r["ttft_ms"] for r in ok[k * len(ok) // 5 : (k + 1) * len(ok) // 5]], 90)
+        for k in range(5)
     ]
     cpu = output["info"]["cpu"]
     servers_cpu = sum(v for k, v in cpu.items() if k.startswith("server"))
@@ -543,7 +530,7 @@ def summarize(output: dict[str, Any]) -> dict[str, Any]:
     s["cpu_servers"] = servers_cpu
     s["cpu_loadgen"] = cpu["loadgen"]
     s["router_cpu_share"] = cpu["gateway"] / (cpu["gateway"] + servers_cpu) if servers_cpu else math.nan
-    s["lag_p99_ms"] = _pct([r["lag_ms"] for r in rows], 99)
+    s["lag_p99_ms"] = percentile([r["lag_ms"] for r in rows], 99)
     return s
 
 
