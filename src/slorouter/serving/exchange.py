@@ -25,7 +25,6 @@ from slorouter.api.requests import ParsedRequest
 from slorouter.api.routing_headers import RoutingHints
 from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
-from slorouter.flowcontrol.controller import Ticket
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
@@ -149,10 +148,6 @@ class Exchange:
         except SchedulingError as exc:
             self.refuse(exc.status, exc.message)
             raise
-
-    def admitted(self, ticket: Ticket) -> None:
-        """The benchmark's admission: a ticket that left flow control (raises as ``Director.admitted``)."""
-        self.admission = self.front.director.admitted(ticket)
 
     async def pick(self, exclude: Collection[str] = ()) -> RequestLifecycle:
         """Schedule (awaiting data producers that wait on I/O) and dispatch; ``exclude`` and the tried
@@ -329,10 +324,6 @@ class Exchange:
             front.traffic.unanswered(self.request, self.path, status, address)
         if self.trace is not None:  # a client's error is not the server span's (OpenTelemetry's rule)
             self.trace.end(status, message if status >= 500 else None)
-
-    @property
-    def over(self) -> bool:
-        return self._over
 
     @property
     def reads_body(self) -> bool:
