@@ -47,7 +47,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,14 +62,19 @@ from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.shared_inflight import SharedInFlightBoard, SharedInFlightView
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.model_store import ModelMetadata, ModelStore
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.serving.exchange import FrontEnd
+from slorouter.serving.traffic_window import TrafficWindow
 from slorouter.sim.engine import Engine
 from slorouter.sim.gauges import GaugeReporter
 from slorouter.sim.kv_events import KVEventRecorder
 from slorouter.sim.profiles import Profile
+
+if TYPE_CHECKING:
+    from slorouter.bench.tuning.tuner import Tuner, TuningRound, TuningSettings
 
 PICKER_ASSIGNMENTS = ("random", "round-robin")
 SHARED_INFLIGHT_PUBLISHING = ("on-change", "periodic")
@@ -96,6 +101,7 @@ class ClusterSettings:
     shared_inflight_delay_s: float = 0.002  # a publication reaches the other pickers this much later
     shared_inflight_ttl_s: float = 0.5  # a picker's slot not refreshed for this long is dropped
     shared_predictor: bool = False  # pickers use one predictor, trained on all their samples
+    training: bool = True  # False: the predictor serves the models it was given and never trains
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s <= 0 or self.train_poll_s <= 0:
@@ -155,6 +161,7 @@ class ClusterSimulator:
         trainer_config: TrainerConfig | None = None,
         kv_events: bool = False,
         flow_control: FlowControlConfig | None = None,
+        tuning: TuningSettings | None = None,
     ) -> None:
         if not profiles:
             raise ValueError("the pool needs at least one pod")
@@ -208,6 +215,17 @@ class ClusterSimulator:
             self.board = SharedInFlightBoard(self.settings.shared_inflight_ttl_s, self.clock)
             for k, stack in enumerate(self.pickers):
                 stack.shared = SharedInFlightView(stack.pool, f"picker-{k}", epoch=1)
+        # The self-tuning policy: every picker keeps a window; picker 0's tuner decides for all of them.
+        self.tuner: Tuner | None = None
+        self.tuning_log: list[dict[str, Any]] = []  # one entry per round
+        if tuning is not None:
+            if first.director.setup.candidate_switch is None:
+                raise ValueError("a tuned policy needs a candidate-profile-handler")
+            from slorouter.bench.tuning.tuner import Tuner  # the tuner replays on this simulator
+
+            self.tuner = Tuner(scheduler_config or {}, tuning, cluster=self.settings)
+            for stack in self.pickers:
+                stack.front.window = TrafficWindow(span_s=tuning.window_s)
         # Requests to pickers: drawn from their own generator, so the routers' draws stay as with one picker.
         self._assignment_rng = np.random.default_rng([seed, 0x5049434B])
         self.scrape_all(0.0)
@@ -256,6 +274,44 @@ class ClusterSimulator:
         controller = flow.build(pool, self.clock) if flow is not None else None
         director = Director(pool, setup, tracker, self.clock, flow_control=controller)
         return RouterStack(pool, tracker, director, predictor, kv_index)
+
+    def tune(self, now: float) -> TuningRound:
+        """One round of the tuner on picker 0's window; a switch applies to every picker."""
+        tuner, first = self.tuner, self.pickers[0]
+        assert tuner is not None and first.front.window is not None
+        switch = first.director.setup.candidate_switch
+        assert switch is not None
+        models: list[tuple[bytes, ModelMetadata]] = []
+        if first.predictor is not None:
+            store = ModelStore(first.predictor.model_dir)
+            models = [m for m in (store.load("ttft"), store.load("tpot")) if m is not None]
+        pool = first.pool
+        capacity = {
+            a: (int(pool.value(a, "num_gpu_blocks")), int(pool.value(a, "block_size")))
+            for a in self.addresses
+        }
+        result = tuner.tune(
+            first.front.window.entries(),
+            now=now,
+            active=switch.active,
+            addresses=self.addresses,
+            capacity=capacity,
+            models=models,
+        )
+        if result.switch_to is not None:
+            for stack in self.pickers:
+                picker_switch = stack.director.setup.candidate_switch
+                assert picker_switch is not None
+                picker_switch.activate(result.switch_to)
+        return result
+
+    def load_models(self, models: Sequence[tuple[bytes, ModelMetadata]]) -> None:
+        """Serve these models (a booster's bytes and its metadata, one per kind) in every picker's predictor,
+        as if trained (the tuner's twin starts from the live router's models)."""
+        for stack in self.pickers:
+            if stack.predictor is not None:
+                for raw, metadata in models:
+                    stack.predictor.predictor.load_raw(metadata.kind, raw, metadata)
 
     def close(self) -> None:
         if self._model_dir is not None:
@@ -310,6 +366,8 @@ class ClusterSimulator:
         }
         if len(self.pickers) > 1:
             facts["pickers"] = len(self.pickers)
+        if self.tuner is not None:
+            facts["tuning"] = self.tuning_log
         if self.predictor is not None:
             facts["model_versions"] = self.predictor.versions
             facts["trainer"] = {

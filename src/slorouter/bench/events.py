@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     _PUBLISH_CHANGE,
     _DELIVER,
     _FLOW,
-) = range(12)
+    _TUNE,
+) = range(13)
 
 
 class SimulationRun:
@@ -126,6 +127,7 @@ class SimulationRun:
             self._publish_change,
             self._deliver,
             self._flow,
+            self._tune,
         ]
 
     def push(self, at: float, kind: int, arg: Any) -> None:
@@ -136,8 +138,11 @@ class SimulationRun:
         for i in range(len(self.requests)):
             self.push(float(rec.arrival[i]), _ARRIVAL, i)
         self.push(settings.scrape_interval_s, _SCRAPE, None)
-        if self.predictors:
+        if self.predictors and settings.training:
             self.push(settings.train_poll_s, _TRAIN, None)
+        tuner = self.sim.tuner
+        if tuner is not None:
+            self.push(tuner.settings.interval_s, _TUNE, None)
         if self.board is not None:  # each picker on its own phase, as unsynchronised processes would be
             for k in range(len(pickers)):
                 self.push(self.publish_every * (k + 1) / len(pickers), _PUBLISH, k)
@@ -364,6 +369,25 @@ class SimulationRun:
             self.trainings += len(predictor.maybe_train())
         if self.arrivals_left:
             self.push(now + self.settings.train_poll_s, _TRAIN, None)
+
+    def _tune(self, now: float, _: None) -> None:
+        tuner = self.sim.tuner
+        assert tuner is not None
+        result = self.sim.tune(now)
+        self.sim.tuning_log.append(
+            {
+                "at": now,
+                "active": result.active,
+                "requests": result.requests,
+                "twin_error": None if result.twin_error == math.inf else round(result.twin_error, 4),
+                "best": result.best,
+                "predicted_gain": round(result.predicted_gain, 4),
+                "switch_to": result.switch_to,
+                "reason": result.reason,
+            }
+        )
+        if self.arrivals_left:
+            self.push(now + tuner.settings.interval_s, _TUNE, None)
 
     # --- pickers sharing their in-flight load ----------------------------------------------------------
     def _changed(self, k: int, now: float) -> None:

@@ -28,12 +28,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from slorouter.bench.tuning.tuner import TuningSettings
 from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import (
     DEFAULT_SCHEDULER_CONFIG,
     PREDICTED_LATENCY_SCHEDULER_CONFIG,
     PREDICTION_RANKING_SCHEDULER_CONFIG,
+    SELF_TUNING_SCHEDULER_CONFIG,
     TOKEN_AWARE_AFFINITY,
 )
 from slorouter.validation import format_validation_error
@@ -50,6 +52,7 @@ class Policy:
     config: dict[str, Any]  # EndpointPickerConfig shape
     source: str  # "built-in" or the file it came from
     flow_control: FlowControlConfig | None = None  # None: requests go to scheduling at once
+    tuning: TuningSettings | None = None  # the self-tuning policy's tuner
 
     @property
     def uses_predictor(self) -> bool:
@@ -154,6 +157,11 @@ NAMED_POLICIES: dict[str, dict[str, Any]] = {
 }
 NAMED_POLICIES["predicted-ranking"] = _predicted_latency(PREDICTION_RANKING_SCHEDULER_CONFIG)
 NAMED_POLICIES["predicted-load-core"] = _predicted_latency(PREDICTED_LATENCY_SCHEDULER_CONFIG)
+SELF_TUNING = "self-tuning"
+NAMED_POLICIES[SELF_TUNING] = _predicted_latency(SELF_TUNING_SCHEDULER_CONFIG)
+# The benchmark's tuner: a round every 30 s of virtual time on the last 60 s (runs are minutes long; a
+# router's default is a round every 3 minutes on the last 2).
+BENCH_TUNING = TuningSettings(interval_s=30.0, window_s=60.0)
 
 
 class PolicyError(ValueError):
@@ -186,7 +194,9 @@ def resolve_policy(spec: str, flow_control: FlowControlConfig | None = None) -> 
         )
     builtin = BUILTIN_POLICIES.get(spec) or NAMED_POLICIES.get(spec)
     if builtin is not None:
-        return Policy(spec, copy.deepcopy(builtin), "built-in")
+        return Policy(
+            spec, copy.deepcopy(builtin), "built-in", tuning=BENCH_TUNING if spec == SELF_TUNING else None
+        )
     name, sep, path = spec.partition("=")
     if not sep:
         name, path = Path(spec).stem, spec

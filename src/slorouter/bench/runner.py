@@ -94,6 +94,7 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     settings=plan.settings,
                     seed=plan.seed,
                     flow_control=policy.flow_control,
+                    tuning=policy.tuning,
                 ) as sim:
                     rec = sim.run(requests, progress=hook)
                 labels = {

@@ -29,6 +29,7 @@ from slorouter.scheduling.config_schema import (
 from slorouter.scheduling.pipelines import DEFAULT_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import (
     Admitter,
+    CandidateSwitch,
     DataProducer,
     Filter,
     LatencyPredicting,
@@ -64,6 +65,12 @@ class SchedulerSetup:
     data_producer_timeout_s: float = DEFAULT_DATA_PRODUCER_TIMEOUT_MS / 1000.0
     # Whether the latency predictions' "TTFT" is the end-to-end latency (a producer in non-streaming mode).
     predicts_end_to_end: bool = False
+
+    @property
+    def candidate_switch(self) -> CandidateSwitch | None:
+        """The profile handler, when it switches between candidate pipelines (the tuner's lever)."""
+        handler = self.scheduler.profile_handler
+        return handler if isinstance(handler, CandidateSwitch) else None
 
 
 SCHEDULING_KINDS = (Filter, Scorer, Picker)

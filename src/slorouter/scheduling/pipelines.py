@@ -169,3 +169,117 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         },
     ],
 }
+
+
+# The self-tuning pipeline: every candidate the tuner may choose, as profiles of one configuration sharing its
+# data producers (the prefix index of prompts, the load core, the XGBoost predictor and the SLO admitter), so
+# that whichever candidate routes, the others' inputs follow all the traffic. The candidates are the built-in
+# pipeline at three settings of its scorer (as shipped; without the interference term; with the decode term
+# of docs/design/decode-term.md) and the benchmark's static policies of the same names. The tuner
+# (docs/self-tuning.md) picks the active one from the pool's own recent traffic.
+LEAN_SCORER = "expected-latency-scorer-lean"
+DECODE_SCORER = "expected-latency-scorer-decode"
+DECODE_WEIGHT = 0.02  # docs/design/decode-term.md
+SELF_TUNING_CANDIDATES: tuple[str, ...] = (
+    PREDICTION_PROFILE_NAME,
+    "predicted-latency-lean",
+    "predicted-latency-decode",
+    "token-aware",
+    "least-request",
+    "round-robin",
+    "heuristic",
+    "heuristic-tuned",
+)
+_PREDICTED_CANDIDATES = {
+    PREDICTION_PROFILE_NAME: "expected-latency-scorer",
+    "predicted-latency-lean": LEAN_SCORER,
+    "predicted-latency-decode": DECODE_SCORER,
+}
+
+
+def _predicted_profile(name: str, scorer: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "plugins": [
+            {"pluginRef": "slo-headroom-tier-filter"},
+            {"pluginRef": "sticky-affinity-filter"},
+            {"pluginRef": scorer},
+            {"pluginRef": "max-score-picker"},
+        ],
+    }
+
+
+def _blend(name: str, queue: float, kv: float, prefix: float) -> dict[str, Any]:
+    return {
+        "name": name,
+        "plugins": [
+            {"pluginRef": "queue-scorer", "weight": queue},
+            {"pluginRef": "kv-cache-utilization-scorer", "weight": kv},
+            {"pluginRef": "prefix-cache-scorer", "weight": prefix},
+            {"pluginRef": "max-score-picker"},
+        ],
+    }
+
+
+SELF_TUNING_SCHEDULER_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {
+            "type": "candidate-profile-handler",
+            "parameters": {
+                "candidates": [
+                    {"name": name, "profile": name, "fallbackProfile": DEFAULT_PROFILE_NAME}
+                    if name in _PREDICTED_CANDIDATES
+                    else {"name": name, "profile": name}
+                    for name in SELF_TUNING_CANDIDATES
+                ]
+            },
+        },
+        *_prediction_head()[1:],
+        {"type": "load-latency-producer"},
+        {"type": "approx-prefix-cache-producer", "parameters": {"indexResponses": False}},
+        _loose_affinity_filter(),
+        {
+            "name": "sticky-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": STICKY_AFFINITY,
+        },
+        {"type": "slo-headroom-tier-filter", "parameters": {"dimensions": ["ttft"]}},
+        {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
+        {"name": LEAN_SCORER, "type": "expected-latency-scorer"},
+        {
+            "name": DECODE_SCORER,
+            "type": "expected-latency-scorer",
+            "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT, "decodeWeight": DECODE_WEIGHT},
+        },
+        {
+            "name": "token-aware-affinity-filter",
+            "type": "prefix-cache-affinity-filter",
+            "parameters": TOKEN_AWARE_AFFINITY,
+        },
+        {"name": "prefill-load-scorer", "type": "token-load-scorer"},
+        {"type": "least-request-scorer"},
+        {"type": "round-robin-picker"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefix-cache-scorer"},
+    ],
+    "schedulingProfiles": [
+        _warm_up_profile(),
+        *[_predicted_profile(name, scorer) for name, scorer in _PREDICTED_CANDIDATES.items()],
+        {
+            "name": "token-aware",
+            "plugins": [
+                {"pluginRef": "token-aware-affinity-filter"},
+                {"pluginRef": "prefill-load-scorer"},
+                {"pluginRef": "max-score-picker"},
+            ],
+        },
+        {
+            "name": "least-request",
+            "plugins": [{"pluginRef": "least-request-scorer"}, {"pluginRef": "max-score-picker"}],
+        },
+        {"name": "round-robin", "plugins": [{"pluginRef": "round-robin-picker"}]},
+        _blend("heuristic", 2, 2, 3),
+        _blend("heuristic-tuned", 3, 2, 2),
+    ],
+}

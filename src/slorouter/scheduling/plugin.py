@@ -138,6 +138,25 @@ class ProfileHandler(ABC):
         """Called by the config loader: raise ``ValueError`` if this handler cannot run these profiles."""
 
 
+class CandidateSwitch(ABC):
+    """A profile handler that routes by one of several named candidate pipelines at a time, and lets the
+    router's tuner change which (``SchedulerSetup.candidate_switch``)."""
+
+    @property
+    @abstractmethod
+    def candidates(self) -> tuple[str, ...]:
+        """The candidates' names, in configuration order."""
+
+    @property
+    @abstractmethod
+    def active(self) -> str:
+        """The candidate that routes the next request."""
+
+    @abstractmethod
+    def activate(self, name: str) -> None:
+        """Route from the next request on by ``name``; ``ValueError`` for a name not in ``candidates``."""
+
+
 class DataProducer(ABC):
     """Runs before admission and scheduling; attaches per-candidate arrays to ``candidates.attrs``.
 

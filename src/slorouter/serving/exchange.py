@@ -39,6 +39,7 @@ from slorouter.serving.tracing import (
     request_attributes,
     upstream_attributes,
 )
+from slorouter.serving.traffic_window import TrafficWindow
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import RequestTrace, Tracing
@@ -60,6 +61,7 @@ class FrontEnd:
     tracing: Tracing | None = None  # None: tracing is off
     stats: RouterStats | None = None  # the status page's per-request figures
     traffic: TrafficRecorder | None = None  # --record
+    window: TrafficWindow | None = None  # recent traffic, for the tuner
     outcomes: OutcomeRecorder | None = field(init=False)
     ids: RequestIds = field(init=False, default_factory=RequestIds)
 
@@ -268,9 +270,16 @@ class Exchange:
             elif body is not None:
                 observe_body(lifecycle, body, lifecycle.request.history_form)
         lifecycle.end(cause, usage=usage, detail=detail)
-        outcomes = self.front.outcomes
+        front = self.front
+        outcomes = front.outcomes
         if outcomes is not None:
             outcomes.record(lifecycle, self.path, body)
+        window = front.window
+        if window is not None:
+            address = lifecycle.response.endpoint.address
+            pool = front.director.pool
+            if address in pool:
+                window.answered(lifecycle, pool.value(address, "waiting"), pool.value(address, "running"))
         trace = self.trace
         if trace is not None:
             status = lifecycle.response.status

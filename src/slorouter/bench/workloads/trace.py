@@ -49,7 +49,7 @@ def replay(
     if not (math.isfinite(speed) and speed > 0):
         raise ValueError(f"speed must be a positive number, got {speed!r}")
     name = f"trace-{trace.path.stem}"
-    blocks = _BlockTexts(trace.block_tokens)
+    blocks = BlockTexts(trace.block_tokens)
     kept: list[BenchRequest] = []
     clipped = dropped = 0
     for index, entry in enumerate(trace.entries):
@@ -91,7 +91,7 @@ def replay(
     return Replay(requests, duration_s, len(kept) / duration_s)
 
 
-class _BlockTexts:
+class BlockTexts:
     """The text of every block key, numbered in order of first use."""
 
     def __init__(self, block_tokens: int) -> None:

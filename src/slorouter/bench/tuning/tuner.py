@@ -1,0 +1,241 @@
+"""The tuner: each round it fits the twin to the window, checks that it reproduces what the router
+observed, replays the window under every candidate, and says which candidate should route next.
+
+A round (``Tuner.tune``):
+
+1. **Window.** The last ``window_s`` of answered requests; replays measure the requests after the first
+   ``warmup_share`` of it (the twin starts empty: no queues, cold caches).
+2. **Fit.** The twin's pods are sized from the scraped capacity and queues, then calibrated by replaying the
+   window under the active candidate (``twin.PoolTwin.calibrated``): three times on the first round, once
+   after (the twin carries over from round to round).
+3. **Validate.** One more replay under the active candidate: its TTFT and TPOT p50 and p90 against the
+   observed ones. The largest relative error is the twin's error; above ``max_twin_error`` the round ends
+   there and nothing changes.
+4. **Compare.** Every other candidate replayed on the same traffic with the same seed. A candidate is
+   eligible when its TTFT p99 and TPOT p50 are no worse than the active one's by more than ``tolerance`` (and
+   its SLO attainment, when requests carry SLOs, no lower by more than ``tolerance``); the best eligible one
+   by TTFT p90 is the round's best.
+5. **Decide.** Switch when the best one's TTFT p90 gain over the active one's (both in the twin) exceeds both
+   ``min_gain`` and the twin's own error on TTFT p90. Staying needs no margin, so the rule has a dead band:
+   the hysteresis that keeps two close candidates from alternating.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slorouter.bench.cluster import ClusterSettings
+from slorouter.bench.tuning import figures as figures_of
+from slorouter.bench.tuning.figures import Figures
+from slorouter.bench.tuning.replay import Traffic, replay
+from slorouter.bench.tuning.twin import PoolTwin, fit_to_placements, initial
+from slorouter.predictor.model_store import ModelMetadata
+from slorouter.serving.traffic_window import WindowEntry
+
+PREDICTOR_PLUGIN = "predicted-latency-producer"
+SWITCH_PLUGIN = "candidate-profile-handler"
+
+
+@dataclass(frozen=True, slots=True)
+class TuningSettings:
+    interval_s: float = 180.0  # between rounds
+    window_s: float = 120.0  # the traffic each round replays
+    warmup_share: float = 0.25  # replays measure after this share of the window
+    candidates: tuple[str, ...] = ()  # () : every candidate of the pipeline
+    max_twin_error: float = 0.25  # largest relative error of the twin's TTFT/TPOT p50/p90 it is trusted at
+    min_gain: float = 0.03  # smallest TTFT p90 gain (a share) worth a switch
+    tolerance: float = 0.02  # how much worse TTFT p99, TPOT p50 (share) or SLO attainment (points) may be
+    min_requests: int = 200  # fewer in the window: no round
+    first_calibrations: int = 4  # fitting iterations of the first round
+    calibrations: int = 2  # of later rounds (the twin carries over)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.interval_s > 0 and self.window_s > 0 and 0 <= self.warmup_share < 1):
+            raise ValueError("interval_s and window_s must be > 0 and warmup_share in [0, 1)")
+        if min(self.max_twin_error, self.min_gain, self.tolerance) < 0 or self.min_requests < 1:
+            raise ValueError("max_twin_error, min_gain and tolerance must be >= 0 and min_requests >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class TuningRound:
+    """What one round found and decided."""
+
+    at: float  # the router's clock
+    active: str  # the candidate routing during the window
+    requests: int
+    observed: Figures | None = None
+    replayed: dict[str, Figures] = field(default_factory=dict)  # by candidate
+    twin_error: float = math.inf  # largest relative error of the active candidate's replay
+    errors: dict[str, float] = field(default_factory=dict)  # by figure
+    best: str | None = None
+    predicted_gain: float = 0.0  # 1 − best TTFT p90 / active TTFT p90, in the twin
+    switch_to: str | None = None
+    reason: str = ""
+    twin: PoolTwin | None = None
+
+    @property
+    def trusted(self) -> bool:
+        return (
+            self.observed is not None
+            and self.reason != ""
+            and self.twin_error < math.inf
+            and bool(self.replayed)
+        )
+
+
+def pinned(config: Mapping[str, Any], candidate: str) -> dict[str, Any]:
+    """``config`` with its candidate switch fixed on ``candidate``."""
+    out = copy.deepcopy(dict(config))
+    for plugin in out["plugins"]:
+        if plugin.get("type") == SWITCH_PLUGIN:
+            plugin.setdefault("parameters", {})["active"] = candidate
+            return out
+    raise ValueError(f"the pipeline has no {SWITCH_PLUGIN}")
+
+
+def candidates_of(config: Mapping[str, Any]) -> tuple[str, ...]:
+    for plugin in config["plugins"]:
+        if plugin.get("type") == SWITCH_PLUGIN:
+            return tuple(c["name"] for c in plugin["parameters"]["candidates"])
+    raise ValueError(f"the pipeline has no {SWITCH_PLUGIN}")
+
+
+def _uses_predictor(config: Mapping[str, Any], candidate: str) -> bool:
+    """Whether ``candidate`` routes by predictions (a fallback profile) in a pipeline with a predictor."""
+    if not any(p.get("type") == PREDICTOR_PLUGIN for p in config["plugins"]):
+        return False
+    for plugin in config["plugins"]:
+        if plugin.get("type") == SWITCH_PLUGIN:
+            for c in plugin["parameters"]["candidates"]:
+                if c["name"] == candidate:
+                    return c.get("fallbackProfile") is not None
+    return False
+
+
+class Tuner:
+    """Rounds of the tuner over one pipeline (``config``: a scheduler config with a candidate switch)."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        settings: TuningSettings | None = None,
+        *,
+        cluster: ClusterSettings | None = None,
+    ) -> None:
+        self.config = copy.deepcopy(dict(config))
+        self.settings = settings or TuningSettings()
+        known = candidates_of(self.config)
+        wanted = self.settings.candidates or known
+        unknown = [c for c in wanted if c not in known]
+        if unknown:
+            raise ValueError(f"unknown candidates {', '.join(unknown)} (the pipeline has {', '.join(known)})")
+        self.candidates = tuple(wanted)
+        self.cluster = cluster
+        self.twin: PoolTwin | None = None
+        self.rounds = 0
+
+    def tune(
+        self,
+        entries: Sequence[WindowEntry],
+        *,
+        now: float,
+        active: str,
+        addresses: Sequence[str],
+        capacity: Mapping[str, tuple[int, int]] | None = None,
+        models: Sequence[tuple[bytes, ModelMetadata]] = (),
+    ) -> TuningRound:
+        """One round over the window's entries (see the module docstring)."""
+        s = self.settings
+        window = [e for e in entries if e.arrival >= now - s.window_s]
+        if len(window) < s.min_requests:
+            return TuningRound(now, active, len(window), reason=f"{len(window)} requests in the window")
+        traffic = Traffic.of(window)
+        span = max(e.arrival for e in window) - traffic.start
+        measure_from = s.warmup_share * span
+        measured = [e for e in traffic.entries if e.arrival - traffic.start >= measure_from]
+        addresses = tuple(addresses)
+        twin = self.twin
+        if twin is None or twin.addresses != addresses:
+            twin = initial(addresses, window)
+        twin = twin.with_sizes(window, capacity or {})
+        observed = figures_of.observed(measured, twin.pod_of)
+
+        def run(candidate: str, pool: PoolTwin) -> Figures:
+            return replay(
+                pool,
+                pinned(self.config, candidate),
+                traffic,
+                measure_from_s=measure_from,
+                models=models,
+                uses_predictor=_uses_predictor(self.config, candidate),
+                seed=s.seed,
+                settings=self.cluster,
+            )
+
+        iterations = s.first_calibrations if self.rounds == 0 else s.calibrations
+        twin = fit_to_placements(twin, traffic, iterations=iterations, settings=self.cluster)
+        self.twin = twin
+        self.rounds += 1
+        mine = run(active, twin)
+        errors = mine.errors_against(observed)
+        error = max(errors.values(), default=math.inf)
+        base = TuningRound(now, active, len(window), observed, {active: mine}, error, errors, twin=twin)
+        if not error <= s.max_twin_error:
+            return _with(base, reason=f"twin error {error:.0%} is above {s.max_twin_error:.0%}")
+        replayed = {active: mine}
+        for candidate in self.candidates:
+            if candidate != active:
+                replayed[candidate] = run(candidate, twin)
+        best, gain = self._best(active, replayed)
+        threshold = max(s.min_gain, errors.get("ttft_p90_ms", math.inf))
+        if best == active or not gain > threshold:
+            return _with(
+                base,
+                replayed=replayed,
+                best=best,
+                predicted_gain=gain,
+                reason=f"best {best}: gain {gain:.1%} not above {threshold:.1%}"
+                if best != active
+                else "active is best",
+            )
+        return _with(
+            base,
+            replayed=replayed,
+            best=best,
+            predicted_gain=gain,
+            switch_to=best,
+            reason=f"{best}: TTFT p90 {gain:.1%} lower in the twin (threshold {threshold:.1%})",
+        )
+
+    def _best(self, active: str, replayed: Mapping[str, Figures]) -> tuple[str, float]:
+        tol = self.settings.tolerance
+        mine = replayed[active]
+        best, best_p90 = active, mine.ttft_p90_ms
+        for candidate, fig in replayed.items():
+            if candidate == active:
+                continue
+            if fig.ttft_p99_ms > mine.ttft_p99_ms * (1 + tol):
+                continue
+            if math.isfinite(mine.tpot_p50_ms) and fig.tpot_p50_ms > mine.tpot_p50_ms * (1 + tol):
+                continue
+            if (
+                mine.slo_attainment is not None
+                and fig.slo_attainment is not None
+                and fig.slo_attainment < mine.slo_attainment - tol
+            ):
+                continue
+            if fig.ttft_p90_ms < best_p90:
+                best, best_p90 = candidate, fig.ttft_p90_ms
+        if not (math.isfinite(mine.ttft_p90_ms) and mine.ttft_p90_ms > 0):
+            return best, 0.0
+        return best, 1.0 - best_p90 / mine.ttft_p90_ms
+
+
+def _with(base: TuningRound, **changes: Any) -> TuningRound:
+    return dataclasses.replace(base, **changes)
