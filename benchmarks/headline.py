@@ -1,6 +1,6 @@
 """The headline comparison of docs/benchmarks.md: every built-in policy on every workload, in virtual time.
 
-    .venv/bin/python benchmarks/headline.py run OUT_DIR [--seeds 0,1,2] [--points NAME,...]
+    .venv/bin/python benchmarks/headline.py run OUT_DIR [--seeds 0,1,2] [--points NAME,...] [--policies P,...]
     .venv/bin/python benchmarks/headline.py table OUT_DIR
     .venv/bin/python benchmarks/headline.py plot OUT_DIR docs/img/headline-ttft-p90.png
     .venv/bin/python benchmarks/headline.py accuracy OUT_DIR
@@ -65,7 +65,7 @@ POINTS = [
 MIXED = {"maas-mix-h100-a100", "new-user-slow-gpu", "realtime-mix-slow-gpu"}
 
 
-def bench_command(point: Point, seeds: str, out: Path) -> list[str]:
+def bench_command(point: Point, seeds: str, out: Path, policies: list[str] | None = None) -> list[str]:
     return [
         sys.executable,
         "-c",
@@ -84,7 +84,7 @@ def bench_command(point: Point, seeds: str, out: Path) -> list[str]:
         "--seeds",
         seeds,
         "--policies",
-        ",".join(POLICIES),
+        ",".join(policies or POLICIES),
         "--no-progress",
         "--out",
         str(out / point.name),
@@ -210,6 +210,9 @@ def main() -> None:
     run_p.add_argument("out", type=Path)
     run_p.add_argument("--seeds", default="0,1,2")
     run_p.add_argument("--points", default="", help="comma-separated point names (default: all)")
+    run_p.add_argument(
+        "--policies", default="", help="comma-separated policies (default: every built-in policy)"
+    )
     table_p = sub.add_parser("table", help="print the Markdown table")
     table_p.add_argument("out", type=Path)
     plot_p = sub.add_parser("plot", help="draw the plot")
@@ -224,7 +227,8 @@ def main() -> None:
         for point in POINTS:
             if wanted and point.name not in wanted:
                 continue
-            command = bench_command(point, args.seeds, args.out)
+            policies = [p for p in args.policies.split(",") if p] or None
+            command = bench_command(point, args.seeds, args.out, policies)
             print("slorouter " + " ".join(shlex.quote(a) for a in command[3:]), flush=True)
             subprocess.run(command, check=True)
     elif args.command == "table":

@@ -299,10 +299,7 @@ class ClusterSimulator:
             models=models,
         )
         if result.switch_to is not None:
-            for stack in self.pickers:
-                picker_switch = stack.director.setup.candidate_switch
-                assert picker_switch is not None
-                picker_switch.activate(result.switch_to)
+            self.activate(result.switch_to)
         return result
 
     def load_models(self, models: Sequence[tuple[bytes, ModelMetadata]]) -> None:
@@ -331,9 +328,20 @@ class ClusterSimulator:
         requests: Sequence[BenchRequest],
         *,
         progress: Callable[[float], None] | None = None,
+        switches: Sequence[tuple[float, str]] = (),
     ) -> RunRecords:
-        """Simulate the requests (sorted by arrival) to completion or until ``drain_s`` after the last."""
-        return SimulationRun(self, requests, progress).execute()
+        """Simulate the requests (sorted by arrival) to completion or until ``drain_s`` after the last;
+        ``switches``: (time, candidate) at which every picker's candidate switch changes (the tuner's replay
+        of a window during which the live router switched)."""
+        return SimulationRun(self, requests, progress, switches).execute()
+
+    def activate(self, candidate: str) -> None:
+        """Every picker routes by ``candidate`` from now on."""
+        for stack in self.pickers:
+            switch = stack.director.setup.candidate_switch
+            if switch is None:
+                raise ValueError("the policy has no candidate switch")
+            switch.activate(candidate)
 
     def assign_pickers(self, n: int) -> np.ndarray:
         """The picker of each of ``n`` requests (in arrival order)."""

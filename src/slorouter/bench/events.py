@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     _DELIVER,
     _FLOW,
     _TUNE,
-) = range(13)
+    _SWITCH,
+) = range(14)
 
 
 class SimulationRun:
@@ -60,8 +61,10 @@ class SimulationRun:
         simulator: ClusterSimulator,
         requests: Sequence[BenchRequest],
         progress: Callable[[float], None] | None,
+        switches: Sequence[tuple[float, str]] = (),
     ) -> None:
         self.sim = simulator
+        self.switches = switches
         self.requests = requests
         self.progress = progress
         self.started = time.perf_counter()
@@ -128,6 +131,7 @@ class SimulationRun:
             self._deliver,
             self._flow,
             self._tune,
+            self._switch,
         ]
 
     def push(self, at: float, kind: int, arg: Any) -> None:
@@ -143,6 +147,8 @@ class SimulationRun:
         tuner = self.sim.tuner
         if tuner is not None:
             self.push(tuner.settings.interval_s, _TUNE, None)
+        for at, candidate in self.switches:
+            self.push(at, _SWITCH, candidate)
         if self.board is not None:  # each picker on its own phase, as unsynchronised processes would be
             for k in range(len(pickers)):
                 self.push(self.publish_every * (k + 1) / len(pickers), _PUBLISH, k)
@@ -380,6 +386,9 @@ class SimulationRun:
                 "active": result.active,
                 "requests": result.requests,
                 "twin_error": None if result.twin_error == math.inf else round(result.twin_error, 4),
+                "errors": {k: round(v, 4) for k, v in result.errors.items()},
+                "observed_ttft_p90_ms": None if result.observed is None else result.observed.ttft_p90_ms,
+                "twin_ttft_p90_ms": {c: f.ttft_p90_ms for c, f in result.replayed.items()},
                 "best": result.best,
                 "predicted_gain": round(result.predicted_gain, 4),
                 "switch_to": result.switch_to,
@@ -388,6 +397,9 @@ class SimulationRun:
         )
         if self.arrivals_left:
             self.push(now + tuner.settings.interval_s, _TUNE, None)
+
+    def _switch(self, now: float, candidate: str) -> None:
+        self.sim.activate(candidate)
 
     # --- pickers sharing their in-flight load ----------------------------------------------------------
     def _changed(self, k: int, now: float) -> None:

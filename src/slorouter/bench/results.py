@@ -133,4 +133,8 @@ def summarize_run(
         trainings=rec.trainings,
         preemptions=int(rec.facts.get("preemptions", 0)),
     )
+    tuning = rec.facts.get("tuning")
+    if tuning is not None:  # the self-tuning policy: each round, and the candidate active at the end
+        summary["tuning_rounds"] = tuning
+        summary["tuning_switches"] = sum(1 for r in tuning if r["switch_to"] is not None)
     return summary

@@ -65,10 +65,12 @@ def replay(
     uses_predictor: bool = False,
     seed: int = 0,
     settings: ClusterSettings | None = None,
+    switches: Sequence[tuple[float, str]] = (),
 ) -> Figures:
     """The figures of the requests arriving from ``measure_from_s`` (seconds into the traffic) when the
-    twin serves ``traffic`` routed by ``config``. A pipeline with a predictor serves ``models`` (the live
-    router's) and does not train."""
+    twin serves ``traffic`` routed by ``config`` (switching candidates at ``switches``: seconds into the
+    traffic, candidate). A pipeline with a predictor serves ``models`` (the live router's) and does not
+    train."""
     base = settings or ClusterSettings()
     settings = ClusterSettings(
         scrape_interval_s=base.scrape_interval_s,
@@ -85,7 +87,7 @@ def replay(
     ) as sim:
         if uses_predictor and models:
             sim.load_models(models)
-        rec = sim.run(traffic.requests)
+        rec = sim.run(traffic.requests, switches=switches)
     measured = rec.arrival >= measure_from_s
     nan = math.nan
     ttft = rec.ttft_s[measured] * 1000.0

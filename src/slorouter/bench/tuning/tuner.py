@@ -50,7 +50,7 @@ class TuningSettings:
     max_twin_error: float = 0.25  # largest relative error of the twin's TTFT/TPOT p50/p90 it is trusted at
     min_gain: float = 0.03  # smallest TTFT p90 gain (a share) worth a switch
     tolerance: float = 0.02  # how much worse TTFT p99, TPOT p50 (share) or SLO attainment (points) may be
-    min_requests: int = 200  # fewer in the window: no round
+    min_requests: int = 100  # fewer in the window: no round
     first_calibrations: int = 4  # fitting iterations of the first round
     calibrations: int = 2  # of later rounds (the twin carries over)
     seed: int = 0
@@ -87,6 +87,23 @@ class TuningRound:
             and self.twin_error < math.inf
             and bool(self.replayed)
         )
+
+
+def settled(entries: Sequence[WindowEntry], now: float, window_s: float) -> list[WindowEntry]:
+    """The entries that arrived early enough that nearly every request of their time has been answered: the
+    window holds answered requests only, so its last seconds lack the long ones still running, and both the
+    observed figures and the replayed load would be biased there. Cut at ``now`` minus the window's p95
+    end-to-end latency (at most a third of the window)."""
+    if not entries:
+        return []
+    e2e_s = sorted(
+        (e.ttft_ms + (e.tpot_ms or 0.0) * max(e.output_tokens - 1, 0)) / 1000.0
+        for e in entries
+        if e.ttft_ms is not None
+    )
+    lag = e2e_s[int(0.95 * (len(e2e_s) - 1))] if e2e_s else 0.0
+    end = now - min(lag, window_s / 3.0)
+    return [e for e in entries if e.arrival <= end]
 
 
 def pinned(config: Mapping[str, Any], candidate: str) -> dict[str, Any]:
@@ -139,6 +156,7 @@ class Tuner:
         self.cluster = cluster
         self.twin: PoolTwin | None = None
         self.rounds = 0
+        self.history: list[tuple[float, str]] = []  # (router clock, candidate) of each switch decided
 
     def tune(
         self,
@@ -152,7 +170,7 @@ class Tuner:
     ) -> TuningRound:
         """One round over the window's entries (see the module docstring)."""
         s = self.settings
-        window = [e for e in entries if e.arrival >= now - s.window_s]
+        window = settled([e for e in entries if e.arrival >= now - s.window_s], now, s.window_s)
         if len(window) < s.min_requests:
             return TuningRound(now, active, len(window), reason=f"{len(window)} requests in the window")
         traffic = Traffic.of(window)
@@ -166,29 +184,40 @@ class Tuner:
         twin = twin.with_sizes(window, capacity or {})
         observed = figures_of.observed(measured, twin.pod_of)
 
-        def run(candidate: str, pool: PoolTwin) -> Figures:
+        # The validation replays what ran: the candidate active when the window starts, then each switch.
+        first, switches = active, []
+        for at, candidate in self.history:
+            if at <= traffic.start:
+                first = candidate
+            else:
+                switches.append((at - traffic.start, candidate))
+
+        def run(candidate: str, pool: PoolTwin, switches: Sequence[tuple[float, str]] = ()) -> Figures:
             return replay(
                 pool,
                 pinned(self.config, candidate),
                 traffic,
                 measure_from_s=measure_from,
                 models=models,
-                uses_predictor=_uses_predictor(self.config, candidate),
+                uses_predictor=any(
+                    _uses_predictor(self.config, c) for c in (candidate, *(c for _, c in switches))
+                ),
                 seed=s.seed,
                 settings=self.cluster,
+                switches=switches,
             )
 
         iterations = s.first_calibrations if self.rounds == 0 else s.calibrations
         twin = fit_to_placements(twin, traffic, iterations=iterations, settings=self.cluster)
         self.twin = twin
         self.rounds += 1
-        mine = run(active, twin)
-        errors = mine.errors_against(observed)
+        ran = run(first, twin, switches)
+        errors = ran.errors_against(observed)
         error = max(errors.values(), default=math.inf)
-        base = TuningRound(now, active, len(window), observed, {active: mine}, error, errors, twin=twin)
+        base = TuningRound(now, active, len(window), observed, {}, error, errors, twin=twin)
         if not error <= s.max_twin_error:
             return _with(base, reason=f"twin error {error:.0%} is above {s.max_twin_error:.0%}")
-        replayed = {active: mine}
+        replayed = {active: ran if not switches else run(active, twin)}
         for candidate in self.candidates:
             if candidate != active:
                 replayed[candidate] = run(candidate, twin)
@@ -204,6 +233,7 @@ class Tuner:
                 if best != active
                 else "active is best",
             )
+        self.history.append((now, best))  # the caller switches now
         return _with(
             base,
             replayed=replayed,
