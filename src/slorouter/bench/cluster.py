@@ -276,7 +276,7 @@ class ClusterSimulator:
         return RouterStack(pool, tracker, director, predictor, kv_index)
 
     def tune(self, now: float) -> TuningRound:
-        """One round of the tuner on picker 0's window; a switch applies to every picker."""
+        """One round of the tuner on the pickers' windows; a switch applies to every picker."""
         tuner, first = self.tuner, self.pickers[0]
         assert tuner is not None and first.front.window is not None
         switch = first.director.setup.candidate_switch
@@ -290,8 +290,15 @@ class ClusterSimulator:
             a: (int(pool.value(a, "num_gpu_blocks")), int(pool.value(a, "block_size")))
             for a in self.addresses
         }
+        # Every picker's window: the pods serve all of them, and so must the twin.
+        entries = [
+            e
+            for stack in self.pickers
+            if stack.front.window is not None
+            for e in stack.front.window.entries()
+        ]
         result = tuner.tune(
-            first.front.window.entries(),
+            entries,
             now=now,
             active=switch.active,
             addresses=self.addresses,
