@@ -159,6 +159,6 @@ def test_the_self_tuning_bench_policy_tunes_in_virtual_time_and_switches_every_p
         rec = sim.run(requests)
         actives = {stack.director.setup.candidate_switch.active for stack in sim.pickers}
     rounds = rec.facts["tuning"]
-    assert [r["at"] for r in rounds] == [30.0, 60.0, 90.0], rounds
+    assert [r["at"] for r in rounds if "reverted_from_switch_at" not in r] == [30.0, 60.0], rounds
     assert "least-request" in [r["switch_to"] for r in rounds], rounds
     assert actives == {"least-request"}

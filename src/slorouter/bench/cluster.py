@@ -67,7 +67,8 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.serving.exchange import FrontEnd
-from slorouter.serving.traffic_window import TrafficWindow
+from slorouter.serving.switch_guard import SwitchGuard
+from slorouter.serving.traffic_window import TrafficWindow, WindowEntry
 from slorouter.sim.engine import Engine
 from slorouter.sim.gauges import GaugeReporter
 from slorouter.sim.kv_events import KVEventRecorder
@@ -217,6 +218,7 @@ class ClusterSimulator:
                 stack.shared = SharedInFlightView(stack.pool, f"picker-{k}", epoch=1)
         # The self-tuning policy: every picker keeps a window; picker 0's tuner decides for all of them.
         self.tuner: Tuner | None = None
+        self.guard: SwitchGuard | None = None  # watches each switch the tuner makes
         self.tuning_log: list[dict[str, Any]] = []  # one entry per round
         if tuning is not None:
             if first.director.setup.candidate_switch is None:
@@ -224,6 +226,7 @@ class ClusterSimulator:
             from slorouter.bench.tuning.tuner import Tuner  # the tuner replays on this simulator
 
             self.tuner = Tuner(scheduler_config or {}, tuning, cluster=self.settings)
+            self.guard = SwitchGuard()
             for stack in self.pickers:
                 stack.front.window = TrafficWindow(span_s=tuning.window_s)
         # Requests to pickers: drawn from their own generator, so the routers' draws stay as with one picker.
@@ -307,7 +310,29 @@ class ClusterSimulator:
         )
         if result.switch_to is not None:
             self.activate(result.switch_to)
+            assert self.guard is not None
+            self.guard.switched(entries, at=now, previous=result.active)
         return result
+
+    def window_entries(self) -> list[WindowEntry]:
+        """Every picker's window: the pods serve all of them, and so must the twin."""
+        return [
+            e
+            for stack in self.pickers
+            if stack.front.window is not None
+            for e in stack.front.window.entries()
+        ]
+
+    def guard_check(self, now: float) -> str | None:
+        """The guard's check of the last switch: the candidate switched back to, when it collapsed."""
+        tuner, guard = self.tuner, self.guard
+        assert tuner is not None and guard is not None
+        watch = guard.watch
+        back = guard.check(self.window_entries(), now)
+        if back is not None and watch is not None:
+            self.activate(back)
+            tuner.reverted(now, back)
+        return back
 
     def load_models(self, models: Sequence[tuple[bytes, ModelMetadata]]) -> None:
         """Serve these models (a booster's bytes and its metadata, one per kind) in every picker's predictor,

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     _FLOW,
     _TUNE,
     _SWITCH,
-) = range(14)
+    _GUARD,
+) = range(15)
 
 
 class SimulationRun:
@@ -132,6 +133,7 @@ class SimulationRun:
             self._flow,
             self._tune,
             self._switch,
+            self._guard,
         ]
 
     def push(self, at: float, kind: int, arg: Any) -> None:
@@ -379,6 +381,8 @@ class SimulationRun:
     def _tune(self, now: float, _: None) -> None:
         tuner = self.sim.tuner
         assert tuner is not None
+        if not self.arrivals_left:  # nothing left to route
+            return
         result = self.sim.tune(now)
         self.sim.tuning_log.append(
             {
@@ -395,8 +399,28 @@ class SimulationRun:
                 "reason": result.reason,
             }
         )
-        if self.arrivals_left:
-            self.push(now + tuner.settings.interval_s, _TUNE, None)
+        self.push(now + tuner.settings.interval_s, _TUNE, None)
+        if result.switch_to is not None and self.sim.guard is not None and self.sim.guard.watch is not None:
+            self.push(now + self.sim.guard.period_s, _GUARD, None)
+
+    def _guard(self, now: float, _: None) -> None:
+        guard = self.sim.guard
+        assert guard is not None
+        watch = guard.watch
+        back = self.sim.guard_check(now)
+        if back is not None and watch is not None:
+            reason = f"guard: TTFT p90 above {guard.ratio}x the {guard.period_s:g} s before the switch"
+            self.sim.tuning_log.append(
+                {
+                    "at": now,
+                    "active": back,
+                    "reverted_from_switch_at": watch.at,
+                    "switch_to": back,
+                    "reason": reason,
+                }
+            )
+        elif guard.watch is not None and self.arrivals_left:
+            self.push(now + guard.period_s, _GUARD, None)
 
     def _switch(self, now: float, candidate: str) -> None:
         self.sim.activate(candidate)

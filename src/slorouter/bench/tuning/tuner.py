@@ -35,6 +35,8 @@ from slorouter.bench.tuning.figures import Figures
 from slorouter.bench.tuning.replay import Traffic, replay
 from slorouter.bench.tuning.twin import PoolTwin, fit_to_placements, initial
 from slorouter.predictor.model_store import ModelMetadata
+from slorouter.scheduling.plugin import Admitter, DataProducer
+from slorouter.scheduling.registry import plugin_class
 from slorouter.serving.traffic_window import WindowEntry
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
@@ -51,6 +53,11 @@ class TuningSettings:
     min_gain: float = 0.03  # smallest TTFT p90 gain (a share) worth a switch
     tolerance: float = 0.02  # how much worse TTFT p99, TPOT p50 (share) or SLO attainment (points) may be
     min_requests: int = 100  # fewer in the window: no round
+    max_requests: int = 4000  # more in the window: the most recent ones (a replay's cost is per request)
+    # A candidate whose TTFT p90 in the twin was above this many times the round's best sits out the next
+    # ``rest_rounds`` rounds (it is far from winning, and every replay costs as much as the traffic).
+    rest_ratio: float = 1.5
+    rest_rounds: int = 3
     first_calibrations: int = 4  # fitting iterations of the first round
     calibrations: int = 2  # of later rounds (the twin carries over)
     seed: int = 0
@@ -116,23 +123,43 @@ def pinned(config: Mapping[str, Any], candidate: str) -> dict[str, Any]:
     raise ValueError(f"the pipeline has no {SWITCH_PLUGIN}")
 
 
+def pruned(config: Mapping[str, Any], candidate: str, *, admission: bool = False) -> dict[str, Any]:
+    """``candidate`` alone: its profiles, the plugins they reference, and the producers of the data those
+    consume (transitively); with ``admission``, also every admitter and every producer (admitters read
+    data they do not declare). The replay of a candidate is the same with or without the rest, and cheaper:
+    a non-predicted candidate runs without the predictor and the load core."""
+    out = pinned(config, candidate)
+    handler = next(p for p in out["plugins"] if p.get("type") == SWITCH_PLUGIN)
+    chosen = next(c for c in handler["parameters"]["candidates"] if c["name"] == candidate)
+    handler["parameters"]["candidates"] = [chosen]
+    profile_names = {chosen["profile"], chosen.get("fallbackProfile")} - {None}
+    profiles = [p for p in out["schedulingProfiles"] if p["name"] in profile_names]
+    by_name = {p.get("name") or p["type"]: p for p in out["plugins"]}
+    classes = {name: plugin_class(p["type"]) for name, p in by_name.items()}
+    keep = {handler.get("name") or handler["type"]}
+    keep |= {ref["pluginRef"] for profile in profiles for ref in profile["plugins"]}
+    if admission:
+        keep |= {n for n, c in classes.items() if issubclass(c, Admitter | DataProducer)}
+    while True:
+        wanted = {key for name in keep for key in classes[name].consumes}
+        more = {
+            n
+            for n, c in classes.items()
+            if n not in keep and issubclass(c, DataProducer) and wanted & set(c.produces)
+        }
+        if not more:
+            break
+        keep |= more
+    out["plugins"] = [p for name, p in by_name.items() if name in keep]
+    out["schedulingProfiles"] = profiles
+    return out
+
+
 def candidates_of(config: Mapping[str, Any]) -> tuple[str, ...]:
     for plugin in config["plugins"]:
         if plugin.get("type") == SWITCH_PLUGIN:
             return tuple(c["name"] for c in plugin["parameters"]["candidates"])
     raise ValueError(f"the pipeline has no {SWITCH_PLUGIN}")
-
-
-def _uses_predictor(config: Mapping[str, Any], candidate: str) -> bool:
-    """Whether ``candidate`` routes by predictions (a fallback profile) in a pipeline with a predictor."""
-    if not any(p.get("type") == PREDICTOR_PLUGIN for p in config["plugins"]):
-        return False
-    for plugin in config["plugins"]:
-        if plugin.get("type") == SWITCH_PLUGIN:
-            for c in plugin["parameters"]["candidates"]:
-                if c["name"] == candidate:
-                    return c.get("fallbackProfile") is not None
-    return False
 
 
 class Tuner:
@@ -157,6 +184,7 @@ class Tuner:
         self.twin: PoolTwin | None = None
         self.rounds = 0
         self.history: list[tuple[float, str]] = []  # (router clock, candidate) of each switch decided
+        self.resting: dict[str, int] = {}  # candidate → rounds it still sits out
 
     def tune(
         self,
@@ -171,6 +199,8 @@ class Tuner:
         """One round over the window's entries (see the module docstring)."""
         s = self.settings
         window = settled([e for e in entries if e.arrival >= now - s.window_s], now, s.window_s)
+        if len(window) > s.max_requests:
+            window = sorted(window, key=lambda e: e.arrival)[-s.max_requests :]
         if len(window) < s.min_requests:
             return TuningRound(now, active, len(window), reason=f"{len(window)} requests in the window")
         traffic = Traffic.of(window)
@@ -192,16 +222,22 @@ class Tuner:
             else:
                 switches.append((at - traffic.start, candidate))
 
+        sheds = any(e.priority < 0 and (e.slo_ttft_ms or e.slo_tpot_ms) for e in window)
+
         def run(candidate: str, pool: PoolTwin, switches: Sequence[tuple[float, str]] = ()) -> Figures:
+            # With switches, the whole pipeline (any candidate may route); else the candidate alone.
+            config = (
+                pinned(self.config, candidate)
+                if switches
+                else pruned(self.config, candidate, admission=sheds)
+            )
             return replay(
                 pool,
-                pinned(self.config, candidate),
+                config,
                 traffic,
                 measure_from_s=measure_from,
                 models=models,
-                uses_predictor=any(
-                    _uses_predictor(self.config, c) for c in (candidate, *(c for _, c in switches))
-                ),
+                uses_predictor=any(p.get("type") == PREDICTOR_PLUGIN for p in config["plugins"]),
                 seed=s.seed,
                 settings=self.cluster,
                 switches=switches,
@@ -219,8 +255,9 @@ class Tuner:
             return _with(base, reason=f"twin error {error:.0%} is above {s.max_twin_error:.0%}")
         replayed = {active: ran if not switches else run(active, twin)}
         for candidate in self.candidates:
-            if candidate != active:
+            if candidate != active and not self.resting.get(candidate):
                 replayed[candidate] = run(candidate, twin)
+        self._rest(replayed)
         best, gain = self._best(active, replayed)
         threshold = max(s.min_gain, errors.get("ttft_p90_ms", math.inf))
         if best == active or not gain > threshold:
@@ -242,6 +279,21 @@ class Tuner:
             switch_to=best,
             reason=f"{best}: TTFT p90 {gain:.1%} lower in the twin (threshold {threshold:.1%})",
         )
+
+    def reverted(self, now: float, back_to: str) -> None:
+        """The router went back to ``back_to`` (the switch guard saw the last switch collapse): the candidate
+        it left sits out the next ``rest_rounds`` rounds."""
+        if self.history:
+            self.resting[self.history[-1][1]] = self.settings.rest_rounds
+        self.history.append((now, back_to))
+
+    def _rest(self, replayed: Mapping[str, Figures]) -> None:
+        s = self.settings
+        self.resting = {c: n - 1 for c, n in self.resting.items() if n > 1}
+        best = min((f.ttft_p90_ms for f in replayed.values()), default=math.inf)
+        for candidate, fig in replayed.items():
+            if math.isfinite(best) and not fig.ttft_p90_ms <= s.rest_ratio * best:
+                self.resting[candidate] = s.rest_rounds
 
     def _best(self, active: str, replayed: Mapping[str, Figures]) -> tuple[str, float]:
         tol = self.settings.tolerance
