@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "slorouter.sim.command",  # sim
     "slorouter.predictor.command",  # predictor training-server | prediction-server
     "slorouter.bench.command",  # bench
+    "slorouter.bench.tuning.command",  # tune-worker
     "slorouter.top.command",  # top
 )
 

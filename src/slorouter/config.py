@@ -242,6 +242,49 @@ class ObjectiveConfig(StrictModel):
     priority: int = Field(default=0, description="< 0 makes the objective's requests sheddable")
 
 
+class TuningGuardConfig(StrictModel):
+    """The check after each switch: back to the previous candidate at once when TTFT p90 collapses."""
+
+    period_s: float = Field(default=10.0, gt=0, description="how often, and over how much traffic, it checks")
+    watch_s: float = Field(default=60.0, gt=0, description="how long after a switch it watches")
+    ratio: float = Field(
+        default=1.5, gt=1, description="TTFT p90 above this many times the period before the switch: go back"
+    )
+
+    @model_validator(mode="after")
+    def _watch_covers_a_period(self) -> TuningGuardConfig:
+        if self.watch_s < self.period_s:
+            raise ValueError(f"watch_s ({self.watch_s}) must be at least period_s ({self.period_s})")
+        return self
+
+
+class TuningConfig(StrictModel):
+    """The router tunes its own pipeline: a twin of the pool replays its recent traffic under each candidate
+    of the scheduler's ``candidate-profile-handler`` (docs/self-tuning.md)."""
+
+    enabled: bool = Field(default=False, description="run the tuner (a child process at low priority)")
+    interval_s: float = Field(default=180.0, gt=0, description="between rounds")
+    window_s: float = Field(default=120.0, gt=0, description="the recent traffic each round replays")
+    warmup_share: float = Field(default=0.25, ge=0, lt=1, description="replays measure after this share")
+    candidates: list[str] = Field(default_factory=list, description="the candidates compared; empty: all")
+    max_twin_error: float = Field(
+        default=0.25, ge=0, description="the twin is trusted only within this relative error"
+    )
+    min_gain: float = Field(default=0.03, ge=0, description="smallest TTFT p90 gain worth a switch")
+    tolerance: float = Field(
+        default=0.02, ge=0, description="how much worse TTFT p99, TPOT p50 or SLO attainment may be"
+    )
+    min_requests: int = Field(default=100, ge=1, description="fewer in the window: no round")
+    max_requests: int = Field(default=4000, ge=1, description="more: the most recent ones")
+    cpu_budget: float = Field(
+        default=0.25, gt=0, le=1, description="share of one core the tuner may use, over its rounds"
+    )
+    round_timeout_s: float = Field(
+        default=600.0, gt=0, description="a round not answered by then is abandoned"
+    )
+    guard: TuningGuardConfig = Field(default_factory=TuningGuardConfig)
+
+
 class Config(StrictModel):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     pool: PoolConfig | None = None
@@ -262,6 +305,9 @@ class Config(StrictModel):
     )
     tracing: TracingConfig = Field(
         default_factory=TracingConfig, description="OpenTelemetry spans of the requests (off by default)"
+    )
+    tuning: TuningConfig = Field(
+        default_factory=TuningConfig, description="the pipeline tunes itself to the pool (off by default)"
     )
 
     @property

@@ -103,6 +103,7 @@ class EndpointPicker:
             tracing=core.tracing,
             stats=core.stats,
             traffic=traffic,
+            window=None if core.tuning is None else core.tuning.window,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))

@@ -41,6 +41,7 @@ from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS
 from slorouter.serving.status import RouterStats
+from slorouter.serving.traffic_window import TrafficWindow
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import Tracing
@@ -82,9 +83,12 @@ class Picker:
     tracing: Tracing | None = None  # None: tracing is off
     stats: RouterStats | None = None  # the status page's per-request figures
     traffic: TrafficRecorder | None = None  # --record
+    window: TrafficWindow | None = None  # the recent traffic the tuner reads
 
     def __post_init__(self) -> None:
-        self.front = FrontEnd(self.director, "extproc", self.metrics, self.tracing, self.stats, self.traffic)
+        self.front = FrontEnd(
+            self.director, "extproc", self.metrics, self.tracing, self.stats, self.traffic, self.window
+        )
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
         # Observed response path: the routed requests whose observer has not claimed them yet, by key.
         self.awaiting_observer: dict[str, PickerStream] = {}

@@ -33,6 +33,7 @@ from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
+from slorouter.serving.traffic_window import TrafficWindow
 
 if TYPE_CHECKING:
     from slorouter.tracing.tracer import Tracing
@@ -58,10 +59,11 @@ class Gateway:
         stats: RouterStats | None = None,
         status: Callable[[], RouterStatus] | None = None,
         traffic: TrafficRecorder | None = None,
+        window: TrafficWindow | None = None,
     ) -> None:
         """``stats``: where the relay records finished requests for the status page; ``status``: the page
         (``GET /v1/router/status``; not served without it); ``traffic``: the recording of ``--record``
-        (opened and closed by the caller)."""
+        (opened and closed by the caller); ``window``: the recent traffic the tuner reads."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -71,7 +73,7 @@ class Gateway:
         self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
-        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic)
+        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic, window)
         self._status = status
 
     # --- server --------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class Router:
             stats=core.stats,
             status=lambda: core.status("gateway"),
             traffic=traffic,
+            window=None if core.tuning is None else core.tuning.window,
         )
         return cls(core, gateway, traffic=traffic)
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,9 +41,10 @@ from slorouter.predictor.state_dir import StateDirBusyError, default_state_dir, 
 from slorouter.predictor.store import StoreConfig
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
-from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, SELF_TUNING_SCHEDULER_CONFIG
+from slorouter.scheduling.plugin import CandidateSwitch, PluginContext
 from slorouter.serving.command_line import STATE_DIR_CHANGE
+from slorouter.serving.self_tuning import SelfTuning
 from slorouter.tracing.config import TracingUnavailableError
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class RouterCore:
     discovery_metrics: DiscoveryMetrics | None = None
     tracing: Tracing | None = None  # None: tracing is off (the front-ends check it once per request)
     stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
+    tuning: SelfTuning | None = None  # tuning.enabled: the tuner's link and the window it reads
 
     @classmethod
     def build(
@@ -118,8 +120,10 @@ class RouterCore:
             ctx.predictor = predictor
             ctx.metrics = LatencyMetrics(metrics.registry, metrics.model_labels)
             metrics.registry.register(PredictorCollector(predictor))
-            if scheduler_config is None:
+            if scheduler_config is None and not config.tuning.enabled:
                 scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
+        if scheduler_config is None and config.tuning.enabled:
+            scheduler_config = SELF_TUNING_SCHEDULER_CONFIG
         setup = build_scheduler_setup(scheduler_config, ctx)
         tracker = InFlightTracker(pool)
         flow_control = None
@@ -130,6 +134,11 @@ class RouterCore:
         )
         tracker.register_metrics(metrics.registry)
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
+        tuning = None
+        if config.tuning.enabled:
+            tuning = _build_tuning(
+                config, setup.candidate_switch, pool, clock, metrics, predictor, scheduler_config
+            )
         return cls(
             config,
             clock,
@@ -143,6 +152,7 @@ class RouterCore:
             discovery_metrics=discovery_metrics,
             tracing=tracing,
             stats=RouterStats(clock),
+            tuning=tuning,
         )
 
     @property
@@ -164,6 +174,7 @@ class RouterCore:
             predictor_mode=self.config.predictor.mode if self.config.predictor is not None else "off",
             predictor=self.predictor,
             queued=None if flow_control is None else len(flow_control),
+            tuning=None if self.tuning is None else self.tuning.status(),
         )
 
     async def start(self) -> None:
@@ -185,8 +196,12 @@ class RouterCore:
                 self.predictor.start()
             except StateDirBusyError as exc:
                 raise StateDirBusyError(f"{exc} ({STATE_DIR_CHANGE})") from None
+        if self.tuning is not None:
+            self.tuning.start()
 
     async def stop(self) -> None:
+        if self.tuning is not None:
+            await self.tuning.stop()
         if self.director.flow_control is not None:
             await self.director.flow_control.stop()
         if self.discovery is not None:
@@ -198,6 +213,36 @@ class RouterCore:
             await self.predictor.stop()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still batched
+
+
+def _build_tuning(
+    config: Config,
+    switch: CandidateSwitch | None,
+    pool: PoolState,
+    clock: Clock,
+    metrics: GatewayMetrics,
+    predictor: LatencyPredictorBackend | None,
+    pipeline: dict[str, Any] | None,
+) -> SelfTuning:
+    if switch is None or pipeline is None:
+        raise ConfigError(
+            "tuning.enabled: the scheduler has no candidate-profile-handler to switch; omit the scheduler "
+            "section for the built-in self-tuning pipeline, or give one with candidates (docs/self-tuning.md)"
+        )
+    assert config.pool is not None
+    try:
+        return SelfTuning(
+            config.tuning,
+            switch,
+            pool,
+            clock,
+            metrics.registry,
+            pipeline=dict(pipeline),
+            models_dir=predictor.model_dir if isinstance(predictor, EmbeddedPredictor) else None,
+            cluster={"scrape_interval_s": config.pool.scrape_interval_s},
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _breaker_config(remote: RemotePredictorConfig) -> BreakerConfig:

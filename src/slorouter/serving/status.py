@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
@@ -67,6 +68,18 @@ class PredictorStatus(msgspec.Struct, frozen=True, kw_only=True):
     warm_start: WarmStartReport | None = None
 
 
+class TuningStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The status page's ``tuning`` section."""
+
+    active: str
+    candidates: list[str]
+    rounds: int
+    switches: int
+    worker: str  # "running", "starting", or why it is down
+    last_round_age_s: float | None = None
+    last_round: dict[str, Any] | None = None  # the tuner's summary of its last answered round
+
+
 class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The whole page."""
 
@@ -80,6 +93,7 @@ class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     predictor: PredictorStatus
     queued: int | None  # requests held by flow control now; None: flow control is off
     endpoints: list[EndpointStatus]
+    tuning: TuningStatus | None = None  # None: the router does not tune itself
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -169,6 +183,7 @@ class RouterStats:
         predictor_mode: str,
         predictor: LatencyPredictorBackend | None,
         queued: int | None,
+        tuning: TuningStatus | None = None,
     ) -> RouterStatus:
         """The page now: the pool's current endpoints (an endpoint that left is no longer shown)."""
         now = self.clock.now()
@@ -212,4 +227,5 @@ class RouterStats:
             ),
             queued=queued,
             endpoints=endpoints,
+            tuning=tuning,
         )

@@ -14,8 +14,12 @@ and a deque append.
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from slorouter.director import RequestLifecycle
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
@@ -45,7 +49,7 @@ class WindowEntry:
     profile: str  # the scheduling profile that picked the endpoint
     ttft_ms: float | None  # None unless it succeeded
     tpot_ms: float | None  # None unless it succeeded, streamed, with two tokens or more
-    waiting: float  # the endpoint's scraped queue when the response ended (NaN: never scraped)
+    waiting: float  # the endpoint's scraped queue when the response ended (0: never scraped)
     running: float
 
 
@@ -93,8 +97,8 @@ class TrafficWindow:
             profile=lifecycle.result.primary_profile,
             ttft_ms=ttft_ms,
             tpot_ms=tpot_ms,
-            waiting=waiting,
-            running=running,
+            waiting=waiting if math.isfinite(waiting) else 0.0,
+            running=running if math.isfinite(running) else 0.0,
         )
         entries = self._entries
         entries.append(entry)
@@ -107,3 +111,16 @@ class TrafficWindow:
         if since is None:
             return list(self._entries)
         return [e for e in self._entries if e.arrival >= since]
+
+
+_ENTRIES = msgspec.json.Decoder(list[WindowEntry])
+
+
+def encode_entries(entries: Sequence[WindowEntry]) -> bytes:
+    """The entries as JSON (the file a router hands its tuner's process)."""
+    return msgspec.json.encode(list(entries))
+
+
+def decode_entries(data: bytes) -> list[WindowEntry]:
+    """``encode_entries``'s output back; ``msgspec.ValidationError`` for anything else."""
+    return _ENTRIES.decode(data)

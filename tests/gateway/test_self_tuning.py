@@ -1,0 +1,96 @@
+"""A gateway that tunes itself: the window fills from real requests, the tuner's real process answers a
+round, the status page and the metrics show it; a tuner that cannot run leaves routing alone."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from slorouter.config import ConfigError, parse_config
+from slorouter.gateway.runtime import Router
+from slorouter.serving.status import STATUS_PATH, decode_status
+from slorouter.sim.server import SimCluster
+from tests.gateway.conftest import start_router
+
+pytestmark = pytest.mark.processes
+
+TUNING = {
+    "enabled": True,
+    "interval_s": 3600,  # the test runs its rounds itself
+    "window_s": 120,
+    "warmup_share": 0.2,
+    "min_requests": 30,
+    "candidates": ["round-robin", "least-request", "token-aware"],
+}
+
+
+async def send(http, router: Router, cluster: SimCluster, n: int) -> None:
+    async def one(i: int) -> None:
+        body = {"model": cluster.model, "prompt": f"Question {i}: " + "tell me more " * 40, "max_tokens": 24}
+        body["stream"] = True
+        async with http.post(f"http://{router.address}/v1/completions", json=body) as response:
+            assert response.status == 200
+            await response.read()
+
+    for start in range(0, n, 10):
+        await asyncio.gather(*(one(i) for i in range(start, min(start + 10, n))))
+
+
+async def test_a_round_runs_in_the_tuners_process_and_shows_on_the_status_page(cluster, http):
+    router = await start_router(list(cluster.addresses), tuning=TUNING)
+    try:
+        tuning = router.core.tuning
+        assert tuning is not None and tuning.switch.active == "predicted-latency"
+        tuning.switch.activate("round-robin")
+        await send(http, router, cluster, 60)
+        assert len(tuning.window) == 60
+        cpu_s = await tuning.round()
+        assert cpu_s > 0
+        async with http.get(f"http://{router.address}{STATUS_PATH}") as response:
+            status = decode_status(await response.read())
+        assert status.tuning is not None and status.tuning.worker == "running"
+        assert status.tuning.rounds == 1 and status.tuning.last_round is not None
+        last = status.tuning.last_round
+        assert last["requests"] >= 30 and last["twin_error"] is not None, last
+        assert set(last["twin_ttft_p90_ms"]) <= {"round-robin", "least-request", "token-aware"}
+        async with http.get(f"http://{router.address}/metrics") as response:
+            metrics = await response.text()
+        assert "slorouter_tuning_rounds_total" in metrics and "slorouter_tuning_twin_error{" in metrics
+        assert f'slorouter_tuning_active_candidate{{candidate="{status.tuning.active}"}} 1.0' in metrics
+    finally:
+        await router.stop()
+    assert router.core.tuning is not None and router.core.tuning._process is None  # stopped with the router
+
+
+async def test_a_tuner_that_cannot_run_leaves_routing_alone(cluster, http):
+    router = await start_router(list(cluster.addresses), tuning=TUNING)
+    try:
+        tuning = router.core.tuning
+        assert tuning is not None
+        tuning._command = ("false",)  # a process that exits at once
+        await send(http, router, cluster, 40)
+        assert await tuning.round() == 0.0
+        assert tuning.status().worker.startswith("down: ")
+        assert tuning.switch.active == "predicted-latency"
+        await send(http, router, cluster, 10)  # still routing
+    finally:
+        await router.stop()
+
+
+@pytest.mark.parametrize(
+    ("tuning", "scheduler", "message"),
+    [
+        ({"enabled": True}, {"plugins": [{"type": "random-picker"}]}, "no candidate-profile-handler"),
+        ({"enabled": True, "candidates": ["nope"]}, None, "tuning.candidates: nope"),
+        ({"enabled": True, "guard": {"period_s": 20, "watch_s": 10}}, None, "watch_s"),
+        ({"enabled": True, "cpu_budget": 2}, None, "cpu_budget"),
+    ],
+)
+def test_bad_tuning_configurations_name_the_problem(tuning: dict[str, Any], scheduler, message):
+    data: dict[str, Any] = {"pool": {"endpoints": ["127.0.0.1:1"]}, "tuning": tuning}
+    if scheduler is not None:
+        data["scheduler"] = scheduler
+    with pytest.raises(ConfigError, match=message):
+        Router.build(parse_config(data))
