@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from slorouter.config import parse_config
+from slorouter.config import TuningConfig, TuningGuardConfig, parse_config
 from slorouter.flowcontrol.config import (
     BandLimitsConfig,
     FlowControlConfig,
@@ -516,3 +516,23 @@ def test_every_metric_preset_is_a_model_server_type(helm, render: Render):
         *set_flags({**IMAGE, "inferencePool.modelServerType": "ollama"}), check=False,
     )  # fmt: skip
     assert result.returncode != 0 and 'llamacpp and tgi metrics, not "ollama"' in result.stderr
+
+
+def test_tuning_reaches_the_config(render: Render):
+    manifests = render(
+        {"inferenceExtension.tuning.enabled": "true", "inferenceExtension.tuning.interval_s": "300"}
+    )
+    tuning = parse_config(_router_config(manifests), "configmap config.yaml").tuning
+    assert tuning.enabled and tuning.interval_s == 300
+    assert "tuning" not in _router_config(render_case(render, "default"))
+
+
+def test_the_tuning_schema_has_the_config_sections_keys():
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    section = schema["properties"]["inferenceExtension"]["properties"]["tuning"]
+
+    def aliases(model: type[BaseModel]) -> set[str]:
+        return {field.alias or name for name, field in model.model_fields.items()}
+
+    assert set(section["properties"]) == aliases(TuningConfig)
+    assert set(section["properties"]["guard"]["properties"]) == aliases(TuningGuardConfig)

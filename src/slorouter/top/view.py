@@ -8,6 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from slorouter.serving.status import TuningStatus
 from slorouter.top.source import Reading
 
 ROUTES = ("predicted", "explore", "heuristic", "fallback")  # the x-slorouter-route values, in this order
@@ -96,6 +97,9 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
         if versions:
             state += " · models " + ", ".join(versions)
     predictor_line = Text.assemble(("predictor ", "bold"), state)
+    lines = [title, requests, slo_line, routes, predictor_line]
+    if status.tuning is not None:
+        lines.append(Text.assemble(("tuning ", "bold"), tuning_summary(status.tuning)))
 
     table = Table(expand=False, header_style="bold")
     table.add_column("endpoint", no_wrap=True)
@@ -126,7 +130,7 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
         f"TTFT: mean over each endpoint's last {status.window} requests · picks: since the router started",
         "dim",
     )
-    return Group(title, requests, slo_line, routes, predictor_line, table, caption)
+    return Group(*lines, table, caption)
 
 
 def render_error(url: str, message: str, retry_s: float) -> RenderableType:
@@ -136,3 +140,17 @@ def render_error(url: str, message: str, retry_s: float) -> RenderableType:
         Text(message, "red"),
         Text(f"retrying every {retry_s:g} s · Ctrl-C to quit", "dim"),
     )
+
+
+def tuning_summary(tuning: TuningStatus) -> str:
+    """The tuning line: the active candidate, the last round's verdict, the twin's error, the switches."""
+    text = f"{tuning.active} · {tuning.switches} switches in {tuning.rounds} rounds"
+    last = tuning.last_round
+    if last is not None:
+        error = last.get("twin_error")
+        text += f" · last: {last.get('reason', '')}"
+        if error is not None:
+            text += f" (twin error {100 * error:.0f}%)"
+    if tuning.worker != "running":
+        text += f" · tuner {tuning.worker}"
+    return text

@@ -89,6 +89,9 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if $ie.tracing -}}
 {{- $_ := set $config "tracing" (deepCopy $ie.tracing) -}}
 {{- end -}}
+{{- if $ie.tuning -}}
+{{- $_ := set $config "tuning" (deepCopy $ie.tuning) -}}
+{{- end -}}
 {{- if .Values.inferenceObjectives -}}
 {{- $objectives := dict -}}
 {{- range .Values.inferenceObjectives -}}
