@@ -162,3 +162,13 @@ def test_the_self_tuning_bench_policy_tunes_in_virtual_time_and_switches_every_p
     assert [r["at"] for r in rounds if "reverted_from_switch_at" not in r] == [30.0, 60.0], rounds
     assert "least-request" in [r["switch_to"] for r in rounds], rounds
     assert actives == {"least-request"}
+
+
+def test_a_window_stands_for_several_pickers_by_copies():
+    entries = [entry(1.0, endpoint="a"), entry(2.0, endpoint="b")]
+    traffic = Traffic.of(entries, copies=3)
+    assert [e.arrival for e in traffic.entries] == [1.0, 1.001, 1.002, 2.0, 2.001, 2.002]
+    assert [e.endpoint for e in traffic.entries] == ["a"] * 3 + ["b"] * 3
+    assert len(traffic.requests) == 6 and traffic.requests[0].arrival == 0.0
+    with pytest.raises(ValueError, match="copies"):
+        Traffic.of(entries, copies=0)

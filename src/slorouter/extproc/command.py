@@ -262,6 +262,8 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
             args.workers,
             replicas=replicas,
         )
+        if core.tuning is not None:  # the pickers sharing in-flight load agree on one candidate
+            core.tuning.agree(picker.sharing)
     envoy = None
     signalled = await _handle_signals()
     try:

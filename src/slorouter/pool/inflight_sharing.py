@@ -90,6 +90,7 @@ class _Wire(msgspec.Struct, array_like=True):
     epoch: int
     seq: int
     counts: dict[str, tuple[int, int, int, int]]
+    candidate: str = ""  # last, with a default: a publication of an older picker still decodes
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -98,7 +99,13 @@ _DECODER = msgspec.msgpack.Decoder(_Wire)
 
 def encode(publication: InFlightPublication) -> bytes:
     return _ENCODER.encode(
-        _Wire(publication.picker, publication.epoch, publication.seq, dict(publication.counts))
+        _Wire(
+            publication.picker,
+            publication.epoch,
+            publication.seq,
+            dict(publication.counts),
+            publication.candidate,
+        )
     )
 
 
@@ -108,7 +115,7 @@ def decode(data: bytes) -> InFlightPublication:
         wire = _DECODER.decode(data)
     except msgspec.DecodeError as exc:
         raise ValueError(f"not an in-flight publication: {exc}") from None
-    return InFlightPublication(wire.picker, wire.epoch, wire.seq, wire.counts)
+    return InFlightPublication(wire.picker, wire.epoch, wire.seq, wire.counts, wire.candidate)
 
 
 class InFlightSharing:

@@ -40,7 +40,7 @@ expiry applies when nothing arrives), and ``publication`` every interval.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from slorouter.clock import Clock
@@ -60,6 +60,9 @@ class InFlightPublication:
     epoch: int
     seq: int
     counts: Mapping[str, Counts]
+    # The picker's active routing candidate when it tunes itself ("" when it does not): how picker replicas
+    # agree on one (slorouter.serving.self_tuning).
+    candidate: str = ""
 
     def __post_init__(self) -> None:
         for address, counts in self.counts.items():
@@ -76,6 +79,7 @@ class _Slot:
     seq: int
     counts: Mapping[str, Counts]
     received_at: float
+    candidate: str = ""
 
 
 class SharedInFlightBoard:
@@ -105,7 +109,9 @@ class SharedInFlightBoard:
         if highest is not None and key <= highest[:2]:
             return False
         self._highest[picker] = (*key, now)
-        self._slots[picker] = _Slot(publication.epoch, publication.seq, publication.counts, now)
+        self._slots[picker] = _Slot(
+            publication.epoch, publication.seq, publication.counts, now, publication.candidate
+        )
         return True
 
     def expire(self) -> list[str]:
@@ -118,6 +124,10 @@ class SharedInFlightBoard:
         for picker in forgotten:
             del self._highest[picker]
         return dropped
+
+    def candidates(self) -> dict[str, str]:
+        """Per live picker that tunes itself, its active candidate (as of the last ``expire``)."""
+        return {picker: slot.candidate for picker, slot in self._slots.items() if slot.candidate}
 
     def live(self) -> list[str]:
         """The pickers with a live slot (as of the last ``expire``)."""
@@ -145,13 +155,15 @@ class SharedInFlightView:
     columns minus that, and an endpoint that left and rejoined the pool starts from zero on both sides.
     """
 
-    __slots__ = ("_applied", "_seq", "epoch", "picker", "pool")
+    __slots__ = ("_applied", "_seq", "candidate_of", "epoch", "picker", "pool")
 
     def __init__(self, pool: PoolState, picker: str, epoch: int) -> None:
         self.pool = pool
         self.picker = picker
         self.epoch = epoch
         self._seq = 0
+        # The picker's active candidate, published with its counts, when it tunes itself.
+        self.candidate_of: Callable[[], str] | None = None
         self._applied: dict[str, tuple[int | None, Counts]] = {}
 
     def _applied_now(self, address: str) -> Counts:
@@ -182,7 +194,8 @@ class SharedInFlightView:
     def publication(self) -> InFlightPublication:
         """The next publication of this picker's own counts."""
         self._seq += 1
-        return InFlightPublication(self.picker, self.epoch, self._seq, self.own())
+        candidate = "" if self.candidate_of is None else self.candidate_of()
+        return InFlightPublication(self.picker, self.epoch, self._seq, self.own(), candidate)
 
     def refresh(self, board: SharedInFlightBoard) -> None:
         """Fold the board's current totals of the other pickers into the pool."""

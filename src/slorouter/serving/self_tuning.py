@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from slorouter.children import stop_with_parent
 from slorouter.clock import Clock
 from slorouter.config import TuningConfig
+from slorouter.pool.inflight_sharing import InFlightSharing
 from slorouter.pool.state import PoolState
 from slorouter.scheduling.plugin import CandidateSwitch
 from slorouter.serving.status import TuningStatus
@@ -42,7 +43,8 @@ log = logging.getLogger("slorouter.tuning")
 
 WORKER_COMMAND = (sys.executable, "-m", "slorouter.cli", "tune-worker")
 WORKER_START_TIMEOUT_S = 60.0
-OUTCOMES = ("switched", "kept", "untrusted", "skipped", "failed")
+OUTCOMES = ("switched", "kept", "untrusted", "skipped", "failed", "following")
+FOLLOW_INTERVAL_S = 1.0
 
 
 class _ActiveCandidate(Collector):
@@ -82,7 +84,7 @@ class TuningMetrics:
         )
         self.switches = Counter(
             "slorouter_tuning_switches",
-            "switches of the active candidate, by the candidate switched to and by what (tuner, guard)",
+            "switches of the active candidate, by the candidate switched to and by what (tuner, guard, leader)",
             ["candidate", "by"],
             registry=registry,
         )
@@ -154,19 +156,64 @@ class SelfTuning:
         self._reverted: list[tuple[float, str]] = []  # guard's switches back, told to the tuner next round
         self._last: dict[str, Any] | None = None
         self._last_at: float | None = None
+        self._sharing: InFlightSharing | None = None
+        self._follow_task: asyncio.Task[None] | None = None
+
+    # --- agreement between pickers ---------------------------------------------------------------------
+    def agree(self, sharing: InFlightSharing) -> None:
+        """Agree on one candidate with the pickers this one shares in-flight load with (the workers of its
+        pod, picker replicas): each publishes its active candidate with its counts; the picker with the
+        smallest id among those that tune leads (it runs the rounds, on its window copied once per tuning
+        picker), and the others follow its candidate within ``FOLLOW_INTERVAL_S`` and never start a tuner
+        process. When the leader goes, its slot expires and the next one leads from its next round."""
+        sharing.view.candidate_of = lambda: self.switch.active
+        self._sharing = sharing
+
+    def leader(self) -> tuple[bool, str | None, int]:
+        """Whether this picker leads, the leader's candidate (None when this one leads), and how many
+        pickers tune."""
+        sharing = self._sharing
+        if sharing is None:
+            return True, None, 1
+        sharing.board.expire()
+        others = sharing.board.candidates()
+        me = sharing.view.picker
+        others.pop(me, None)
+        if not others or me < min(others):
+            return True, None, len(others) + 1
+        return False, others[min(others)], len(others) + 1
+
+    def _follow(self) -> bool:
+        """Take the leader's candidate; whether this picker follows one."""
+        leads, candidate, _ = self.leader()
+        if leads or candidate is None:
+            return False
+        if candidate != self.switch.active and candidate in self.switch.candidates:
+            self.switch.activate(candidate)
+            self._switched(candidate, "leader")
+            log.info("tuning: following the leading picker to %s", candidate)
+        return True
+
+    async def _following(self) -> None:
+        while True:
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+            self._follow()
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="slorouter-tuning-"))
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="slorouter-tuning")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="slorouter-tuning")
+        if self._sharing is not None:
+            self._follow_task = loop.create_task(self._following(), name="slorouter-tuning-follow")
 
     async def stop(self) -> None:
-        for task in (self._task, self._guard_task):
+        for task in (self._task, self._guard_task, self._follow_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._guard_task = None
+        self._task = self._guard_task = self._follow_task = None
         await self._stop_worker()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -199,6 +246,11 @@ class SelfTuning:
         now = self.clock.now()
         entries = self.window.entries(since=now - self.config.window_s)
         self._rounds += 1
+        if self._follow():
+            self.metrics.rounds.labels("following").inc()
+            self._last, self._last_at = {"reason": "following the leading picker"}, now
+            await self._stop_worker()
+            return 0.0
         if len(entries) < self.config.min_requests:
             self.metrics.rounds.labels("skipped").inc()
             self._last, self._last_at = {"reason": f"{len(entries)} requests in the window"}, now
@@ -301,6 +353,7 @@ class SelfTuning:
             "window": str(path),
             "models": None if self._models_dir is None else str(self._models_dir),
             "reverted": self._reverted,
+            "copies": self.leader()[2],
         }
         self._reverted = []
         process.stdin.write(json.dumps(request).encode() + b"\n")

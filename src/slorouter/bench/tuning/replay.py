@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from slorouter.serving.traffic_window import BLOCK_TOKENS, WindowEntry
 
 DEFAULT_OUTPUT_TOKENS = 16  # a request that failed before any token: replayed with this many
 MAX_MODEL_LEN = 131_072
+COPY_OFFSET_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +32,18 @@ class Traffic:
     start: float  # the router-clock time of 0 s
 
     @classmethod
-    def of(cls, entries: Sequence[WindowEntry]) -> Traffic:
+    def of(cls, entries: Sequence[WindowEntry], copies: int = 1) -> Traffic:
+        """``copies`` > 1: the window of one of that many pickers sharing the pool, which see alike traffic:
+        every entry that many times (copy k a k-millisecond later, with the same prefix blocks), so that the
+        twin's pods carry the whole pool's load."""
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1 (got {copies})")
+        if copies > 1:
+            entries = [
+                dataclasses.replace(e, arrival=e.arrival + k * COPY_OFFSET_S) if k else e
+                for e in entries
+                for k in range(copies)
+            ]
         ordered = sorted(entries, key=lambda e: e.arrival)
         start = ordered[0].arrival if ordered else 0.0
         texts = BlockTexts(BLOCK_TOKENS)

@@ -195,15 +195,17 @@ class Tuner:
         addresses: Sequence[str],
         capacity: Mapping[str, tuple[int, int]] | None = None,
         models: Sequence[tuple[bytes, ModelMetadata]] = (),
+        copies: int = 1,
     ) -> TuningRound:
-        """One round over the window's entries (see the module docstring)."""
+        """One round over the window's entries (see the module docstring); ``copies``: how many pickers
+        share the pool, each seeing traffic like this window's (``Traffic.of``)."""
         s = self.settings
         window = settled([e for e in entries if e.arrival >= now - s.window_s], now, s.window_s)
         if len(window) > s.max_requests:
             window = sorted(window, key=lambda e: e.arrival)[-s.max_requests :]
         if len(window) < s.min_requests:
             return TuningRound(now, active, len(window), reason=f"{len(window)} requests in the window")
-        traffic = Traffic.of(window)
+        traffic = Traffic.of(window, copies)
         span = max(e.arrival for e in window) - traffic.start
         measure_from = s.warmup_share * span
         measured = [e for e in traffic.entries if e.arrival - traffic.start >= measure_from]

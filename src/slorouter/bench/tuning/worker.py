@@ -6,9 +6,11 @@ on its standard input and output:
 - first, the setup: ``{"pipeline": <scheduler config>, "settings": {<TuningSettings fields>}, "cluster":
   {"scrape_interval_s": ..., "network_s": ...}}``;
 - then one request per round: ``{"round": N, "now": T, "active": NAME, "addresses": [...], "capacity":
-  {ADDRESS: [BLOCKS, BLOCK_SIZE]}, "window": PATH, "models": PATH | null, "reverted": [[T, NAME], ...]}``,
+  {ADDRESS: [BLOCKS, BLOCK_SIZE]}, "window": PATH, "models": PATH | null, "reverted": [[T, NAME], ...],
+  "copies": N}``,
   where ``window`` is a file of the window's entries (``traffic_window.encode_entries``) and ``models``
-  the directory of the router's predictor models (its embedded predictor's);
+  the directory of the router's predictor models (its embedded predictor's), and ``copies`` the number of
+  pickers whose traffic the window stands for;
 - answered by ``{"round": N, "result": {...}, "cpu_s": S}`` or ``{"round": N, "error": MESSAGE}``.
 
 A bad line gets an error answer and the process goes on; end of input ends it.
@@ -78,6 +80,7 @@ class Worker:
             addresses=list(request["addresses"]),
             capacity=capacity,
             models=models,
+            copies=int(request.get("copies") or 1),
         )
         return {"result": round_summary(result), "cpu_s": round(time.process_time() - start, 3)}
 
