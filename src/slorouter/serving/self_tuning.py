@@ -84,7 +84,7 @@ class TuningMetrics:
         )
         self.switches = Counter(
             "slorouter_tuning_switches",
-            "switches of the active candidate, by the candidate switched to and by what (tuner, guard, leader)",
+            "switches of the active candidate, by candidate and by whom (tuner, guard, leader)",
             ["candidate", "by"],
             registry=registry,
         )
