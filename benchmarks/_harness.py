@@ -164,6 +164,13 @@ def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> d
         "seed": seed,
         "scheduler": copy.deepcopy(resolved.config),
     }
+    if resolved.tuning is not None:  # the self-tuning policy: the router's tuner, at the benchmark's pace
+        config["tuning"] = {
+            "enabled": True,
+            "interval_s": resolved.tuning.interval_s,
+            "window_s": resolved.tuning.window_s,
+            "warmup_share": resolved.tuning.warmup_share,
+        }
     if resolved.uses_predictor:
         # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
         config["predictor"] = {

@@ -303,6 +303,29 @@ async def prediction_ratio_counts(
     return {model: (covered, total) for model, (covered, total) in counts.items()}
 
 
+async def tuning_counters(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """The gateway's tuning series (``slorouter_tuning_*``), summed over their labels but the round outcome
+    and the switch's maker: {"cpu_seconds": ..., "rounds/OUTCOME": ..., "switches/BY": ...}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with session.get(f"{base}/metrics") as response:
+            text = await response.text()
+    except Exception:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "slorouter_tuning_cpu_seconds_total":
+                out["cpu_seconds"] = sample.value
+            elif sample.name == "slorouter_tuning_rounds_total":
+                out[f"rounds/{sample.labels['outcome']}"] = sample.value
+            elif sample.name == "slorouter_tuning_switches_total":
+                key = f"switches/{sample.labels['by']}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 def router_coverage(
     before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
 ) -> dict[str, float]:

@@ -90,6 +90,7 @@ from _loadgen import (
     row_tpot_ms,
     run_as_loadgen,
     stream_completion,
+    tuning_counters,
     warm_up,
 )
 
@@ -291,6 +292,7 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         if measured_start > loop.time():
             await asyncio.sleep(measured_start - loop.time())
         ratios_before = await prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
+        tuning_before = await tuning_counters(session, base)
         cpu = CpuMeter(spec.get("pids", {}))
         for j, request in enumerate(measured):
             await send("measured", j, request, measured_start + request.offset_s)
@@ -302,6 +304,9 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
             info["router_coverage"] = router_coverage(
                 ratios_before, await prediction_ratio_counts(session, base)
             )
+        if tuning_before:  # the self-tuning policy: its tuner over the measured phase
+            after = await tuning_counters(session, base)
+            info["tuning"] = {k: round(v - tuning_before.get(k, 0.0), 3) for k, v in after.items()}
     wall = loop.time() - measured_start
     # CPU over the measured phase (its sending and its drain), in cores.
     info["cpu"] = {name: round(value, 2) for name, value in cpu.cores(wall).items()}
@@ -562,6 +567,7 @@ def report(
             + f"achieved {s['achieved_rate']:.1f} req/s; send lag p99 "
             f"{s['lag_p99_ms']:.1f} ms; warm-up extended {info['warmup_extended_s']} s; "
             f"CPU over the measured phase, cores: {info['cpu']}"
+            + (f"; tuner over the measured phase: {info['tuning']}" if "tuning" in info else "")
         )
     return "\n".join(lines)
 
