@@ -5,10 +5,13 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 
 from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
 from slorouter.bench.policies import BUILTIN_POLICIES, resolve_policy
+from slorouter.bench.records import RunRecords
+from slorouter.bench.results import post_switch_worst_ratio
 from slorouter.bench.tuning.figures import Figures
 from slorouter.bench.tuning.replay import Traffic
 from slorouter.bench.tuning.tuner import Tuner, TuningSettings, pinned, settled
@@ -172,3 +175,22 @@ def test_a_window_stands_for_several_pickers_by_copies():
     assert len(traffic.requests) == 6 and traffic.requests[0].arrival == 0.0
     with pytest.raises(ValueError, match="copies"):
         Traffic.of(entries, copies=0)
+
+
+def records(arrival, ttft_s):
+    n = len(arrival)
+    column = np.full(n, np.nan)
+    return RunRecords(
+        np.array(arrival, dtype=float), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32),
+        np.array(ttft_s, dtype=float), column, np.zeros(n), np.zeros(n), np.zeros(n), column, column,
+        np.zeros(n, dtype=bool), column, column, column, column, ["p"],
+    )  # fmt: skip
+
+
+def test_the_worst_post_switch_window_is_measured_against_the_ten_seconds_before():
+    arrival = np.arange(0.0, 100.0, 0.5)
+    ttft = np.where(arrival < 50, 0.1, np.where(arrival < 60, 0.3, 0.12))  # a bad first window after 50 s
+    rec = records(arrival, ttft)
+    assert post_switch_worst_ratio(rec, [50.0]) == pytest.approx(3.0)
+    assert post_switch_worst_ratio(rec, []) is None
+    assert post_switch_worst_ratio(rec, [500.0]) is None  # nothing around it

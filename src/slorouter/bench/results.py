@@ -137,4 +137,33 @@ def summarize_run(
     if tuning is not None:  # the self-tuning policy: each round, and the candidate active at the end
         summary["tuning_rounds"] = tuning
         summary["tuning_switches"] = sum(1 for r in tuning if r["switch_to"] is not None)
+        summary["post_switch_worst_ratio"] = post_switch_worst_ratio(
+            rec, [float(r["at"]) for r in tuning if r["switch_to"] is not None]
+        )
     return summary
+
+
+POST_SWITCH_PERIOD_S = 10.0
+POST_SWITCH_WATCH_S = 60.0
+
+
+def post_switch_worst_ratio(rec: RunRecords, switches: list[float]) -> float | None:
+    """The largest TTFT p90 of a 10-second window of arrivals in the minute after a switch, over the TTFT p90
+    of the 10 seconds before it (an unfinished request counts as infinitely slow); None without a switch
+    whose windows hold requests."""
+    ttft = np.where(np.isnan(rec.ttft_s), np.inf, rec.ttft_s)
+    sent = rec.pod >= 0
+    worst: float | None = None
+    for at in switches:
+        before = ttft[sent & (rec.arrival >= at - POST_SWITCH_PERIOD_S) & (rec.arrival < at)]
+        if not len(before):
+            continue
+        base = float(np.quantile(before, 0.9, method="inverted_cdf"))
+        start = at
+        while start < at + POST_SWITCH_WATCH_S:
+            window = ttft[sent & (rec.arrival >= start) & (rec.arrival < start + POST_SWITCH_PERIOD_S)]
+            if len(window):
+                ratio = float(np.quantile(window, 0.9, method="inverted_cdf")) / base
+                worst = ratio if worst is None else max(worst, ratio)
+            start += POST_SWITCH_PERIOD_S
+    return None if worst is None else round(worst, 4)
