@@ -157,8 +157,9 @@ def main() -> None:
     for r in runs:
         if "switches" in r:
             print(
-                f"self-tuning seed {r['seed']}: switches {r['switches']}; last switch {r['last_switch_after_change_s']} "
-                f"s after the change; worst post-switch window {r['post_switch_worst_ratio']}x"
+                f"self-tuning seed {r['seed']}: switches {r['switches']}; last switch "
+                f"{r['last_switch_after_change_s']} s after the change; worst post-switch window "
+                f"{r['post_switch_worst_ratio']}x"
             )
 
 
