@@ -194,3 +194,14 @@ def test_the_worst_post_switch_window_is_measured_against_the_ten_seconds_before
     assert post_switch_worst_ratio(rec, [50.0]) == pytest.approx(3.0)
     assert post_switch_worst_ratio(rec, []) is None
     assert post_switch_worst_ratio(rec, [500.0]) is None  # nothing around it
+
+
+def test_a_rounds_outcome_says_how_it_ended():
+    from slorouter.bench.tuning.tuner import Outcome, TuningRound
+
+    skipped = TuningRound(1.0, "a", 3, reason="3 requests in the window")
+    assert skipped.outcome is Outcome.SKIPPED
+    observed = figures(100.0)
+    assert TuningRound(1.0, "a", 300, observed).outcome is Outcome.UNTRUSTED
+    assert TuningRound(1.0, "a", 300, observed, {"a": observed}).outcome is Outcome.KEPT
+    assert TuningRound(1.0, "a", 300, observed, {"a": observed}, switch_to="b").outcome is Outcome.SWITCHED

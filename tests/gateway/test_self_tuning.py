@@ -4,6 +4,8 @@ round, the status page and the metrics show it; a tuner that cannot run leaves r
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from typing import Any
 
 import pytest
@@ -94,3 +96,37 @@ def test_bad_tuning_configurations_name_the_problem(tuning: dict[str, Any], sche
         data["scheduler"] = scheduler
     with pytest.raises(ConfigError, match=message):
         Router.build(parse_config(data))
+
+
+FAKE_TUNER = """
+import json, sys
+sys.stdin.readline()
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    result = {"outcome": "switched", "switch_to": "least-request", "reason": "test", "twin_error": 0.05,
+              "errors": {"ttft_p90_ms": 0.05}, "predicted_gain": 0.2}
+    print(json.dumps({"round": request["round"], "result": result, "cpu_s": 0.5}), flush=True)
+"""
+
+
+async def test_a_switch_takes_effect_at_once_is_logged_and_counted(cluster, http, caplog):
+    router = await start_router(list(cluster.addresses), tuning=TUNING)
+    try:
+        tuning = router.core.tuning
+        assert tuning is not None
+        tuning._command = (sys.executable, "-c", FAKE_TUNER)
+        await send(http, router, cluster, 40)
+        with caplog.at_level(logging.INFO, logger="slorouter.tuning"):
+            assert await tuning.round() == 0.5
+        assert tuning.switch.active == "least-request"
+        assert "tuning: switched from predicted-latency to least-request: test" in caplog.text
+        assert tuning.guard.watch is not None and tuning.guard.watch.previous == "predicted-latency"
+        await send(http, router, cluster, 10)
+        async with http.get(f"http://{router.address}/metrics") as response:
+            metrics = await response.text()
+        assert 'slorouter_tuning_switches_total{by="tuner",candidate="least-request"} 1.0' in metrics
+        assert 'slorouter_tuning_rounds_total{outcome="switched"} 1.0' in metrics
+        assert "slorouter_tuning_predicted_gain 0.2" in metrics
+    finally:
+        await router.stop()

@@ -75,7 +75,7 @@ class TuningStatus(msgspec.Struct, frozen=True, kw_only=True):
     candidates: list[str]
     rounds: int
     switches: int
-    worker: str  # "running", "starting", or why it is down
+    worker: str  # "running", "starting", "not started" (and why), or "down: " and why
     last_round_age_s: float | None = None
     last_round: dict[str, Any] | None = None  # the tuner's summary of its last answered round
 

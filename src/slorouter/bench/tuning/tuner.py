@@ -27,6 +27,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from slorouter.bench.cluster import ClusterSettings
@@ -69,6 +70,15 @@ class TuningSettings:
             raise ValueError("max_twin_error, min_gain and tolerance must be >= 0 and min_requests >= 1")
 
 
+class Outcome(StrEnum):
+    """How a round ended."""
+
+    SWITCHED = "switched"  # a candidate beat the active one by more than the threshold
+    KEPT = "kept"  # the twin was trusted and the active candidate stays
+    UNTRUSTED = "untrusted"  # the twin's error was above max_twin_error: nothing compared
+    SKIPPED = "skipped"  # too few requests in the window
+
+
 @dataclass(frozen=True, slots=True)
 class TuningRound:
     """What one round found and decided."""
@@ -85,6 +95,14 @@ class TuningRound:
     switch_to: str | None = None
     reason: str = ""
     twin: PoolTwin | None = None
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.switch_to is not None:
+            return Outcome.SWITCHED
+        if self.observed is None:
+            return Outcome.SKIPPED
+        return Outcome.KEPT if self.replayed else Outcome.UNTRUSTED
 
     @property
     def trusted(self) -> bool:

@@ -38,6 +38,7 @@ NICENESS = 10
 def round_summary(result: TuningRound) -> dict[str, Any]:
     """What the router shows of a round: metrics, status page, log."""
     return {
+        "outcome": result.outcome.value,
         "at": result.at,
         "active": result.active,
         "requests": result.requests,
