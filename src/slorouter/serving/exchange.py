@@ -206,10 +206,10 @@ class Exchange:
         self, status: int, streaming: bool, *, keeps_body: bool = True, bytes_follow: bool = True
     ) -> bool:
         """The response's status and kind reached the router. True when its body is read on the way: an
-        SSE stream (tokens, reply text, usage), or a whole body whose reply text a plugin asked for (kept,
-        bounded, when ``keeps_body``: a front-end that reads the whole body itself passes it to
-        ``answered``). ``bytes_follow`` False: the front-end reports ``tokens`` and ``reply_text`` itself
-        (the benchmark's engines produce tokens, not bytes)."""
+        SSE stream (tokens, reply text, usage), or a whole body whose reply text a plugin asked for or whose
+        usage the tuner's window needs (kept, bounded, when ``keeps_body``: a front-end that reads the whole
+        body itself passes it to ``answered``). ``bytes_follow`` False: the front-end reports ``tokens`` and
+        ``reply_text`` itself (the benchmark's engines produce tokens, not bytes)."""
         lifecycle = self.lifecycle
         assert lifecycle is not None
         lifecycle.on_headers(status, streaming)
@@ -219,7 +219,10 @@ class Exchange:
         if streaming and status == 200:
             self._observer = StreamObserver(lifecycle, history_form)
             return True
-        if keeps_body and status < 400 and history_form and lifecycle.reply_chars_wanted > 0:
+        # A whole body is kept when a plugin wants its reply text, or for the tuner's window (its usage: the
+        # output tokens the replay needs).
+        wanted = history_form and lifecycle.reply_chars_wanted > 0
+        if keeps_body and status < 400 and (wanted or self.front.window is not None):
             self._kept = bytearray()
             return True
         return False
@@ -279,7 +282,9 @@ class Exchange:
             address = lifecycle.response.endpoint.address
             pool = front.director.pool
             if address in pool:
-                window.answered(lifecycle, pool.value(address, "waiting"), pool.value(address, "running"))
+                window.answered(
+                    lifecycle, pool.value(address, "waiting"), pool.value(address, "running"), body
+                )
         trace = self.trace
         if trace is not None:
             status = lifecycle.response.status

@@ -227,7 +227,11 @@ def _output_tokens(pending: _Pending) -> int | None:
     """Output tokens the response reported or streamed; from a whole body, its ``usage``."""
     if pending.output_tokens is not None or not pending.body:
         return pending.output_tokens
-    body = pending.body
+    return completion_tokens_in(pending.body)
+
+
+def completion_tokens_in(body: bytes) -> int | None:
+    """``usage.completion_tokens`` of a whole (non-streamed) response body, found without parsing it."""
     match = _COMPLETION_TOKENS.search(body, max(body.rfind(b'"usage"'), 0))
     return int(match.group(1)) if match else None
 

@@ -23,6 +23,7 @@ import msgspec
 
 from slorouter.director import RequestLifecycle
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
+from slorouter.serving.recording import completion_tokens_in
 from slorouter.tokenizer import BYTES_PER_TOKEN
 
 BLOCK_TOKENS = 16  # as a recording's (serving.recording.BLOCK_TOKENS)
@@ -65,10 +66,16 @@ class TrafficWindow:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def answered(self, lifecycle: RequestLifecycle, waiting: float, running: float) -> None:
-        """Keep a request whose response ended (whatever its status)."""
+    def answered(
+        self, lifecycle: RequestLifecycle, waiting: float, running: float, body: bytes | None = None
+    ) -> None:
+        """Keep a request whose response ended (whatever its status); ``body``: the whole response, when the
+        front-end read it (the output tokens of a response that was not streamed are in its ``usage``)."""
         request = lifecycle.request
         response = lifecycle.response
+        output_tokens = response.tokens
+        if not output_tokens and body:
+            output_tokens = completion_tokens_in(body) or 0
         ttft_ms = tpot_ms = None
         if response.succeeded and response.first_token_at is not None:
             ttft_ms = (response.first_token_at - request.received_at) * 1000.0
@@ -86,7 +93,7 @@ class TrafficWindow:
             arrival=request.received_at,
             prompt_tokens=request.prompt_tokens,
             max_tokens=request.max_tokens,
-            output_tokens=response.tokens,
+            output_tokens=output_tokens,
             block_hashes=tuple(hashes),
             stream=request.stream,
             slo_ttft_ms=request.slo_ttft_ms,
