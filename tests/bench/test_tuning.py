@@ -205,3 +205,44 @@ def test_a_rounds_outcome_says_how_it_ended():
     assert TuningRound(1.0, "a", 300, observed).outcome is Outcome.UNTRUSTED
     assert TuningRound(1.0, "a", 300, observed, {"a": observed}).outcome is Outcome.KEPT
     assert TuningRound(1.0, "a", 300, observed, {"a": observed}, switch_to="b").outcome is Outcome.SWITCHED
+
+
+def test_the_tuners_process_answers_bad_requests_with_errors_and_goes_on(tmp_path):
+    import io
+    import json as jsonlib
+
+    from slorouter.bench.tuning.worker import serve
+    from slorouter.serving.traffic_window import encode_entries
+
+    window = tmp_path / "window.json"
+    window.write_bytes(encode_entries([entry(1.0)]))
+    setup = {"pipeline": SELF_TUNING_SCHEDULER_CONFIG, "settings": {"window_s": 60.0}, "cluster": {}}
+    lines = [
+        jsonlib.dumps(setup),
+        "not json",
+        jsonlib.dumps(
+            {"round": 2, "now": 5.0, "active": "predicted-latency", "addresses": ["a"], "window": "/nope"}
+        ),
+        jsonlib.dumps(
+            {"round": 3, "now": 5.0, "active": "predicted-latency", "addresses": ["a"], "window": str(window)}
+        ),
+    ]
+    out = io.StringIO()
+    assert serve(io.StringIO("\n".join(lines) + "\n"), out) == 0
+    ready, bad, missing, answered = (jsonlib.loads(line) for line in out.getvalue().splitlines())
+    assert ready == {"ready": True}
+    assert bad["round"] is None and bad["error"].startswith("JSONDecodeError")
+    assert missing["round"] == 2 and "FileNotFoundError" in missing["error"]
+    assert answered["round"] == 3 and answered["result"]["outcome"] == "skipped"
+
+
+def test_a_bad_setup_ends_the_tuners_process_saying_why():
+    import io
+    import json as jsonlib
+
+    from slorouter.bench.tuning.worker import serve
+
+    out = io.StringIO()
+    setup = {"pipeline": SELF_TUNING_SCHEDULER_CONFIG, "settings": {"candidates": ["nope"]}}
+    assert serve(io.StringIO(jsonlib.dumps(setup) + "\n"), out) == 2
+    assert "unknown candidates nope" in jsonlib.loads(out.getvalue())["error"]
