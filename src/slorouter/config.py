@@ -276,6 +276,9 @@ class TuningConfig(StrictModel):
     )
     min_requests: int = Field(default=100, ge=1, description="fewer in the window: no round")
     max_requests: int = Field(default=4000, ge=1, description="more: the most recent ones")
+    untrusted_rounds: int = Field(
+        default=2, ge=1, description="rounds in a row with an untrusted twin before going back to the start"
+    )
     cpu_budget: float = Field(
         default=0.25, gt=0, le=1, description="share of one core the tuner may use, over its rounds"
     )

@@ -153,7 +153,10 @@ def test_the_self_tuning_bench_policy_tunes_in_virtual_time_and_switches_every_p
     policy = resolve_policy("self-tuning")
     assert policy.tuning is not None and policy.uses_predictor
     config = pinned(policy.config, "round-robin")
-    settings = TuningSettings(interval_s=30.0, window_s=30.0, candidates=("round-robin", "least-request"))
+    # tolerance 1: by TTFT p90 alone (this test is about the switch, not the rule)
+    settings = TuningSettings(
+        interval_s=30.0, window_s=30.0, tolerance=1.0, candidates=("round-robin", "least-request")
+    )
     requests = generate("sharegpt", qps=14, duration_s=65, seed=0, params={}, max_model_len=32_768)
     cluster = ClusterSettings(pickers=2)
     with ClusterSimulator(
@@ -246,3 +249,27 @@ def test_a_bad_setup_ends_the_tuners_process_saying_why():
     setup = {"pipeline": SELF_TUNING_SCHEDULER_CONFIG, "settings": {"candidates": ["nope"]}}
     assert serve(io.StringIO(jsonlib.dumps(setup) + "\n"), out) == 2
     assert "unknown candidates nope" in jsonlib.loads(out.getvalue())["error"]
+
+
+def test_the_requests_running_when_the_window_starts_are_carried_into_the_replay():
+    from slorouter.bench.tuning.tuner import running_at
+
+    long = entry(5.0, ttft_ms=100.0, tpot_ms=50.0, output=101)  # ends at 10.1 s
+    short = entry(5.0, ttft_ms=100.0, tpot_ms=10.0, output=11)  # ends at 5.2 s
+    failed = entry(9.0, ttft_ms=None, tpot_ms=None)
+    later = entry(12.0)
+    assert running_at([long, short, failed, later], 10.0) == [long]
+
+
+def test_an_untrusted_twin_sends_the_router_back_to_the_configured_candidate():
+    config = pinned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin")
+    entries, addresses = served_window(mixed_pool(), config, qps=14, duration_s=40)
+    settings = TuningSettings(window_s=40.0, max_twin_error=0.0, candidates=("round-robin", "least-request"))
+    tuner = Tuner(SELF_TUNING_SCHEDULER_CONFIG, settings)  # configured on predicted-latency
+    first = tuner.tune(entries, now=40.0, active="round-robin", addresses=addresses)
+    assert first.switch_to is None and first.reason.startswith("twin error")
+    second = tuner.tune(entries, now=40.0, active="round-robin", addresses=addresses)
+    assert second.switch_to == "predicted-latency" and second.reason.endswith(
+        "for 2 rounds: back to predicted-latency"
+    )
+    assert tuner.tune(entries, now=40.0, active="predicted-latency", addresses=addresses).switch_to is None

@@ -228,7 +228,7 @@ class ClusterSimulator:
             self.tuner = Tuner(scheduler_config or {}, tuning, cluster=self.settings)
             self.guard = SwitchGuard()
             for stack in self.pickers:
-                stack.front.window = TrafficWindow(span_s=tuning.window_s)
+                stack.front.window = TrafficWindow(span_s=tuning.window_s * 1.5)
         # Requests to pickers: drawn from their own generator, so the routers' draws stay as with one picker.
         self._assignment_rng = np.random.default_rng([seed, 0x5049434B])
         self.scrape_all(0.0)

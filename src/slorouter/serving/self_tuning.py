@@ -141,6 +141,7 @@ class SelfTuning:
                 "tolerance": config.tolerance,
                 "min_requests": config.min_requests,
                 "max_requests": config.max_requests,
+                "untrusted_rounds": config.untrusted_rounds,
             },
             "cluster": cluster or {},
         }

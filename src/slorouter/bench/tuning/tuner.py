@@ -3,18 +3,22 @@ observed, replays the window under every candidate, and says which candidate sho
 
 A round (``Tuner.tune``):
 
-1. **Window.** The last ``window_s`` of answered requests; replays measure the requests after the first
-   ``warmup_share`` of it (the twin starts empty: no queues, cold caches).
-2. **Fit.** The twin's pods are sized from the scraped capacity and queues, then calibrated by replaying the
-   window under the active candidate (``twin.PoolTwin.calibrated``): three times on the first round, once
-   after (the twin carries over from round to round).
-3. **Validate.** One more replay under the active candidate: its TTFT and TPOT p50 and p90 against the
-   observed ones. The largest relative error is the twin's error; above ``max_twin_error`` the round ends
-   there and nothing changes.
-4. **Compare.** Every other candidate replayed on the same traffic with the same seed. A candidate is
-   eligible when its TTFT p99 and TPOT p50 are no worse than the active one's by more than ``tolerance`` (and
-   its SLO attainment, when requests carry SLOs, no lower by more than ``tolerance``); the best eligible one
-   by TTFT p90 is the round's best.
+1. **Window.** The last ``window_s`` of answered requests (at most ``max_requests``, the most recent), cut
+   where answers have settled (``settled``); replays measure the requests after the first ``warmup_share``
+   of it (the twin's caches start cold). The requests still running when the window starts are replayed too,
+   unmeasured, so that the twin's pods start as loaded as the real ones were.
+2. **Fit.** The twin's pods are sized from the scraped capacity and queues, then each pod's two scales are
+   fitted to the requests the router sent it (``twin.fit_to_placements``): four iterations on the first
+   round, two after (the twin carries over from round to round).
+3. **Validate.** The window replayed under what routed it (the candidate active when it starts, switched
+   when the router switched): its TTFT and TPOT p50 and p90 against the observed ones. The largest relative
+   error is the twin's error; above ``max_twin_error`` the round ends there and nothing changes, unless the
+   twin has been untrusted for ``untrusted_rounds`` rounds in a row while another candidate than the
+   pipeline's configured one routes: then the router goes back to it.
+4. **Compare.** Every other candidate (but those resting: far behind in a recent round) replayed alone on
+   the same traffic with the same seed. A candidate is eligible when its TTFT p99 and TPOT p50 are no worse
+   than the active one's by more than ``tolerance`` (and its SLO attainment, when requests carry SLOs, no
+   lower by more than ``tolerance``); the best eligible one by TTFT p90 is the round's best.
 5. **Decide.** Switch when the best one's TTFT p90 gain over the active one's (both in the twin) exceeds both
    ``min_gain`` and the twin's own error on TTFT p90. Staying needs no margin, so the rule has a dead band:
    the hysteresis that keeps two close candidates from alternating.
@@ -59,6 +63,9 @@ class TuningSettings:
     # ``rest_rounds`` rounds (it is far from winning, and every replay costs as much as the traffic).
     rest_ratio: float = 1.5
     rest_rounds: int = 3
+    # After this many rounds in a row with an untrusted twin, the router goes back to the pipeline's
+    # configured candidate (when another one routes).
+    untrusted_rounds: int = 2
     first_calibrations: int = 4  # fitting iterations of the first round
     calibrations: int = 2  # of later rounds (the twin carries over)
     seed: int = 0
@@ -129,6 +136,27 @@ def settled(entries: Sequence[WindowEntry], now: float, window_s: float) -> list
     lag = e2e_s[int(0.95 * (len(e2e_s) - 1))] if e2e_s else 0.0
     end = now - min(lag, window_s / 3.0)
     return [e for e in entries if e.arrival <= end]
+
+
+def running_at(entries: Sequence[WindowEntry], at: float) -> list[WindowEntry]:
+    """The entries that arrived before ``at`` and ended after it."""
+    return [e for e in entries if e.arrival < at and _end(e) >= at]
+
+
+def _end(entry: WindowEntry) -> float:
+    """When an answered request ended (its arrival for one that failed before its first token)."""
+    if entry.ttft_ms is None:
+        return entry.arrival
+    decode_ms = (entry.tpot_ms or 0.0) * max(entry.output_tokens - 1, 0)
+    return entry.arrival + (entry.ttft_ms + decode_ms) / 1000.0
+
+
+def _configured_active(config: Mapping[str, Any]) -> str:
+    for plugin in config["plugins"]:
+        if plugin.get("type") == SWITCH_PLUGIN:
+            parameters = plugin["parameters"]
+            return str(parameters.get("active") or parameters["candidates"][0]["name"])
+    raise ValueError(f"the pipeline has no {SWITCH_PLUGIN}")
 
 
 def pinned(config: Mapping[str, Any], candidate: str) -> dict[str, Any]:
@@ -203,6 +231,8 @@ class Tuner:
         self.rounds = 0
         self.history: list[tuple[float, str]] = []  # (router clock, candidate) of each switch decided
         self.resting: dict[str, int] = {}  # candidate → rounds it still sits out
+        self.untrusted = 0  # rounds in a row the twin was not trusted
+        self.default = _configured_active(self.config)  # where an untrusted twin sends the router back
 
     def tune(
         self,
@@ -223,9 +253,13 @@ class Tuner:
             window = sorted(window, key=lambda e: e.arrival)[-s.max_requests :]
         if len(window) < s.min_requests:
             return TuningRound(now, active, len(window), reason=f"{len(window)} requests in the window")
-        traffic = Traffic.of(window, copies)
-        span = max(e.arrival for e in window) - traffic.start
-        measure_from = s.warmup_share * span
+        start = min(e.arrival for e in window)
+        # The requests still running when the window starts are replayed too (not measured), so that the
+        # twin's pods start as loaded as the real ones were, queues included.
+        carried = running_at(entries, start)
+        traffic = Traffic.of([*carried, *window], copies)
+        span = max(e.arrival for e in window) - start
+        measure_from = start - traffic.start + s.warmup_share * span
         measured = [e for e in traffic.entries if e.arrival - traffic.start >= measure_from]
         addresses = tuple(addresses)
         twin = self.twin
@@ -272,7 +306,16 @@ class Tuner:
         error = max(errors.values(), default=math.inf)
         base = TuningRound(now, active, len(window), observed, {}, error, errors, twin=twin)
         if not error <= s.max_twin_error:
-            return _with(base, reason=f"twin error {error:.0%} is above {s.max_twin_error:.0%}")
+            self.untrusted += 1
+            reason = f"twin error {error:.0%} is above {s.max_twin_error:.0%}"
+            if self.untrusted >= s.untrusted_rounds and active != self.default:
+                # A twin that cannot follow the pool gives no reason to keep a candidate it chose: back to
+                # the pipeline's configured one.
+                self.history.append((now, self.default))
+                reason += f" for {self.untrusted} rounds: back to {self.default}"
+                return _with(base, switch_to=self.default, reason=reason)
+            return _with(base, reason=reason)
+        self.untrusted = 0
         replayed = {active: ran if not switches else run(active, twin)}
         for candidate in self.candidates:
             if candidate != active and not self.resting.get(candidate):
