@@ -51,6 +51,7 @@ async def test_the_picker_keeps_the_tuners_window_and_shows_its_tuning(pods: Sim
         window = picker.core.tuning.window.entries()
         assert len(window) == 3 and all(e.endpoint in pods.addresses and e.output_tokens == 4 for e in window)
         assert window[0].block_hashes == window[1].block_hashes != ()
+        assert picker.core.tuning.window.ttfts(0.0, float("inf"))[0] == 3
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"http://127.0.0.1:{picker.bound.metrics_port}{STATUS_PATH}") as response,

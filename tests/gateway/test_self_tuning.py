@@ -48,6 +48,8 @@ async def test_a_round_runs_in_the_tuners_process_and_shows_on_the_status_page(c
         tuning.switch.activate("round-robin")
         await send(http, router, cluster, 60)
         assert len(tuning.window) == 60
+        count, ttfts = tuning.window.ttfts(0.0, float("inf"))  # what the switch guard reads
+        assert count == 60 and len(ttfts) == 60 and all(t > 0 for t in ttfts)
         cpu_s = await tuning.round()
         assert cpu_s > 0
         async with http.get(f"http://{router.address}{STATUS_PATH}") as response:

@@ -311,7 +311,7 @@ class ClusterSimulator:
         if result.switch_to is not None:
             self.activate(result.switch_to)
             assert self.guard is not None
-            self.guard.switched(entries, at=now, previous=result.active)
+            self.guard.switched(at=now, previous=result.active)
         return result
 
     def window_entries(self) -> list[WindowEntry]:
@@ -328,7 +328,9 @@ class ClusterSimulator:
         tuner, guard = self.tuner, self.guard
         assert tuner is not None and guard is not None
         watch = guard.watch
-        back = guard.check(self.window_entries(), now)
+        window = self.pickers[0].front.window
+        assert window is not None
+        back = guard.check(window, now)
         if back is not None and watch is not None:
             self.activate(back)
             tuner.reverted(now, back)

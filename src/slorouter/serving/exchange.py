@@ -94,6 +94,7 @@ class Exchange:
     of failed attempts, which a new pick leaves out."""
 
     __slots__ = (
+        "_first_seen",
         "_kept",
         "_observer",
         "_over",
@@ -118,6 +119,7 @@ class Exchange:
         self.tried: list[str] = []
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
+        self._first_seen = False  # the window was told of the first token
         self._over = False  # answered, refused or abandoned: later ends are no-ops
 
     @classmethod
@@ -232,6 +234,8 @@ class Exchange:
         observer = self._observer
         if observer is not None:
             observer.feed(data)
+            if not self._first_seen and self.front.window is not None:
+                self._tell_first_token()
             return
         kept = self._kept
         if kept is not None:
@@ -244,6 +248,18 @@ class Exchange:
         """Output tokens, for a front-end that sees tokens rather than bytes (the benchmark)."""
         assert self.lifecycle is not None
         self.lifecycle.on_tokens(count)
+        if not self._first_seen and self.front.window is not None:
+            self._tell_first_token()
+
+    def _tell_first_token(self) -> None:
+        lifecycle = self.lifecycle
+        window = self.front.window
+        assert lifecycle is not None and window is not None
+        first = lifecycle.response.first_token_at
+        if first is not None:
+            self._first_seen = True
+            received = lifecycle.request.received_at
+            window.first_token(received, (first - received) * 1000.0)
 
     def reply_text(self, text: str) -> None:
         assert self.lifecycle is not None
@@ -279,6 +295,8 @@ class Exchange:
             outcomes.record(lifecycle, self.path, body)
         window = front.window
         if window is not None:
+            if not self._first_seen:  # a whole response: its first token came with its end
+                self._tell_first_token()
             address = lifecycle.response.endpoint.address
             pool = front.director.pool
             if address in pool:
@@ -360,6 +378,9 @@ class Exchange:
         self.admission.release()  # the room reserved for it goes back
 
     def _dispatch(self, lifecycle: RequestLifecycle) -> RequestLifecycle:
+        window = self.front.window
+        if window is not None and not self.tried:
+            window.picked(lifecycle.request.received_at)
         self.lifecycle = lifecycle
         self._observer = None
         self._kept = None

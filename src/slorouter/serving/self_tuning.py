@@ -278,10 +278,10 @@ class SelfTuning:
                 "tuning round failed, the pipeline stays on %s: %s", self.switch.active, answer["error"]
             )
             return cpu_s
-        self._apply(answer["result"], entries, now)
+        self._apply(answer["result"], now)
         return cpu_s
 
-    def _apply(self, result: dict[str, Any], entries: list[WindowEntry], now: float) -> None:
+    def _apply(self, result: dict[str, Any], now: float) -> None:
         self._last, self._last_at = result, now
         for figure, error in (result.get("errors") or {}).items():
             self.metrics.twin_error.labels(figure).set(math.inf if error is None else error)
@@ -311,7 +311,7 @@ class SelfTuning:
             result.get("reason"),
             result.get("twin_error"),
         )
-        self.guard.switched(entries, at=now, previous=previous)
+        self.guard.switched(at=now, previous=previous)
         if self.guard.watch is not None and (self._guard_task is None or self._guard_task.done()):
             self._guard_task = asyncio.get_running_loop().create_task(
                 self._watch(), name="slorouter-tuning-guard"
@@ -326,7 +326,7 @@ class SelfTuning:
             await asyncio.sleep(self.guard.period_s)
             watch = self.guard.watch
             now = self.clock.now()
-            back = self.guard.check(self.window.entries(since=now - 2 * self.guard.period_s), now)
+            back = self.guard.check(self.window, now)
             if back is not None and watch is not None:
                 left = self.switch.active
                 self.switch.activate(back)

@@ -1,27 +1,28 @@
 """The guard after an automatic switch of the routing pipeline: undo it at once when TTFT collapses.
 
-The tuner switches only on a predicted gain, but its twin can be wrong. For ``watch_s`` after a switch, every
-``period_s`` the guard compares the TTFT p90 of the requests that arrived in the last ``period_s`` (those
-answered so far) with the TTFT p90 of the ``period_s`` before the switch; above ``ratio`` times that, it says
-to go back to the previous candidate. A check needs ``min_requests`` answered requests in its period.
+The tuner switches only on a predicted gain, but its twin can be wrong. Every ``period_s`` for ``watch_s``
+after a switch, the guard compares the TTFT p90 of the requests that arrived in a period after the switch
+with the TTFT p90 of those that arrived in the ``period_s`` before it; above ``ratio`` times that, it says to
+go back to the previous candidate. A period is judged one period after it ends, from the first tokens the
+router has seen by then: a request still without one counts as infinitely slow, so a pod that stalls shows
+at once, without waiting for whole answers. A period needs ``min_requests`` picked requests to be judged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from slorouter.serving.traffic_window import WindowEntry
+from slorouter.serving.traffic_window import TrafficWindow
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Watch:
     at: float  # when the switch took effect
     previous: str  # the candidate to go back to
-    before_p90_ms: float  # TTFT p90 of the period before the switch
+    before_p90_ms: float | None = None  # TTFT p90 of the period before the switch, once judged
 
 
 class SwitchGuard:
@@ -36,31 +37,41 @@ class SwitchGuard:
         self.min_requests = min_requests
         self.watch: Watch | None = None
 
-    def switched(self, entries: Sequence[WindowEntry], *, at: float, previous: str) -> None:
-        """A switch away from ``previous`` took effect at ``at``: watch it (when the period before it had
-        enough requests to compare with)."""
-        before = ttft_p90_ms(entries, at - self.period_s, at, self.min_requests)
-        self.watch = None if math.isnan(before) else Watch(at, previous, before)
+    def switched(self, *, at: float, previous: str) -> None:
+        """A switch away from ``previous`` took effect at ``at``: watch it."""
+        self.watch = Watch(at, previous)
 
-    def check(self, entries: Sequence[WindowEntry], now: float) -> str | None:
-        """The candidate to go back to, when the last period collapsed; None otherwise."""
+    def check(self, window: TrafficWindow, now: float) -> str | None:
+        """The candidate to go back to, when the last period judged collapsed; None otherwise."""
         watch = self.watch
         if watch is None:
             return None
-        if now - watch.at > self.watch_s:
+        period = self.period_s
+        if now - watch.at > self.watch_s + period:
             self.watch = None
             return None
-        after = ttft_p90_ms(entries, max(now - self.period_s, watch.at), now, self.min_requests)
+        if now < watch.at + period:
+            return None
+        if watch.before_p90_ms is None:
+            before = ttft_p90_ms(window, watch.at - period, watch.at, self.min_requests)
+            if math.isnan(before):  # too little traffic before the switch to compare with
+                self.watch = None
+                return None
+            watch.before_p90_ms = before
+        start = max(now - 2 * period, watch.at)
+        after = ttft_p90_ms(window, start, now - period, self.min_requests)
         if not math.isnan(after) and after > self.ratio * watch.before_p90_ms:
             self.watch = None
             return watch.previous
         return None
 
 
-def ttft_p90_ms(entries: Sequence[WindowEntry], start: float, end: float, min_requests: int) -> float:
-    """TTFT p90 of the requests that arrived in [start, end) (a failed one counts as infinitely slow); NaN
-    with fewer than ``min_requests``."""
-    values = [math.inf if e.ttft_ms is None else e.ttft_ms for e in entries if start <= e.arrival < end]
-    if len(values) < min_requests:
+def ttft_p90_ms(window: TrafficWindow, start: float, end: float, min_requests: int) -> float:
+    """TTFT p90 (ms) of the requests picked that arrived in [start, end), those without a first token yet
+    counted as infinitely slow; NaN with fewer than ``min_requests``."""
+    count, values = window.ttfts(start, end)
+    if count < min_requests:
         return math.nan
-    return float(np.quantile(np.array(values), 0.9, method="inverted_cdf"))
+    padded = np.full(count, np.inf)
+    padded[: len(values)] = values[:count]
+    return float(np.quantile(padded, 0.9, method="inverted_cdf"))

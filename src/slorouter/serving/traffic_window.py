@@ -62,6 +62,10 @@ class TrafficWindow:
             raise ValueError(f"span_s must be > 0 and max_entries >= 1 (got {span_s}, {max_entries})")
         self.span_s = span_s
         self._entries: deque[WindowEntry] = deque(maxlen=max_entries)
+        # For the switch guard, which cannot wait for whole answers: when each picked request arrived, and
+        # the arrival and TTFT of each first token (a request picked and without one is still waiting).
+        self._picked: deque[float] = deque(maxlen=max_entries)
+        self._first_tokens: deque[tuple[float, float]] = deque(maxlen=max_entries)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -112,6 +116,28 @@ class TrafficWindow:
         horizon = entry.arrival - self.span_s
         while entries and entries[0].arrival < horizon:
             entries.popleft()
+
+    def picked(self, arrival: float) -> None:
+        """A request that arrived at ``arrival`` was picked an endpoint (its first attempt)."""
+        picked = self._picked
+        picked.append(arrival)
+        horizon = arrival - self.span_s
+        while picked and picked[0] < horizon:
+            picked.popleft()
+
+    def first_token(self, arrival: float, ttft_ms: float) -> None:
+        """The first token of the request that arrived at ``arrival`` reached the router."""
+        firsts = self._first_tokens
+        firsts.append((arrival, ttft_ms))
+        horizon = arrival - self.span_s
+        while firsts and firsts[0][0] < horizon:
+            firsts.popleft()
+
+    def ttfts(self, start: float, end: float) -> tuple[int, list[float]]:
+        """Of the requests picked that arrived in [start, end): how many, and the TTFTs (ms) of those whose
+        first token came."""
+        count = sum(1 for a in self._picked if start <= a < end)
+        return count, [t for a, t in self._first_tokens if start <= a < end]
 
     def entries(self, since: float | None = None) -> list[WindowEntry]:
         """The entries (arrived at or after ``since``), in the order they were answered."""
