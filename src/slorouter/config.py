@@ -275,6 +275,11 @@ class TuningConfig(StrictModel):
         default=0.02, ge=0, description="how much worse TTFT p99, TPOT p50 or SLO attainment may be"
     )
     min_requests: int = Field(default=100, ge=1, description="fewer in the window: no round")
+    min_span_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="no round before the router has seen this much traffic (its cold start)",
+    )
     max_requests: int = Field(default=4000, ge=1, description="more: the most recent ones")
     untrusted_rounds: int = Field(
         default=2, ge=1, description="rounds in a row with an untrusted twin before going back to the start"

@@ -132,7 +132,9 @@ def mixed_pool():
 def test_the_tuner_leaves_a_candidate_its_twin_shows_worse_on_a_mixed_pool():
     config = pinned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin")
     entries, addresses = served_window(mixed_pool(), config, qps=14, duration_s=60)
-    settings = TuningSettings(window_s=60.0, candidates=("round-robin", "least-request", "token-aware"))
+    settings = TuningSettings(
+        window_s=60.0, min_span_s=0.0, candidates=("round-robin", "least-request", "token-aware")
+    )
     result = Tuner(config, settings).tune(entries, now=60.0, active="round-robin", addresses=addresses)
     assert result.twin_error <= settings.max_twin_error, result.errors
     assert result.switch_to in ("least-request", "token-aware")
@@ -143,7 +145,9 @@ def test_the_tuner_leaves_a_candidate_its_twin_shows_worse_on_a_mixed_pool():
 def test_an_untrusted_twin_switches_nothing():
     config = pinned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin")
     entries, addresses = served_window(mixed_pool(), config, qps=14, duration_s=40)
-    settings = TuningSettings(window_s=40.0, max_twin_error=0.0, candidates=("round-robin", "least-request"))
+    settings = TuningSettings(
+        window_s=40.0, min_span_s=0.0, max_twin_error=0.0, candidates=("round-robin", "least-request")
+    )
     result = Tuner(config, settings).tune(entries, now=40.0, active="round-robin", addresses=addresses)
     assert result.switch_to is None and result.reason.startswith("twin error")
     assert result.replayed == {} and math.isfinite(result.twin_error)
@@ -155,7 +159,11 @@ def test_the_self_tuning_bench_policy_tunes_in_virtual_time_and_switches_every_p
     config = pinned(policy.config, "round-robin")
     # tolerance 1: by TTFT p90 alone (this test is about the switch, not the rule)
     settings = TuningSettings(
-        interval_s=30.0, window_s=30.0, tolerance=1.0, candidates=("round-robin", "least-request")
+        interval_s=30.0,
+        window_s=30.0,
+        min_span_s=0.0,
+        tolerance=1.0,
+        candidates=("round-robin", "least-request"),
     )
     requests = generate("sharegpt", qps=14, duration_s=65, seed=0, params={}, max_model_len=32_768)
     cluster = ClusterSettings(pickers=2)
@@ -264,7 +272,9 @@ def test_the_requests_running_when_the_window_starts_are_carried_into_the_replay
 def test_an_untrusted_twin_sends_the_router_back_to_the_configured_candidate():
     config = pinned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin")
     entries, addresses = served_window(mixed_pool(), config, qps=14, duration_s=40)
-    settings = TuningSettings(window_s=40.0, max_twin_error=0.0, candidates=("round-robin", "least-request"))
+    settings = TuningSettings(
+        window_s=40.0, min_span_s=0.0, max_twin_error=0.0, candidates=("round-robin", "least-request")
+    )
     tuner = Tuner(SELF_TUNING_SCHEDULER_CONFIG, settings)  # configured on predicted-latency
     first = tuner.tune(entries, now=40.0, active="round-robin", addresses=addresses)
     assert first.switch_to is None and first.reason.startswith("twin error")

@@ -24,6 +24,7 @@ TUNING = {
     "window_s": 120,
     "warmup_share": 0.2,
     "min_requests": 30,
+    "min_span_s": 0,
     "candidates": ["round-robin", "least-request", "token-aware"],
 }
 

@@ -159,9 +159,9 @@ NAMED_POLICIES["predicted-ranking"] = _predicted_latency(PREDICTION_RANKING_SCHE
 NAMED_POLICIES["predicted-load-core"] = _predicted_latency(PREDICTED_LATENCY_SCHEDULER_CONFIG)
 SELF_TUNING = "self-tuning"
 NAMED_POLICIES[SELF_TUNING] = _predicted_latency(SELF_TUNING_SCHEDULER_CONFIG)
-# The benchmark's tuner: a round every 30 s of virtual time on the last 120 s (runs are minutes long; a
-# router's default is a round every 3 minutes on the last 2).
-BENCH_TUNING = TuningSettings(interval_s=30.0, window_s=120.0, warmup_share=0.35)
+# The benchmark's tuner: a round every 30 s of virtual time on the last 120 s, the first after 45 s of traffic
+# (runs are minutes long; a router's default is a round every 3 minutes on the last 2, after a minute).
+BENCH_TUNING = TuningSettings(interval_s=30.0, window_s=120.0, warmup_share=0.35, min_span_s=45.0)
 
 
 class PolicyError(ValueError):

@@ -140,6 +140,7 @@ class SelfTuning:
                 "min_gain": config.min_gain,
                 "tolerance": config.tolerance,
                 "min_requests": config.min_requests,
+                "min_span_s": config.min_span_s,
                 "max_requests": config.max_requests,
                 "untrusted_rounds": config.untrusted_rounds,
             },

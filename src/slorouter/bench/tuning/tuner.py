@@ -3,7 +3,8 @@ observed, replays the window under every candidate, and says which candidate sho
 
 A round (``Tuner.tune``):
 
-1. **Window.** The last ``window_s`` of answered requests (at most ``max_requests``, the most recent), cut
+1. **Window.** None before ``min_span_s`` of traffic (the pool's cold start). The last ``window_s`` of
+   answered requests (at most ``max_requests``, the most recent), cut
    where answers have settled (``settled``); replays measure the requests after the first ``warmup_share``
    of it (the twin's caches start cold). The requests still running when the window starts are replayed too,
    unmeasured, so that the twin's pods start as loaded as the real ones were.
@@ -58,6 +59,7 @@ class TuningSettings:
     min_gain: float = 0.03  # smallest TTFT p90 gain (a share) worth a switch
     tolerance: float = 0.02  # how much worse TTFT p99, TPOT p50 (share) or SLO attainment (points) may be
     min_requests: int = 100  # fewer in the window: no round
+    min_span_s: float = 60.0  # no round before the router has seen this much traffic (its cold start)
     max_requests: int = 4000  # more in the window: the most recent ones (a replay's cost is per request)
     # A candidate whose TTFT p90 in the twin was above this many times the round's best sits out the next
     # ``rest_rounds`` rounds (it is far from winning, and every replay costs as much as the traffic).
@@ -232,6 +234,7 @@ class Tuner:
         self.history: list[tuple[float, str]] = []  # (router clock, candidate) of each switch decided
         self.resting: dict[str, int] = {}  # candidate → rounds it still sits out
         self.untrusted = 0  # rounds in a row the twin was not trusted
+        self.first_seen: float | None = None  # the arrival of the first request the tuner saw
         self.default = _configured_active(self.config)  # where an untrusted twin sends the router back
 
     def tune(
@@ -254,6 +257,12 @@ class Tuner:
         if len(window) < s.min_requests:
             return TuningRound(now, active, len(window), reason=f"{len(window)} requests in the window")
         start = min(e.arrival for e in window)
+        if self.first_seen is None:
+            self.first_seen = min(e.arrival for e in entries)
+        if now - self.first_seen < s.min_span_s:  # the pool's cold start: not what it will be
+            return TuningRound(
+                now, active, len(window), reason=f"{now - self.first_seen:.0f} s of traffic seen"
+            )
         # The requests still running when the window starts are replayed too (not measured), so that the
         # twin's pods start as loaded as the real ones were, queues included.
         carried = running_at(entries, start)
