@@ -311,7 +311,10 @@ class ClusterSimulator:
         if result.switch_to is not None:
             self.activate(result.switch_to)
             assert self.guard is not None
-            self.guard.switched(at=now, previous=result.active)
+            if result.switch_to != tuner.default:  # going back to the configured candidate is not watched
+                self.guard.switched(at=now, previous=result.active)
+            else:
+                self.guard.watch = None
         return result
 
     def window_entries(self) -> list[WindowEntry]:

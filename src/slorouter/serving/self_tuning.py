@@ -129,6 +129,7 @@ class SelfTuning:
             period_s=config.guard.period_s, watch_s=config.guard.watch_s, ratio=config.guard.ratio
         )
         self.metrics = TuningMetrics(registry, switch)
+        self._configured = switch.active  # the pipeline's configured candidate
         self._setup = {
             "pipeline": pipeline,
             "settings": {
@@ -312,7 +313,10 @@ class SelfTuning:
             result.get("reason"),
             result.get("twin_error"),
         )
-        self.guard.switched(at=now, previous=previous)
+        if target == self._configured:  # going back to the configured candidate is not watched
+            self.guard.watch = None
+        else:
+            self.guard.switched(at=now, previous=previous)
         if self.guard.watch is not None and (self._guard_task is None or self._guard_task.done()):
             self._guard_task = asyncio.get_running_loop().create_task(
                 self._watch(), name="slorouter-tuning-guard"

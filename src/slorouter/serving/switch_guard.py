@@ -6,6 +6,9 @@ with the TTFT p90 of those that arrived in the ``period_s`` before it; above ``r
 go back to the previous candidate. A period is judged one period after it ends, from the first tokens the
 router has seen by then: a request still without one counts as infinitely slow, so a pod that stalls shows
 at once, without waiting for whole answers. A period needs ``min_requests`` picked requests to be judged.
+
+A switch back to the pipeline's configured candidate is not watched: it is the safe direction, taken when the
+tuner's twin cannot be trusted, and a backlog the previous candidate left would be blamed on it.
 """
 
 from __future__ import annotations
