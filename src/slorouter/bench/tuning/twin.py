@@ -8,10 +8,12 @@ reported requests waiting) and its block size. Nothing else of the pod is known 
 chunking, metric delays and API overheads are the base's, so a twin is always wrong somewhere, and the
 tuner measures by how much before it trusts one (``tuner.py``).
 
-Fitting, first from the window directly (``initial``): the decode scale from the median TPOT against the
-base's decode step at the median batch; the prefill scale from the lightest TTFTs against the base's prefill
-of the prompt alone. Then by replay (``calibrated``): the window is replayed in the twin under the pipeline
-that routed it, and each pod's scales move by the ratio of its observed to replayed TTFT and TPOT medians.
+Fitting starts from the window directly (``initial``): the decode scale from the median TPOT against the
+base's decode step at the median batch, the prefill scale from the lightest TTFTs against the base's prefill
+of the prompt alone. Those are rough (a pod of exactly the base's speed came out at 1.75× decode: the TPOT
+holds prefill chunks too), so the scales are then fitted by replay (``fit_to_placements``): each pod alone
+serves the requests the router sent it, and its scales move until its replayed TTFT and TPOT match the
+observed ones (median ratio 1).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
-from slorouter.bench.tuning.figures import MIN_POD_REQUESTS, Figures
+from slorouter.bench.tuning.figures import MIN_POD_REQUESTS
 from slorouter.bench.workloads.request import WorkloadRequests
 from slorouter.serving.traffic_window import WindowEntry
 from slorouter.sim.profiles import LLAMA3_8B_H100, Profile
@@ -107,31 +109,6 @@ class PoolTwin:
                     num_gpu_blocks=blocks or pod.num_gpu_blocks,
                     block_size=block_size or pod.block_size,
                     max_num_seqs=cap or None,
-                )
-            )
-        return PoolTwin(self.addresses, tuple(pods))
-
-    def calibrated(
-        self, observed: Figures, replayed: Figures, *, gain: float = 0.8, limit: float = 2.0
-    ) -> PoolTwin:
-        """Each pod's scales moved by the ratio of observed to replayed medians (a pod with too few requests
-        in either moves by the pool's ratio), each ratio clipped to [1/limit, limit], raised to ``gain``."""
-        pool_ttft = _ratio(observed.ttft_p50_ms, replayed.ttft_p50_ms)
-        pool_tpot = _ratio(observed.tpot_p50_ms, replayed.tpot_p50_ms)
-        pods = []
-        for i, pod in enumerate(self.pods):
-            seen, sim = observed.pods.get(i), replayed.pods.get(i)
-            ttft = tpot = None
-            if seen is not None and sim is not None and min(seen.requests, sim.requests) >= MIN_POD_REQUESTS:
-                ttft = _ratio(seen.ttft_p50_ms, sim.ttft_p50_ms)
-                tpot = _ratio(seen.tpot_p50_ms, sim.tpot_p50_ms)
-            ttft = pool_ttft if ttft is None else ttft
-            tpot = pool_tpot if tpot is None else tpot
-            pods.append(
-                dataclasses.replace(
-                    pod,
-                    prefill_scale=_moved(pod.prefill_scale, ttft, gain, limit),
-                    decode_scale=_moved(pod.decode_scale, tpot, gain, limit),
                 )
             )
         return PoolTwin(self.addresses, tuple(pods))
@@ -264,18 +241,6 @@ def _prefill_scale(entries: Sequence[WindowEntry]) -> float:
         assert e.ttft_ms is not None
         ratios.append(max(e.ttft_ms - fixed_ms, 0.1) / base_ms)
     return _clipped(float(np.quantile(ratios, 0.25)))  # the lightest quarter: the least queueing
-
-
-def _ratio(observed: float, replayed: float) -> float | None:
-    if math.isfinite(observed) and math.isfinite(replayed) and observed > 0 and replayed > 0:
-        return observed / replayed
-    return None
-
-
-def _moved(scale: float, ratio: float | None, gain: float, limit: float) -> float:
-    if ratio is None:
-        return scale
-    return _clipped(scale * min(max(ratio, 1.0 / limit), limit) ** gain)
 
 
 def _clipped(scale: float) -> float:
