@@ -283,3 +283,23 @@ def test_an_untrusted_twin_sends_the_router_back_to_the_configured_candidate():
         "for 2 rounds: back to predicted-latency"
     )
     assert tuner.tune(entries, now=40.0, active="predicted-latency", addresses=addresses).switch_to is None
+
+
+def test_a_candidate_replayed_alone_keeps_what_it_reads():
+    from slorouter.bench.tuning.tuner import pruned
+
+    def names(config):
+        return {p.get("name") or p["type"] for p in config["plugins"]}
+
+    token_aware = names(pruned(SELF_TUNING_SCHEDULER_CONFIG, "token-aware"))
+    assert "approx-prefix-cache-producer" in token_aware and "predicted-latency-producer" not in token_aware
+    assert "load-latency-producer" not in token_aware and "expected-latency-scorer" not in token_aware
+    predicted = names(pruned(SELF_TUNING_SCHEDULER_CONFIG, "predicted-latency"))
+    assert {"predicted-latency-producer", "load-latency-producer", "latency-slo-admitter"} <= predicted
+    assert names(pruned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin")) == {
+        "candidate-profile-handler",
+        "round-robin-picker",
+    }
+    assert "predicted-latency-producer" in names(
+        pruned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin", admission=True)
+    )

@@ -113,15 +113,6 @@ class TuningRound:
             return Outcome.SKIPPED
         return Outcome.KEPT if self.replayed else Outcome.UNTRUSTED
 
-    @property
-    def trusted(self) -> bool:
-        return (
-            self.observed is not None
-            and self.reason != ""
-            and self.twin_error < math.inf
-            and bool(self.replayed)
-        )
-
 
 def settled(entries: Sequence[WindowEntry], now: float, window_s: float) -> list[WindowEntry]:
     """The entries that arrived early enough that nearly every request of their time has been answered: the
@@ -173,9 +164,11 @@ def pinned(config: Mapping[str, Any], candidate: str) -> dict[str, Any]:
 
 def pruned(config: Mapping[str, Any], candidate: str, *, admission: bool = False) -> dict[str, Any]:
     """``candidate`` alone: its profiles, the plugins they reference, and the producers of the data those
-    consume (transitively); with ``admission``, also every admitter and every producer (admitters read
-    data they do not declare). The replay of a candidate is the same with or without the rest, and cheaper:
-    a non-predicted candidate runs without the predictor and the load core."""
+    consume (transitively). A predicted candidate (one with a fallback profile) keeps every producer and
+    admitter (its profile handler and filters read the predictor's data without declaring it), and so does
+    any candidate with ``admission`` (the admitters shed by predictions). The replay of a candidate is the
+    same with or without the rest, and cheaper: a non-predicted candidate runs without the predictor and the
+    load core."""
     out = pinned(config, candidate)
     handler = next(p for p in out["plugins"] if p.get("type") == SWITCH_PLUGIN)
     chosen = next(c for c in handler["parameters"]["candidates"] if c["name"] == candidate)
@@ -186,7 +179,7 @@ def pruned(config: Mapping[str, Any], candidate: str, *, admission: bool = False
     classes = {name: plugin_class(p["type"]) for name, p in by_name.items()}
     keep = {handler.get("name") or handler["type"]}
     keep |= {ref["pluginRef"] for profile in profiles for ref in profile["plugins"]}
-    if admission:
+    if admission or chosen.get("fallbackProfile") is not None:  # a predicted candidate: every producer
         keep |= {n for n, c in classes.items() if issubclass(c, Admitter | DataProducer)}
     while True:
         wanted = {key for name in keep for key in classes[name].consumes}
