@@ -84,17 +84,6 @@ class PoolTwin:
     def pod_of(self) -> dict[str, int]:
         return {address: i for i, address in enumerate(self.addresses)}
 
-    def describe(self) -> list[dict[str, float | int | None]]:
-        return [
-            {
-                "prefill_scale": round(pod.prefill_scale, 4),
-                "decode_scale": round(pod.decode_scale, 4),
-                "num_gpu_blocks": pod.num_gpu_blocks,
-                "max_num_seqs": pod.max_num_seqs,
-            }
-            for pod in self.pods
-        ]
-
     def with_sizes(self, entries: Sequence[WindowEntry], capacity: Mapping[str, tuple[int, int]]) -> PoolTwin:
         """The twin with each pod's KV capacity and block size (``capacity``: scraped, 0 when unknown) and
         batch cap (from the window's scraped queues) brought up to date."""
