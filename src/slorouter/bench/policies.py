@@ -37,6 +37,7 @@ from slorouter.scheduling.pipelines import (
     PREDICTION_RANKING_SCHEDULER_CONFIG,
     SELF_TUNING_SCHEDULER_CONFIG,
     TOKEN_AWARE_AFFINITY,
+    heuristic_blend_profile,
 )
 from slorouter.validation import format_validation_error
 from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
@@ -76,12 +77,7 @@ def _weighted_heuristic(queue: float, kv: float, prefix: float) -> dict[str, Any
             {"type": "prefix-cache-scorer"},
             {"type": "max-score-picker"},
         ],
-        [
-            {"pluginRef": "queue-scorer", "weight": queue},
-            {"pluginRef": "kv-cache-utilization-scorer", "weight": kv},
-            {"pluginRef": "prefix-cache-scorer", "weight": prefix},
-            {"pluginRef": "max-score-picker"},
-        ],
+        heuristic_blend_profile("default", queue, kv, prefix)["plugins"],
     )
 
 

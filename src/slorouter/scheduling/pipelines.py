@@ -135,9 +135,12 @@ STICKY_AFFINITY: dict[str, Any] = {
     "ttftSource": "expectedLatency",
     "maxTTFTPenaltyMs": 500,
 }
-PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
-    "plugins": [
-        *_prediction_head(),
+
+
+def _load_core_plugins() -> list[dict[str, Any]]:
+    """The built-in pipeline's plugins after its head: the load core, the prefix index, the affinity gates,
+    the SLO tiers and the expected-latency scorer (fresh dicts)."""
+    return [
         {"type": "load-latency-producer"},
         # Prompts only: indexing replies as the next turn's prefix (slorouter's addition) cost this pipeline
         # 10-20 % of TTFT p90 (docs/design/prefix-index.md).
@@ -155,18 +158,27 @@ PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
         # No decode term (decodeWeight, opt-in): it won on every engine variant of new-user and realtime-mix
         # and lost 2-3x TTFT p90 on maas-mix (docs/design/decode-term.md).
         {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
-    ],
+    ]
+
+
+def _predicted_profile(name: str, scorer: str) -> dict[str, Any]:
+    """The prediction profile: SLO tiers, the sticky affinity gate, then ``scorer``."""
+    return {
+        "name": name,
+        "plugins": [
+            {"pluginRef": "slo-headroom-tier-filter"},
+            {"pluginRef": "sticky-affinity-filter"},
+            {"pluginRef": scorer},
+            {"pluginRef": "max-score-picker"},
+        ],
+    }
+
+
+PREDICTED_LATENCY_SCHEDULER_CONFIG: dict[str, Any] = {
+    "plugins": [*_prediction_head(), *_load_core_plugins()],
     "schedulingProfiles": [
         _warm_up_profile(),
-        {
-            "name": PREDICTION_PROFILE_NAME,
-            "plugins": [
-                {"pluginRef": "slo-headroom-tier-filter"},
-                {"pluginRef": "sticky-affinity-filter"},
-                {"pluginRef": "expected-latency-scorer"},
-                {"pluginRef": "max-score-picker"},
-            ],
-        },
+        _predicted_profile(PREDICTION_PROFILE_NAME, "expected-latency-scorer"),
     ],
 }
 
@@ -197,19 +209,8 @@ _PREDICTED_CANDIDATES = {
 }
 
 
-def _predicted_profile(name: str, scorer: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "plugins": [
-            {"pluginRef": "slo-headroom-tier-filter"},
-            {"pluginRef": "sticky-affinity-filter"},
-            {"pluginRef": scorer},
-            {"pluginRef": "max-score-picker"},
-        ],
-    }
-
-
-def _blend(name: str, queue: float, kv: float, prefix: float) -> dict[str, Any]:
+def heuristic_blend_profile(name: str, queue: float, kv: float, prefix: float) -> dict[str, Any]:
+    """The queue, KV-cache and prefix-cache scorers at these weights, then the max-score picker."""
     return {
         "name": name,
         "plugins": [
@@ -235,16 +236,7 @@ SELF_TUNING_SCHEDULER_CONFIG: dict[str, Any] = {
             },
         },
         *_prediction_head()[1:],
-        {"type": "load-latency-producer"},
-        {"type": "approx-prefix-cache-producer", "parameters": {"indexResponses": False}},
-        _loose_affinity_filter(),
-        {
-            "name": "sticky-affinity-filter",
-            "type": "prefix-cache-affinity-filter",
-            "parameters": STICKY_AFFINITY,
-        },
-        {"type": "slo-headroom-tier-filter", "parameters": {"dimensions": ["ttft"]}},
-        {"type": "expected-latency-scorer", "parameters": {"interferenceWeight": INTERFERENCE_WEIGHT}},
+        *_load_core_plugins(),
         {"name": LEAN_SCORER, "type": "expected-latency-scorer"},
         {
             "name": DECODE_SCORER,
@@ -279,7 +271,7 @@ SELF_TUNING_SCHEDULER_CONFIG: dict[str, Any] = {
             "plugins": [{"pluginRef": "least-request-scorer"}, {"pluginRef": "max-score-picker"}],
         },
         {"name": "round-robin", "plugins": [{"pluginRef": "round-robin-picker"}]},
-        _blend("heuristic", 2, 2, 3),
-        _blend("heuristic-tuned", 3, 2, 2),
+        heuristic_blend_profile("heuristic", 2, 2, 3),
+        heuristic_blend_profile("heuristic-tuned", 3, 2, 2),
     ],
 }

@@ -35,6 +35,16 @@ def only_result(handler: str, results: dict[str, ProfileRunResult | None]) -> Sc
     return SchedulingResult(profile_results={name: result}, primary_profile=name)
 
 
+def _went_without_prediction(request: InferenceRequest) -> bool:
+    """The request wanted predictions and the predictor could not give them (its result is a fallback)."""
+    return request.use_prediction and request.prediction_unavailable is not None
+
+
+def _predicted(request: InferenceRequest) -> bool:
+    """The request wanted predictions and got them."""
+    return request.use_prediction and request.prediction_unavailable is None
+
+
 @register_plugin
 class SingleProfileHandler(Plugin, ProfileHandler):
     """Runs the one profile once; its result is primary."""
@@ -99,14 +109,13 @@ class PredictionProfileHandler(Plugin, ProfileHandler):
         if results:
             return []
         p = self.params
-        predicted = request.use_prediction and request.prediction_unavailable is None
-        return [p.prediction_profile if predicted else p.heuristic_profile]
+        return [p.prediction_profile if _predicted(request) else p.heuristic_profile]
 
     def process_results(
         self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         result = only_result(self.type_name, results)
-        if request.use_prediction and request.prediction_unavailable is not None:
+        if _went_without_prediction(request):
             result.primary.route = Route.FALLBACK
         return result
 
@@ -186,19 +195,14 @@ class CandidateProfileHandler(Plugin, ProfileHandler, CandidateSwitch):
         candidate = self._active
         if candidate.fallback_profile is None:
             return [candidate.profile]
-        predicted = request.use_prediction and request.prediction_unavailable is None
-        return [candidate.profile if predicted else candidate.fallback_profile]
+        return [candidate.profile if _predicted(request) else candidate.fallback_profile]
 
     def process_results(
         self, cycle: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         result = only_result(self.type_name, results)
-        (name,) = results
-        candidate = self._active
-        if (
-            candidate.fallback_profile == name
-            and request.use_prediction
-            and request.prediction_unavailable is not None
-        ):
+        # A candidate that routes by predictions ran its fallback profile (the active one does not change
+        # within a cycle).
+        if self._active.fallback_profile is not None and _went_without_prediction(request):
             result.primary.route = Route.FALLBACK
         return result
