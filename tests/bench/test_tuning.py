@@ -303,3 +303,15 @@ def test_a_candidate_replayed_alone_keeps_what_it_reads():
     assert "predicted-latency-producer" in names(
         pruned(SELF_TUNING_SCHEDULER_CONFIG, "round-robin", admission=True)
     )
+
+
+def test_the_routers_tuning_section_reaches_the_tuner_whole():
+    import dataclasses
+
+    from slorouter.config import TuningConfig
+    from slorouter.serving.self_tuning import ROUTER_ONLY_SETTINGS
+
+    sent = TuningConfig(candidates=["token-aware"], min_gain=0.07).model_dump(exclude=ROUTER_ONLY_SETTINGS)
+    assert set(sent) <= {f.name for f in dataclasses.fields(TuningSettings)}
+    settings = TuningSettings(**{**sent, "candidates": tuple(sent["candidates"])})
+    assert settings.candidates == ("token-aware",) and settings.min_gain == 0.07

@@ -45,6 +45,8 @@ WORKER_COMMAND = (sys.executable, "-m", "slorouter.cli", "tune-worker")
 WORKER_START_TIMEOUT_S = 60.0
 OUTCOMES = ("switched", "kept", "untrusted", "skipped", "failed", "following")
 FOLLOW_INTERVAL_S = 1.0
+# The tuning section's settings that the router applies itself (the others go to the tuner's process).
+ROUTER_ONLY_SETTINGS = {"enabled", "cpu_budget", "round_timeout_s", "guard"}
 
 
 class _ActiveCandidate(Collector):
@@ -132,19 +134,8 @@ class SelfTuning:
         self._configured = switch.active  # the pipeline's configured candidate
         self._setup = {
             "pipeline": pipeline,
-            "settings": {
-                "interval_s": config.interval_s,
-                "window_s": config.window_s,
-                "warmup_share": config.warmup_share,
-                "candidates": list(config.candidates),
-                "max_twin_error": config.max_twin_error,
-                "min_gain": config.min_gain,
-                "tolerance": config.tolerance,
-                "min_requests": config.min_requests,
-                "min_span_s": config.min_span_s,
-                "max_requests": config.max_requests,
-                "untrusted_rounds": config.untrusted_rounds,
-            },
+            # The tuner's settings are the section's, but for what only the router uses.
+            "settings": config.model_dump(exclude=ROUTER_ONLY_SETTINGS),
             "cluster": cluster or {},
         }
         self._models_dir = models_dir
