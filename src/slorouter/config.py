@@ -238,8 +238,63 @@ class PredictorConfig(StrictModel):
         return self
 
 
+class DeadlineConfig(StrictModel):
+    """What the router does when a request of the objective overruns its SLO after the pick
+    (docs/configuration.md, "Deadlines and hedged requests")."""
+
+    action: Literal["none", "cancel", "hedge"] = Field(
+        default="none",
+        description="none: wait; cancel (sheddable objectives): end the request and free its slot; hedge "
+        "(other objectives): send a copy to the best other endpoint when no token came by the hedge delay",
+    )
+    ttft_factor: float = Field(
+        default=1.0, gt=0, description="cancel: the deadline is the request's TTFT SLO times this"
+    )
+    tpot: bool = Field(
+        default=False, description="cancel: also when a stream's running TPOT stays above its TPOT SLO"
+    )
+    tpot_factor: float = Field(default=1.0, gt=0, description="the TPOT deadline: the TPOT SLO times this")
+    tpot_min_tokens: int = Field(
+        default=16, ge=2, description="a stream's running TPOT is judged from this many tokens on"
+    )
+
+
 class ObjectiveConfig(StrictModel):
     priority: int = Field(default=0, description="< 0 makes the objective's requests sheddable")
+    deadline: DeadlineConfig = Field(default_factory=DeadlineConfig)
+
+    @model_validator(mode="after")
+    def _action_fits_priority(self) -> ObjectiveConfig:
+        action = self.deadline.action
+        if action == "cancel" and self.priority >= 0:
+            raise ValueError(
+                f"deadline.action cancel is for sheddable objectives (priority < 0); this one has priority "
+                f"{self.priority}: use hedge, or make it sheddable"
+            )
+        if action == "hedge" and self.priority < 0:
+            raise ValueError(
+                f"deadline.action hedge is for objectives that are not sheddable; this one has priority "
+                f"{self.priority}: use cancel"
+            )
+        return self
+
+
+class HedgingConfig(StrictModel):
+    """When and how often the router hedges the requests of objectives with ``deadline.action: hedge``."""
+
+    max_share: float = Field(
+        default=0.05, ge=0, le=1, description="at most this share of the hedgeable requests is hedged"
+    )
+    burst: float = Field(default=5.0, ge=1, description="hedges the budget can hold for a burst of slow pods")
+    delay_factor: float = Field(
+        default=1.5,
+        gt=0,
+        description="the hedge delay: the chosen endpoint's predicted TTFT times this ...",
+    )
+    max_slo_share: float = Field(
+        default=0.6, gt=0, le=1, description="... and at the latest this share of the request's TTFT SLO"
+    )
+    min_delay_ms: float = Field(default=20.0, ge=0, description="never earlier than this")
 
 
 class TuningGuardConfig(StrictModel):
@@ -316,6 +371,9 @@ class Config(StrictModel):
     )
     tuning: TuningConfig = Field(
         default_factory=TuningConfig, description="the pipeline tunes itself to the pool (off by default)"
+    )
+    hedging: HedgingConfig = Field(
+        default_factory=HedgingConfig, description="the budget and delay of hedged requests"
     )
 
     @property

@@ -374,6 +374,11 @@ class RequestLifecycle:
     def finished(self) -> bool:
         return self.response.completed_at is not None
 
+    @property
+    def prefill_tokens(self) -> int:
+        """The prompt tokens the endpoint was expected to compute (its expected cache hits left out)."""
+        return self._handle.prefill_tokens
+
     def served_by(self, address: str) -> bool:
         """The data plane served the request from ``address``, not from the pick (a retry on one of the
         pick's fallbacks): its in-flight load moves there, and so do the response hooks. False (nothing

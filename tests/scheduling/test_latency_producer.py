@@ -17,7 +17,7 @@ from slorouter.predictor.backend import PredictionUnavailable
 from slorouter.predictor.features import ALL_FEATURES, TPOT_FEATURES, TTFT_FEATURES
 from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS, TTFT_HEADROOM_MS
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.plugin import PluginContext, Termination
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.headers import RoutingFacts
 from tests.helpers.scheduling import addresses, candidates_of, make_pool, produced
@@ -186,6 +186,20 @@ def test_a_request_served_by_another_candidate_trains_on_that_candidates_row():
     row = addresses(3).index(served)
     np.testing.assert_array_equal(ttft_row, x_all[row, : len(TTFT_FEATURES)])
     np.testing.assert_array_equal(tpot_row, x_all[row, [ALL_FEATURES.index(n) for n in TPOT_FEATURES]])
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_request_cancelled_before_its_first_token_trains_on_its_wait_when_above_the_prediction(streaming):
+    """The pick's prediction is 100 ms; a cancel at 250 ms is a lower bound that corrects it, one at 50 ms
+    says nothing and is dropped."""
+    for waited_s, samples in ((0.25, [("ttft", 250.0)]), (0.05, [])):
+        backend = FakeBackend()
+        director, _ = _director(backend, streaming=streaming)
+        request = _request()
+        lifecycle = director.dispatch(request, director.schedule(request))
+        director.clock.advance(waited_s)
+        lifecycle.end(Termination.CANCELLED, detail="deadline: ttft")
+        assert [(k, round(v, 3)) for k, _, v in backend.samples] == samples
 
 
 def test_failed_requests_produce_no_samples():

@@ -19,8 +19,8 @@ from slorouter.api.requests import ParsedRequest, check_content_type, parse_chat
 from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.clock import Clock
 from slorouter.config import GatewayConfig
-from slorouter.director import Director
-from slorouter.gateway.relay import NOT_FORWARDED, Relay, UpstreamFailedError, upstream_headers
+from slorouter.director import Director, RequestLifecycle
+from slorouter.gateway.relay import NOT_FORWARDED, Opened, Relay, UpstreamFailedError, upstream_headers
 from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
 from slorouter.http.errors import RequestError
 from slorouter.http.headers import connection_listed, drop_listed
@@ -32,6 +32,7 @@ from slorouter.scheduling.types import SchedulingError
 from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
+from slorouter.serving.slo_actions import DEADLINE_EXCEEDED, Action, SloActions
 from slorouter.serving.status import STATUS_PATH, RouterStats, RouterStatus, encode_status
 from slorouter.serving.traffic_window import TrafficWindow
 
@@ -60,10 +61,12 @@ class Gateway:
         status: Callable[[], RouterStatus] | None = None,
         traffic: TrafficRecorder | None = None,
         window: TrafficWindow | None = None,
+        actions: SloActions | None = None,
     ) -> None:
         """``stats``: where the relay records finished requests for the status page; ``status``: the page
         (``GET /v1/router/status``; not served without it); ``traffic``: the recording of ``--record``
-        (opened and closed by the caller); ``window``: the recent traffic the tuner reads."""
+        (opened and closed by the caller); ``window``: the recent traffic the tuner reads; ``actions``:
+        deadlines and hedges (None: none configured)."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -73,7 +76,7 @@ class Gateway:
         self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
-        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic, window)
+        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic, window, actions)
         self._status = status
 
     # --- server --------------------------------------------------------------------------------------
@@ -251,12 +254,19 @@ class Gateway:
             if context:
                 head += "".join(f"{name}: {value}\r\n" for name, value in context.items()).encode("latin-1")
             try:
-                return await relay.relay(http, exchange, raw, head)
+                if exchange.plan is None:
+                    return await relay.relay(http, exchange, raw, head)
+                opened = await self._open_keeping_slo(exchange, raw, head, forward_head)
+                if opened is None:
+                    message = exchange.deadline_passed()
+                    exchange.refuse(504, message)
+                    return json_error(504, message, code=DEADLINE_EXCEEDED)
+                return await relay.deliver(http, exchange, opened)
             except UpstreamFailedError as exc:
                 exchange.failed(exc.cause, str(exc), exc.phase)
                 last_failure = str(exc)
                 status = exc.status
-                log.warning("upstream %s failed before responding: %s", address, exc)
+                log.warning("upstream %s failed before responding: %s", exchange.tried[-1], exc)
                 if not exc.retryable:
                     break
         if status == 504:
@@ -266,9 +276,71 @@ class Gateway:
         exchange.refuse(status, message)
         return json_error(status, message)
 
+    async def _open_keeping_slo(
+        self, exchange: Exchange, raw: bytes, head: bytes, forward_head: bytes
+    ) -> Opened | None:
+        """``Relay.open`` under the request's plan: None when a ``cancel`` deadline passed first (the
+        upstream request is cancelled); with ``hedge``, a copy races the request once the hedge is due, and
+        the first to answer is returned (the other is cancelled). Raises ``UpstreamFailedError`` when every
+        copy failed."""
+        relay, plan, lifecycle = self._relay, exchange.plan, exchange.lifecycle
+        assert relay is not None and plan is not None and lifecycle is not None
+        clock = self.director.clock
+        primary = asyncio.ensure_future(relay.open(lifecycle.target.address, exchange.path, head, raw))
+        racing: dict[asyncio.Future[Opened], RequestLifecycle] = {primary: lifecycle}
+        try:
+            due = plan.deadline_at if plan.action is Action.CANCEL else exchange.hedge_at()
+            if due is not None:
+                done, _ = await asyncio.wait((primary,), timeout=max(0.0, due - clock.now()))
+                if not done:
+                    if plan.action is Action.CANCEL:
+                        return None
+                    copy = await exchange.hedge()
+                    if copy is not None:
+                        opening = relay.open(copy.target.address, exchange.path, forward_head, raw)
+                        racing[asyncio.ensure_future(opening)] = copy
+            return await self._first_answer(exchange, racing)
+        finally:
+            await _cancel_all(racing)
+
+    async def _first_answer(
+        self, exchange: Exchange, racing: dict[asyncio.Future[Opened], RequestLifecycle]
+    ) -> Opened:
+        """The first of the racing opens to answer (taken out of ``racing``); a copy that fails while the
+        other still runs is set aside. Raises the last failure when none answers."""
+        pending = set(racing)
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                failure = task.exception()
+                if failure is None:
+                    winner = racing.pop(task)
+                    if exchange.copy is not None:
+                        exchange.raced(winner)
+                    return task.result()
+                if not isinstance(failure, UpstreamFailedError) or not pending:
+                    if exchange.hedged:
+                        exchange.copies_failed()
+                    raise failure
+                failed = racing.pop(task)
+                log.warning("hedged copy on %s failed before responding: %s", failed.target.address, failure)
+                exchange.hedge_failed(failed, failure.cause, str(failure), failure.phase)
+
     # --- helpers -------------------------------------------------------------------------------------
     def _authorized(self, http: HttpRequest) -> bool:
         return self._api_keys.accepts(http.header(b"authorization"))
+
+
+async def _cancel_all(racing: dict[asyncio.Future[Opened], RequestLifecycle]) -> None:
+    """Cancel the opens still racing (their connections close, so their servers stop the requests) and
+    release the answer of one that finished but lost."""
+    if not racing:
+        return
+    for task in racing:
+        task.cancel()
+    for result in await asyncio.gather(*racing, return_exceptions=True):
+        if isinstance(result, Opened):
+            result.upstream.release()
 
 
 def _unauthorized() -> Response:

@@ -9,6 +9,8 @@ may be tried); one that fails mid-stream ends the client's stream with an OpenAI
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from slorouter.http.errors import sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
@@ -22,6 +24,7 @@ from slorouter.http.upstream import (
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.serving.exchange import Exchange
+from slorouter.serving.slo_actions import DEADLINE_EXCEEDED
 
 # Hop-by-hop headers and those computed per hop are never copied across (nor those Connection names).
 NOT_FORWARDED = HOP_BY_HOP | {
@@ -35,6 +38,17 @@ _SSE_DONE = b"data: [DONE]\n\n"
 _HOLD_BYTES = 1 << 20  # a first event longer than this is relayed before it is whole
 # How an SSE body may begin (a field name or a comment), after optional blank lines.
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream answer that has begun (``Relay.open``): ``data`` is a stream's first event, or the
+    whole body of any other answer."""
+
+    upstream: UpstreamResponse
+    address: str
+    streaming: bool
+    data: bytes
 
 
 class UpstreamFailedError(Exception):
@@ -107,22 +121,43 @@ class Relay:
         """The response (None when it was streamed to the client). Raises ``UpstreamFailedError``."""
         lifecycle = exchange.lifecycle
         assert lifecycle is not None
-        address = lifecycle.target.address
+        opened = await self.open(lifecycle.target.address, exchange.path, forward_head, body)
+        return await self.deliver(http, exchange, opened)
+
+    async def open(self, address: str, path: str, forward_head: bytes, body: bytes) -> Opened:
+        """Send the request and wait for its answer to begin: a stream's first whole event (or
+        ``_HOLD_BYTES`` of it), or a whole body. Nothing has reached the client yet, so a failure here can
+        still be retried elsewhere, and two copies of a request can race to this point. Raises
+        ``UpstreamFailedError``; a cancelled open closes its connection (the server stops the request)."""
         try:
-            upstream = await self._client.request(address, "POST", exchange.path, forward_head, body)
+            upstream = await self._client.request(address, "POST", path, forward_head, body)
         except UpstreamError as exc:
             raise _failed(address, exc) from exc
         try:
             streaming = "text/event-stream" in (upstream.header(b"content-type") or "")
-            exchange.started(upstream.status, streaming, keeps_body=False)
             if streaming and upstream.status == 200:
-                await self._relay_stream(http, exchange, upstream, address)
+                first = await self._first_event(upstream, address)
+                return Opened(upstream, address, True, first)
+            whole = await self._whole(upstream, address)
+            return Opened(upstream, address, streaming, whole)
+        except BaseException:
+            upstream.release()
+            raise
+
+    async def deliver(self, http: HttpRequest, exchange: Exchange, opened: Opened) -> Response | None:
+        """Relay an opened answer to the client (None when streamed)."""
+        upstream = opened.upstream
+        try:
+            exchange.started(upstream.status, opened.streaming, keeps_body=False)
+            if opened.streaming and upstream.status == 200:
+                await self._relay_stream(http, exchange, opened)
                 return None
-            return await self._relay_whole(exchange, upstream, address)
+            exchange.answered(body=opened.data)
+            return Response(upstream.status, opened.data, raw_headers=self._response_head(upstream, exchange))
         finally:
             upstream.release()
 
-    async def _relay_whole(self, exchange: Exchange, upstream: UpstreamResponse, address: str) -> Response:
+    async def _whole(self, upstream: UpstreamResponse, address: str) -> bytes:
         try:
             body = await upstream.read(self._max_body_bytes)
         except UpstreamError as exc:
@@ -130,13 +165,10 @@ class Relay:
         if upstream.status < 300 and not looks_like_json(body):
             message = f"{address}: answered {upstream.status} with a body that is not a JSON object"
             raise UpstreamFailedError(message, phase="invalid")
-        exchange.answered(body=body)
-        return Response(upstream.status, body, raw_headers=self._response_head(upstream, exchange))
+        return body
 
-    async def _relay_stream(
-        self, http: HttpRequest, exchange: Exchange, upstream: UpstreamResponse, address: str
-    ) -> None:
-        # Hold the client's headers back until the first whole event arrives (or _HOLD_BYTES of it), so
+    async def _first_event(self, upstream: UpstreamResponse, address: str) -> bytes:
+        # The client's headers are held back until the first whole event arrives (or _HOLD_BYTES of it), so
         # that an upstream that dies before sending one can still be retried elsewhere.
         first = b""
         try:
@@ -152,12 +184,23 @@ class Relay:
             raise UpstreamFailedError(f"{address}: closed the stream before sending {what}")
         if not looks_like_sse(first):
             raise UpstreamFailedError(f"{address}: answered a stream that is not SSE", phase="invalid")
-        chunk = first
+        return first
+
+    async def _relay_stream(self, http: HttpRequest, exchange: Exchange, opened: Opened) -> None:
+        upstream, address = opened.upstream, opened.address
+        chunk = opened.data
+        judged = exchange.plan is not None  # only a plan can cut a stream for its TPOT
         try:
             writer = await http.start_stream(upstream.status, self._response_head(upstream, exchange))
             while chunk:
                 exchange.chunk(chunk)
                 await writer.write(chunk)
+                if judged:
+                    overrun = exchange.tpot_overrun()
+                    if overrun is not None:
+                        exchange.answered(Termination.CANCELLED, "deadline: tpot")
+                        await writer.write(sse_error_event(504, overrun, DEADLINE_EXCEEDED) + _SSE_DONE)
+                        break
                 try:
                     chunk = await upstream.next_chunk()
                 except UpstreamError as exc:

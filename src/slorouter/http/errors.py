@@ -65,6 +65,6 @@ def error_response(
     )
 
 
-def sse_error_event(status: int, message: str) -> bytes:
+def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:
     """An error delivered inside an already-started SSE stream, as vLLM does."""
-    return b"data: " + error_body(status, message) + b"\n\n"
+    return b"data: " + error_body(status, message, code=code) + b"\n\n"

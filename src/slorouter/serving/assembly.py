@@ -45,6 +45,7 @@ from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, S
 from slorouter.scheduling.plugin import CandidateSwitch, PluginContext
 from slorouter.serving.command_line import STATE_DIR_CHANGE
 from slorouter.serving.self_tuning import SelfTuning
+from slorouter.serving.slo_actions import SloActions, SloActionsCollector
 from slorouter.tracing.config import TracingUnavailableError
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class RouterCore:
     tracing: Tracing | None = None  # None: tracing is off (the front-ends check it once per request)
     stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
     tuning: SelfTuning | None = None  # tuning.enabled: the tuner's link and the window it reads
+    actions: SloActions | None = None  # an objective has a deadline: the plans and their counts
 
     @classmethod
     def build(
@@ -139,6 +141,9 @@ class RouterCore:
             tuning = _build_tuning(
                 config, setup.candidate_switch, pool, clock, metrics, predictor, scheduler_config
             )
+        actions = SloActions(config.objectives, config.hedging)
+        if actions.enabled:
+            metrics.registry.register(SloActionsCollector(actions))
         return cls(
             config,
             clock,
@@ -153,6 +158,7 @@ class RouterCore:
             tracing=tracing,
             stats=RouterStats(clock),
             tuning=tuning,
+            actions=actions if actions.enabled else None,
         )
 
     @property
@@ -175,6 +181,7 @@ class RouterCore:
             predictor=self.predictor,
             queued=None if flow_control is None else len(flow_control),
             tuning=None if self.tuning is None else self.tuning.status(),
+            deadlines=None if self.actions is None else self.actions.status(),
         )
 
     async def start(self) -> None:

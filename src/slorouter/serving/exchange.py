@@ -16,6 +16,7 @@ metrics, the status page, the traffic recording. A change to the request path is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from slorouter.serving.headers import RoutingFacts
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import RequestIds, inference_request
+from slorouter.serving.slo_actions import Action, CancelReason, HedgeOutcome, Plan, SloActions
 from slorouter.serving.status import RouterStats
 from slorouter.serving.tracing import (
     outcome_attributes,
@@ -62,6 +64,7 @@ class FrontEnd:
     stats: RouterStats | None = None  # the status page's per-request figures
     traffic: TrafficRecorder | None = None  # --record
     window: TrafficWindow | None = None  # recent traffic, for the tuner
+    actions: SloActions | None = None  # deadlines and hedges (None: none configured)
     outcomes: OutcomeRecorder | None = field(init=False)
     ids: RequestIds = field(init=False, default_factory=RequestIds)
 
@@ -91,7 +94,9 @@ class Exchange:
     """One inference request, from its parsed body to the end of its response (see the module docstring).
 
     ``request`` is set once parsed; ``lifecycle`` and ``facts`` by each pick; ``tried`` lists the endpoints
-    of failed attempts, which a new pick leaves out."""
+    of failed attempts, which a new pick leaves out. ``plan`` is what happens if the request overruns its
+    SLO after the pick (``serving.slo_actions``; None for most requests); ``copy`` the hedged copy's
+    lifecycle while both are in flight."""
 
     __slots__ = (
         "_first_seen",
@@ -99,10 +104,13 @@ class Exchange:
         "_observer",
         "_over",
         "admission",
+        "copy",
         "facts",
         "front",
+        "hedged",
         "lifecycle",
         "path",
+        "plan",
         "request",
         "trace",
         "tried",
@@ -117,6 +125,9 @@ class Exchange:
         self.lifecycle: RequestLifecycle | None = None
         self.facts: RoutingFacts | None = None
         self.tried: list[str] = []
+        self.plan: Plan | None = None
+        self.copy: RequestLifecycle | None = None
+        self.hedged = False  # a copy was sent (never twice)
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
         self._first_seen = False  # the window was told of the first token
@@ -139,6 +150,8 @@ class Exchange:
             parsed, hints, headers, request_id or front.ids.next(), front.director.clock.now()
         )
         self.request = request
+        if front.actions is not None:
+            self.plan = front.actions.plan(request)
         if self.trace is not None:
             self.trace.set(parsed_attributes(request))
         return request
@@ -192,6 +205,119 @@ class Exchange:
         if self.trace is None:
             return {}
         return self.trace.begin_upstream(upstream_attributes(address))
+
+    # --- after the pick: deadlines and hedges ------------------------------------------------------------
+    def hedge_at(self) -> float | None:
+        """When a hedge of this request is due (clock seconds) if no token has come; None: never."""
+        plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
+        if plan is None or plan.action is not Action.HEDGE or self.hedged or lifecycle is None:
+            return None
+        assert actions is not None
+        prediction = lifecycle.prediction
+        return actions.hedge_at(
+            plan,
+            lifecycle.request.received_at,
+            lifecycle.response.dispatched_at,
+            prediction.ttft_ms if prediction is not None else None,
+        )
+
+    async def hedge(self) -> RequestLifecycle | None:
+        """Send a copy of the request to the best other endpoint (the hedge is due): its lifecycle, or None
+        when the budget, the pool's saturation or the lack of another endpoint says no (counted)."""
+        plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
+        assert plan is not None and lifecycle is not None and actions is not None
+        director = self.front.director
+        controller = director.flow_control
+        saturated = controller is not None and controller.detector.saturation() >= 1.0
+        if not actions.may_hedge(plan, saturated):
+            return None
+        copy = dataclasses.replace(lifecycle.request, state={})  # the plugins' per-request state is per copy
+        try:
+            result = await director.schedule_async(copy, exclude=[*self.tried, lifecycle.target.address])
+        except SchedulingError:
+            actions.no_endpoint(plan)
+            return None
+        self.hedged = True
+        self.copy = director.dispatch(copy, result)
+        actions.hedge_ended(plan, HedgeOutcome.SENT)
+        if self.trace is not None:
+            self.trace.set({"slorouter.hedge.endpoint": result.target.address})
+        return self.copy
+
+    def raced(self, winner: RequestLifecycle) -> None:
+        """The race between the request and its hedged copy is over: ``winner`` answered first. The other is
+        cancelled (its load released); the exchange goes on with the winner."""
+        copy, primary, plan, actions = self.copy, self.lifecycle, self.plan, self.front.actions
+        assert copy is not None and primary is not None and plan is not None and actions is not None
+        self.copy = None
+        loser = primary if winner is copy else copy
+        outcome = HedgeOutcome.WON if winner is copy else HedgeOutcome.LOST
+        loser.end(Termination.CANCELLED, detail=f"hedge: {winner.target.address} answered first")
+        actions.hedge_ended(plan, outcome, loser.prefill_tokens)
+        if winner is copy:
+            self.tried.append(primary.target.address)
+            self.lifecycle = copy
+            self.facts = RoutingFacts.of(copy)
+        if self.trace is not None:
+            self.trace.set({"slorouter.hedge": outcome.value})
+
+    def hedge_failed(self, lifecycle: RequestLifecycle, cause: Termination, detail: str, phase: str) -> None:
+        """One of the two copies failed before answering; the other goes on alone (it becomes the request's
+        lifecycle). The failed one counts as a tried endpoint and an upstream failure."""
+        copy, primary = self.copy, self.lifecycle
+        assert copy is not None and primary is not None
+        self.copy = None
+        lifecycle.end(cause, detail=detail)
+        address = lifecycle.target.address
+        self.tried.append(address)
+        if self.front.metrics is not None:
+            self.front.metrics.upstream_failures.labels(address, phase).inc()
+        if lifecycle is primary:
+            self.lifecycle = copy
+            self.facts = RoutingFacts.of(copy)
+
+    def copies_failed(self) -> None:
+        """Both copies failed: counted (the front-end answers with the last failure)."""
+        plan, actions = self.plan, self.front.actions
+        if plan is not None and actions is not None:
+            actions.hedge_ended(plan, HedgeOutcome.FAILED)
+
+    def deadline_passed(self) -> str:
+        """The TTFT deadline passed without a first token (a ``cancel`` plan): the upstream request is
+        being cancelled. Ends the attempt and returns the client's error message."""
+        plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
+        assert plan is not None and lifecycle is not None and actions is not None
+        waited_ms = (self.front.director.clock.now() - lifecycle.request.received_at) * 1000.0
+        actions.cancelled_request(plan, CancelReason.TTFT)
+        message = (
+            f"the request's TTFT SLO of {plan.slo_ttft_ms:g} ms (objective {plan.objective!r}) passed after "
+            f"{waited_ms:.0f} ms without a first token; the router cancelled it"
+        )
+        lifecycle.end(Termination.CANCELLED, detail="deadline: ttft")
+        self.tried.append(lifecycle.target.address)
+        return message
+
+    def tpot_overrun(self) -> str | None:
+        """A stream's running TPOT is above its limit (a ``cancel`` plan with ``tpot``): the message for the
+        client's error event; None while it keeps to it."""
+        plan, lifecycle = self.plan, self.lifecycle
+        if plan is None or plan.tpot_limit_ms is None or lifecycle is None:
+            return None
+        response = lifecycle.response
+        if response.tokens < plan.tpot_min_tokens or response.first_token_at is None:
+            return None
+        running_ms = (
+            (self.front.director.clock.now() - response.first_token_at) * 1000.0 / (response.tokens - 1)
+        )
+        if running_ms <= plan.tpot_limit_ms:
+            return None
+        actions = self.front.actions
+        assert actions is not None
+        actions.cancelled_request(plan, CancelReason.TPOT)
+        return (
+            f"the stream's TPOT of {running_ms:.1f} ms over {response.tokens} tokens is above its limit of "
+            f"{plan.tpot_limit_ms:g} ms (objective {plan.objective!r}); the router cancelled it"
+        )
 
     def served_by(self, address: str) -> bool:
         """The data plane served the request from ``address`` (a retry on a fallback of the pick): the load,
@@ -331,6 +457,7 @@ class Exchange:
             return
         self._over = True
         self.admission.release()
+        self._drop_copy(detail)
         metrics = self.front.metrics
         if cause is Termination.CLIENT_GONE and metrics is not None and self.request is not None:
             metrics.client_disconnects.inc()
@@ -348,6 +475,7 @@ class Exchange:
             return
         self._over = True
         self.admission.release()
+        self._drop_copy(message)
         front = self.front
         address = self.tried[-1] if self.tried else None
         if front.metrics is not None:
@@ -363,6 +491,17 @@ class Exchange:
         return self._observer is not None or self._kept is not None
 
     # --- internals -----------------------------------------------------------------------------------
+    def _drop_copy(self, detail: str) -> None:
+        """The request ended while its hedged copy was still racing: the copy ends too (counted)."""
+        copy = self.copy
+        if copy is None:
+            return
+        self.copy = None
+        copy.end(Termination.CANCELLED, detail=detail)
+        plan, actions = self.plan, self.front.actions
+        if plan is not None and actions is not None:
+            actions.hedge_ended(plan, HedgeOutcome.CANCELLED)
+
     def _excluded(self, exclude: Collection[str]) -> Collection[str]:
         if not self.tried:
             return exclude

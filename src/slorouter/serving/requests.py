@@ -49,6 +49,7 @@ def inference_request(
         cache_salt=parsed.cache_salt,
         received_at=received_at,
         priority=hints.priority,
+        objective=hints.objective or "",
         slo_ttft_ms=hints.slo_ttft_ms,
         slo_tpot_ms=hints.slo_tpot_ms,
         use_prediction=hints.use_prediction,

@@ -80,6 +80,23 @@ class TuningStatus(msgspec.Struct, frozen=True, kw_only=True):
     last_round: dict[str, Any] | None = None  # the tuner's summary of its last answered round
 
 
+class ObjectiveActionsStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What one objective's deadline did: hedges by outcome, hedges not sent (why), cancellations by SLO."""
+
+    action: str  # cancel, hedge
+    hedges: dict[str, int]  # sent, won, lost, failed, cancelled
+    hedges_skipped: dict[str, int]  # budget, saturated, no-endpoint
+    cancelled: dict[str, int]  # ttft, tpot
+
+
+class SloActionsStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Deadlines and hedges (``objectives.NAME.deadline``)."""
+
+    objectives: dict[str, ObjectiveActionsStatus]
+    hedge_budget: float  # hedges the budget holds now
+    loser_prefill_tokens: int  # prompt tokens sent to the copies that lost a hedge
+
+
 class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The whole page."""
 
@@ -94,6 +111,7 @@ class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     queued: int | None  # requests held by flow control now; None: flow control is off
     endpoints: list[EndpointStatus]
     tuning: TuningStatus | None = None  # None: the router does not tune itself
+    deadlines: SloActionsStatus | None = None  # None: no objective has a deadline
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -184,6 +202,7 @@ class RouterStats:
         predictor: LatencyPredictorBackend | None,
         queued: int | None,
         tuning: TuningStatus | None = None,
+        deadlines: SloActionsStatus | None = None,
     ) -> RouterStatus:
         """The page now: the pool's current endpoints (an endpoint that left is no longer shown)."""
         now = self.clock.now()
@@ -228,4 +247,5 @@ class RouterStats:
             queued=queued,
             endpoints=endpoints,
             tuning=tuning,
+            deadlines=deadlines,
         )

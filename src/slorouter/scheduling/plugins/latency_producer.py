@@ -62,6 +62,7 @@ from slorouter.scheduling.plugin import (
     ResponseBodyProcessor,
     ResponseInfo,
     TargetPrediction,
+    Termination,
 )
 from slorouter.scheduling.prefix_blocks import prefix_match_ratio
 from slorouter.scheduling.registry import register_plugin
@@ -365,6 +366,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if not end_of_stream:
             return
         self._release_tpot_slo(request, state)
+        if response.cause is Termination.CANCELLED and response.first_token_at is None:
+            self._censored(request, state, response)
+            return
         if not ok or response.completed_at is None:
             return
         e2e_ms = (response.completed_at - response.dispatched_at) * 1000
@@ -378,6 +382,18 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             self._record(request, state, "ttft", ttft_ms)
         if response.tokens > 1:
             self._record(request, state, "tpot", (e2e_ms - ttft_ms) / (response.tokens - 1))
+
+    def _censored(self, request: InferenceRequest, state: _RequestState, response: ResponseInfo) -> None:
+        """The router cancelled the request before its first token (its deadline passed, or its hedged copy
+        answered first): its TTFT is only known to be above the time it waited. Dropping it would teach the
+        model that the slowest requests never happen; so the wait is recorded as the sample when it is above
+        the prediction (a lower bound that still corrects the model), and dropped when it says nothing."""
+        predicted = state.predicted_ttft
+        if predicted is None or response.completed_at is None:
+            return
+        waited_ms = (response.completed_at - response.dispatched_at) * 1000
+        if waited_ms > float(predicted[state.target]):
+            self._record(request, state, "ttft", waited_ms)
 
     def _record(
         self, request: InferenceRequest, state: _RequestState, kind: ModelKind, latency_ms: float

@@ -1,0 +1,241 @@
+"""SLOs kept after the pick: what the router does when a dispatched request overruns its SLO.
+
+Per objective (``objectives.NAME.deadline``), a request that carries a TTFT SLO gets a ``Plan``:
+
+- ``cancel`` (sheddable objectives): no first token by the TTFT SLO times ``ttft_factor`` → the upstream
+  request is cancelled (the engine frees its slot and KV blocks) and the client gets an error naming the SLO
+  and the time waited; with ``tpot``, a stream whose running TPOT is above its TPOT SLO times
+  ``tpot_factor`` once ``tpot_min_tokens`` have come is cut the same way.
+- ``hedge`` (other objectives): no first token by the hedge delay → the same request goes to the best other
+  endpoint as well; the first to answer wins and the other is cancelled at once. The delay is the chosen
+  endpoint's predicted TTFT times ``hedging.delay_factor``, at the latest ``hedging.max_slo_share`` of the
+  SLO, never before ``hedging.min_delay_ms``; a request is hedged once at most, only while the budget
+  (``HedgeBudget``) has room and flow control's saturation detector (when flow control is on) says the pool
+  is not saturated.
+
+Front-ends (the gateway, the discrete-event benchmark) carry plans out; this module decides and counts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from slorouter.config import DeadlineConfig, HedgingConfig, ObjectiveConfig
+from slorouter.scheduling.types import InferenceRequest
+from slorouter.serving.status import ObjectiveActionsStatus, SloActionsStatus
+
+# The error code of a request the router cancelled at its deadline (the JSON error's and the SSE event's).
+DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
+class Action(StrEnum):
+    NONE = "none"
+    CANCEL = "cancel"
+    HEDGE = "hedge"
+
+
+class HedgeOutcome(StrEnum):
+    """How a hedge ended (``slorouter_hedges_total{outcome}``)."""
+
+    SENT = "sent"  # a copy went out (every hedge counts here once, and once more in one of the below)
+    WON = "won"  # the copy answered first; the original was cancelled
+    LOST = "lost"  # the original answered first; the copy was cancelled
+    FAILED = "failed"  # both copies failed
+    CANCELLED = "cancelled"  # the request ended before either answered (the client left)
+
+
+class HedgeSkip(StrEnum):
+    """Why a due hedge was not sent (``slorouter_hedges_skipped_total{reason}``)."""
+
+    BUDGET = "budget"  # more than hedging.max_share of the requests would be hedged
+    SATURATED = "saturated"  # flow control's detector says the pool has no room
+    NO_ENDPOINT = "no-endpoint"  # no other endpoint could take it
+
+
+class CancelReason(StrEnum):
+    TTFT = "ttft"
+    TPOT = "tpot"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the router does for one request after its pick. Times are clock seconds."""
+
+    action: Action
+    objective: str
+    slo_ttft_ms: float
+    deadline_at: float  # cancel: the TTFT deadline
+    tpot_limit_ms: float | None  # cancel: the running-TPOT limit; None: not judged
+    tpot_min_tokens: int
+
+
+class HedgeBudget:
+    """A token bucket that bounds hedges to a share of the requests that could be hedged.
+
+    Every hedgeable request puts ``share`` in (up to ``burst``); a hedge takes 1. Counting requests rather
+    than seconds keeps the bound exact at any rate, and needs no clock."""
+
+    __slots__ = ("_level", "burst", "share")
+
+    def __init__(self, share: float, burst: float) -> None:
+        self.share = share
+        self.burst = burst
+        self._level = burst if share > 0 else 0.0
+
+    def deposit(self) -> None:
+        self._level = min(self.burst, self._level + self.share)
+
+    def take(self) -> bool:
+        if self._level < 1.0:
+            return False
+        self._level -= 1.0
+        return True
+
+    @property
+    def level(self) -> float:
+        return self._level
+
+
+class SloActions:
+    """The plans of one router, and the counts of what came of them."""
+
+    def __init__(self, objectives: Mapping[str, ObjectiveConfig], hedging: HedgingConfig) -> None:
+        self._deadlines: dict[str, DeadlineConfig] = {
+            name: objective.deadline
+            for name, objective in objectives.items()
+            if objective.deadline.action != "none"
+        }
+        self.hedging = hedging
+        self.budget = HedgeBudget(hedging.max_share, hedging.burst)
+        self.hedges: dict[tuple[str, HedgeOutcome], int] = defaultdict(int)
+        self.skipped: dict[tuple[str, HedgeSkip], int] = defaultdict(int)
+        self.cancelled: dict[tuple[str, CancelReason], int] = defaultdict(int)
+        self.loser_prefill_tokens = 0  # prompt tokens (not cached) sent to copies that lost
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._deadlines)
+
+    def plan(self, request: InferenceRequest) -> Plan | None:
+        """The request's plan; None (most requests) when its objective acts on nothing or it has no TTFT
+        SLO. A hedgeable request puts its share into the hedge budget here."""
+        if not self._deadlines or request.slo_ttft_ms is None:
+            return None
+        deadline = self._deadlines.get(request.objective)
+        if deadline is None:
+            return None
+        slo = request.slo_ttft_ms
+        action = Action(deadline.action)
+        if action is Action.HEDGE:
+            self.budget.deposit()
+        tpot_limit = None
+        if action is Action.CANCEL and deadline.tpot and request.slo_tpot_ms is not None:
+            tpot_limit = request.slo_tpot_ms * deadline.tpot_factor
+        return Plan(
+            action=action,
+            objective=request.objective,
+            slo_ttft_ms=slo,
+            deadline_at=request.received_at + slo * deadline.ttft_factor / 1000.0,
+            tpot_limit_ms=tpot_limit,
+            tpot_min_tokens=deadline.tpot_min_tokens,
+        )
+
+    def hedge_at(
+        self, plan: Plan, received_at: float, dispatched_at: float, predicted_ttft_ms: float | None
+    ) -> float:
+        """When the hedge is due if no token has come: the predicted TTFT times ``delay_factor`` after the
+        dispatch, at the latest ``max_slo_share`` of the SLO after the request arrived, never sooner than
+        ``min_delay_ms`` after the dispatch."""
+        hedging = self.hedging
+        latest = received_at + plan.slo_ttft_ms * hedging.max_slo_share / 1000.0
+        due = latest
+        if predicted_ttft_ms is not None and predicted_ttft_ms > 0:
+            due = min(latest, dispatched_at + predicted_ttft_ms * hedging.delay_factor / 1000.0)
+        return max(due, dispatched_at + hedging.min_delay_ms / 1000.0)
+
+    def may_hedge(self, plan: Plan, saturated: bool) -> bool:
+        """Whether the due hedge may go out now (the budget is taken when it may); counts a skip."""
+        if saturated:
+            self.skipped[plan.objective, HedgeSkip.SATURATED] += 1
+            return False
+        if not self.budget.take():
+            self.skipped[plan.objective, HedgeSkip.BUDGET] += 1
+            return False
+        return True
+
+    def hedge_ended(self, plan: Plan, outcome: HedgeOutcome, loser_prefill_tokens: int = 0) -> None:
+        self.hedges[plan.objective, outcome] += 1
+        if outcome is HedgeOutcome.WON or outcome is HedgeOutcome.LOST:
+            self.loser_prefill_tokens += loser_prefill_tokens
+
+    def no_endpoint(self, plan: Plan) -> None:
+        self.skipped[plan.objective, HedgeSkip.NO_ENDPOINT] += 1
+
+    def cancelled_request(self, plan: Plan, reason: CancelReason) -> None:
+        self.cancelled[plan.objective, reason] += 1
+
+    def status(self) -> SloActionsStatus:
+        """For the status page: per objective with a deadline, what came of it."""
+        objectives = {
+            name: ObjectiveActionsStatus(
+                action=deadline.action,
+                hedges={o.value: n for (objective, o), n in self.hedges.items() if objective == name},
+                hedges_skipped={
+                    r.value: n for (objective, r), n in self.skipped.items() if objective == name
+                },
+                cancelled={r.value: n for (objective, r), n in self.cancelled.items() if objective == name},
+            )
+            for name, deadline in self._deadlines.items()
+        }
+        return SloActionsStatus(
+            objectives=objectives,
+            hedge_budget=round(self.budget.level, 3),
+            loser_prefill_tokens=self.loser_prefill_tokens,
+        )
+
+
+class SloActionsCollector(Collector):
+    """``slorouter_hedges_total``, ``slorouter_hedges_skipped_total``,
+    ``slorouter_deadline_cancellations_total`` and ``slorouter_hedge_loser_prefill_tokens_total``, read from
+    the counts at scrape time."""
+
+    def __init__(self, actions: SloActions) -> None:
+        self._actions = actions
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        actions = self._actions
+        hedges = CounterMetricFamily(
+            "slorouter_hedges",
+            "Hedged requests by objective and outcome (sent; then won, lost, failed or cancelled)",
+            labels=["objective", "outcome"],
+        )
+        for (objective, outcome), n in sorted(actions.hedges.items()):
+            hedges.add_metric([objective, outcome.value], n)
+        yield hedges
+        skipped = CounterMetricFamily(
+            "slorouter_hedges_skipped",
+            "Hedges that were due but not sent, by objective and reason (budget, saturated, no-endpoint)",
+            labels=["objective", "reason"],
+        )
+        for (objective, skip), n in sorted(actions.skipped.items()):
+            skipped.add_metric([objective, skip.value], n)
+        yield skipped
+        cancelled = CounterMetricFamily(
+            "slorouter_deadline_cancellations",
+            "Requests the router cancelled at their deadline, by objective and SLO (ttft, tpot)",
+            labels=["objective", "slo"],
+        )
+        for (objective, reason), n in sorted(actions.cancelled.items()):
+            cancelled.add_metric([objective, reason.value], n)
+        yield cancelled
+        yield CounterMetricFamily(
+            "slorouter_hedge_loser_prefill_tokens",
+            "Prompt tokens (less the expected prefix-cache hits) sent to the copies that lost a hedge",
+            value=actions.loser_prefill_tokens,
+        )

@@ -1,0 +1,283 @@
+"""Deadlines and hedged requests through the gateway, against scripted model servers on 127.0.0.1.
+
+The fake servers play by call order, not by address (the pick decides which one gets the first call): each
+test scripts the first call, the second (the hedged copy) and so on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.gateway.conftest import FakeUpstream, eventually, start_router
+
+OBJECTIVES = {
+    "interactive": {"priority": 1, "deadline": {"action": "hedge"}},
+    "batch": {"priority": -1, "deadline": {"action": "cancel", "tpot": True, "tpot_min_tokens": 3}},
+    "plain": {"priority": 1},
+}
+HEDGING = {"max_slo_share": 0.5, "min_delay_ms": 0, "max_share": 1.0, "burst": 10}
+BODY = {"model": "fake", "prompt": "hi", "max_tokens": 4}
+Script = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Scripted:
+    """Two fake servers sharing one script: call i (counted across both) runs ``script[i]``. Records which
+    calls saw their connection closed by the router before they answered."""
+
+    def __init__(self, *script: Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]]):
+        self.script = script
+        self.calls = 0
+        self.closed: list[int] = []  # calls whose client (the router) went away
+        self.copy_done = asyncio.Event()  # the second call has run its script (or is hanging)
+        self.upstreams: list[FakeUpstream] = []
+
+    async def start(self) -> Scripted:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            index = self.calls
+            self.calls += 1
+            await request.read()
+            play = self.script[min(index, len(self.script) - 1)]
+            if index == 1 and play is not hang:
+                try:
+                    return await play(self, index, request)
+                finally:
+                    self.copy_done.set()
+            if index == 1:
+                self.copy_done.set()
+            return await play(self, index, request)
+
+        self.upstreams = [await FakeUpstream(handler).start() for _ in range(2)]
+        return self
+
+    @property
+    def addresses(self) -> list[str]:
+        return [u.address for u in self.upstreams]
+
+    async def close(self) -> None:
+        for upstream in self.upstreams:
+            await upstream.close()
+
+
+async def hang(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
+    """Never answer; note when the router closes the connection."""
+    for _ in range(1000):
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            scripted.closed.append(index)
+            break
+        await asyncio.sleep(0.01)
+    return web.Response(status=500)
+
+
+Play = Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]]
+
+
+def answer_after(seconds: float, text: str) -> Play:
+    async def answer(scripted: Scripted, index: int, request: web.Request) -> web.Response:
+        await asyncio.sleep(seconds)
+        body = {"choices": [{"index": 0, "text": text}], "usage": {"completion_tokens": 1}}
+        return web.json_response(body)
+
+    return answer
+
+
+def once_copied(
+    then: Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]]:
+    """Run ``then`` once the hedged copy has reached a server (and, if it fails, once it has failed)."""
+
+    async def wait(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
+        await eventually(lambda: scripted.calls >= 2 and scripted.copy_done.is_set())
+        return await then(scripted, index, request)
+
+    return wait
+
+
+def fail_after(seconds: float) -> Callable[[Scripted, int, web.Request], Awaitable[web.Response]]:
+    async def fail(scripted: Scripted, index: int, request: web.Request) -> web.Response:
+        await asyncio.sleep(seconds)
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response(status=500)
+
+    return fail
+
+
+def _inflight(router) -> int:
+    return int(router.pool.columns["inflight_requests"].sum())
+
+
+def _headers(objective: str, slo_ms: float, **more: str) -> dict[str, str]:
+    return {"x-gateway-inference-objective": objective, "x-slo-ttft-ms": str(slo_ms), **more}
+
+
+async def _metric(http: aiohttp.ClientSession, router, name: str) -> dict[str, float]:
+    async with http.get(f"http://{router.address}/metrics") as resp:
+        text = await resp.text()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name):
+            key, value = line.rsplit(" ", 1)
+            found[key] = float(value)
+    return found
+
+
+async def _started(scripted: Scripted, **overrides):
+    await scripted.start()
+    settings = {"objectives": OBJECTIVES, "hedging": HEDGING, **overrides}
+    return await start_router(scripted.addresses, **settings)
+
+
+async def test_a_stalled_request_is_hedged_and_the_copy_wins(http):
+    scripted = Scripted(hang, answer_after(0.0, "copy"))
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["choices"][0]["text"] == "copy"
+            served_by = resp.headers["x-slorouter-endpoint"]
+        assert scripted.calls == 2
+        await eventually(lambda: scripted.closed == [0])  # the stalled original was cancelled
+        first = scripted.addresses[0] if served_by == scripted.addresses[1] else scripted.addresses[1]
+        assert served_by != first
+        await eventually(lambda: _inflight(router) == 0)
+        hedges = await _metric(http, router, "slorouter_hedges_total")
+        assert hedges['slorouter_hedges_total{objective="interactive",outcome="sent"}'] == 1
+        assert hedges['slorouter_hedges_total{objective="interactive",outcome="won"}'] == 1
+        tokens = await _metric(http, router, "slorouter_hedge_loser_prefill_tokens_total")
+        assert next(iter(tokens.values())) > 0
+        status = router.core.status("gateway").deadlines
+        assert status is not None and status.objectives["interactive"].hedges == {"sent": 1, "won": 1}
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
+async def test_the_original_wins_when_it_answers_first_and_the_copy_is_cancelled(http):
+    scripted = Scripted(once_copied(answer_after(0.0, "original")), hang)
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["choices"][0]["text"] == "original"
+        await eventually(lambda: scripted.closed == [1])
+        await eventually(lambda: _inflight(router) == 0)
+        hedges = await _metric(http, router, "slorouter_hedges_total")
+        assert hedges['slorouter_hedges_total{objective="interactive",outcome="lost"}'] == 1
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
+async def test_both_copies_failing_gives_one_502_and_counts_failed(http):
+    scripted = Scripted(once_copied(fail_after(0.0)), fail_after(0.0))
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
+            assert resp.status == 502
+            assert "failed before responding" in (await resp.json())["error"]["message"]
+        assert scripted.calls == 2  # the two copies; no endpoint is left for a retry
+        await eventually(lambda: _inflight(router) == 0)
+        hedges = await _metric(http, router, "slorouter_hedges_total")
+        assert hedges['slorouter_hedges_total{objective="interactive",outcome="failed"}'] == 1
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
+async def test_a_client_that_leaves_while_a_hedge_races_cancels_both_copies(http):
+    scripted = Scripted(hang, hang)
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        with pytest.raises(asyncio.TimeoutError):
+            timeout = aiohttp.ClientTimeout(total=0.5)
+            await http.post(url, json=BODY, headers=_headers("interactive", 200), timeout=timeout)
+        await eventually(lambda: sorted(scripted.closed) == [0, 1])
+        await eventually(lambda: _inflight(router) == 0)
+        hedges = await _metric(http, router, "slorouter_hedges_total")
+        assert hedges['slorouter_hedges_total{objective="interactive",outcome="cancelled"}'] == 1
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
+async def test_no_hedge_beyond_the_budget_and_none_for_an_objective_without_a_deadline(http):
+    scripted = Scripted(answer_after(0.5, "slow"))
+    router = await _started(scripted, hedging={**HEDGING, "max_share": 0.0})
+    try:
+        url = f"http://{router.address}/v1/completions"
+        for objective in ("interactive", "plain"):
+            async with http.post(url, json=BODY, headers=_headers(objective, 100)) as resp:
+                assert resp.status == 200
+        assert scripted.calls == 2  # one call per request: nothing hedged
+        skipped = await _metric(http, router, "slorouter_hedges_skipped_total")
+        assert skipped == {'slorouter_hedges_skipped_total{objective="interactive",reason="budget"}': 1.0}
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
+async def test_a_sheddable_request_past_its_deadline_is_cancelled_with_an_error_naming_the_slo(http):
+    scripted = Scripted(hang)
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        for stream in (False, True):
+            body = {**BODY, "stream": stream}
+            async with http.post(url, json=body, headers=_headers("batch", 150)) as resp:
+                assert resp.status == 504
+                error = (await resp.json())["error"]
+            assert error["code"] == "deadline_exceeded"
+            assert "TTFT SLO of 150 ms" in error["message"] and "'batch'" in error["message"]
+        await eventually(lambda: sorted(scripted.closed) == [0, 1])  # the engine's slots are freed
+        await eventually(lambda: _inflight(router) == 0)
+        cancelled = await _metric(http, router, "slorouter_deadline_cancellations_total")
+        assert cancelled == {'slorouter_deadline_cancellations_total{objective="batch",slo="ttft"}': 2.0}
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
+async def test_a_stream_slower_than_its_tpot_slo_is_cut_with_an_error_event(http):
+    async def slow_stream(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(50):
+            chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
+            try:
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            except ConnectionResetError:
+                scripted.closed.append(index)
+                return response
+            await asyncio.sleep(0.05)
+        return response
+
+    scripted = Scripted(slow_stream)
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        body = {**BODY, "stream": True, "max_tokens": 50}
+        headers = _headers("batch", 1000, **{"x-slo-tpot-ms": "10"})
+        async with http.post(url, json=body, headers=headers) as resp:
+            assert resp.status == 200
+            text = (await resp.read()).decode()
+        events = [e for e in text.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "deadline_exceeded" and "TPOT" in error["message"]
+        assert 3 <= text.count('"text"') < 10
+        await eventually(lambda: _inflight(router) == 0)
+        cancelled = await _metric(http, router, "slorouter_deadline_cancellations_total")
+        assert cancelled == {'slorouter_deadline_cancellations_total{objective="batch",slo="tpot"}': 1.0}
+    finally:
+        await router.stop()
+        await scripted.close()
