@@ -45,7 +45,7 @@ The event loop and its handlers, one per kind of event, are ``bench/events.py``;
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.serving.exchange import FrontEnd
+from slorouter.serving.slo_actions import SloActions
 from slorouter.serving.switch_guard import SwitchGuard
 from slorouter.serving.traffic_window import TrafficWindow, WindowEntry
 from slorouter.sim.engine import Engine
@@ -75,6 +76,7 @@ from slorouter.sim.kv_events import KVEventRecorder
 from slorouter.sim.profiles import Profile
 
 if TYPE_CHECKING:
+    from slorouter.bench.policies import Deadlines
     from slorouter.bench.tuning.tuner import Tuner, TuningRound, TuningSettings
 
 PICKER_ASSIGNMENTS = ("random", "round-robin")
@@ -140,10 +142,11 @@ class RouterStack:
     predictor: EmbeddedPredictor | None
     kv_index: KVBlockIndex | None
     shared: SharedInFlightView | None = None
+    actions: SloActions | None = None  # +slo policies: deadlines and hedges
     front: FrontEnd = field(init=False)
 
     def __post_init__(self) -> None:
-        self.front = FrontEnd(self.director, "bench")
+        self.front = FrontEnd(self.director, "bench", actions=self.actions)
 
 
 class ClusterSimulator:
@@ -163,6 +166,7 @@ class ClusterSimulator:
         kv_events: bool = False,
         flow_control: FlowControlConfig | None = None,
         tuning: TuningSettings | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         if not profiles:
             raise ValueError("the pool needs at least one pod")
@@ -189,6 +193,7 @@ class ClusterSimulator:
         if use_predictor:
             self._model_dir = tempfile.TemporaryDirectory(prefix="slorouter-bench-models-")
         self._flow_control = flow_control
+        self._deadlines = deadlines
         self.kv_recorders: list[KVEventRecorder] = []
         if kv_events:
             self.kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
@@ -276,7 +281,9 @@ class ClusterSimulator:
         flow = self._flow_control
         controller = flow.build(pool, self.clock) if flow is not None else None
         director = Director(pool, setup, tracker, self.clock, flow_control=controller)
-        return RouterStack(pool, tracker, director, predictor, kv_index)
+        deadlines = self._deadlines
+        actions = None if deadlines is None else SloActions(deadlines.objectives, deadlines.hedging)
+        return RouterStack(pool, tracker, director, predictor, kv_index, actions=actions)
 
     def tune(self, now: float) -> TuningRound:
         """One round of the tuner on the pickers' windows; a switch applies to every picker."""
@@ -413,6 +420,14 @@ class ClusterSimulator:
             facts["pickers"] = len(self.pickers)
         if self.tuner is not None:
             facts["tuning"] = self.tuning_log
+        actions = [stack.actions for stack in self.pickers if stack.actions is not None]
+        if actions:
+            facts["slo_actions"] = {
+                "hedges": _summed(((o.value, n) for a in actions for (_, o), n in a.hedges.items())),
+                "hedges_skipped": _summed(((r.value, n) for a in actions for (_, r), n in a.skipped.items())),
+                "cancelled": _summed(((r.value, n) for a in actions for (_, r), n in a.cancelled.items())),
+                "loser_prefill_tokens": sum(a.loser_prefill_tokens for a in actions),
+            }
         if self.predictor is not None:
             facts["model_versions"] = self.predictor.versions
             facts["trainer"] = {
@@ -422,3 +437,10 @@ class ClusterSimulator:
                 for kind, status in self.predictor.trainer.status()["models"].items()
             }
         return facts
+
+
+def _summed(items: Iterable[tuple[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, n in items:
+        out[key] = out.get(key, 0) + n
+    return out

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slorouter.api.replies import TEXT
-from slorouter.bench.records import OK, REJECTED, SHED, UNFINISHED, RunRecords, empty_column
+from slorouter.bench.records import CANCELLED, OK, REJECTED, SHED, UNFINISHED, RunRecords, empty_column
 from slorouter.bench.workloads import BenchRequest
+from slorouter.bench.workloads.request import objective_of
 from slorouter.director import NOT_QUEUED, Admission
 from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
 from slorouter.flowcontrol.controller import Ticket
@@ -27,6 +28,7 @@ from slorouter.kvevents.wire import KVEventBatch
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.exchange import Exchange
+from slorouter.serving.slo_actions import Action
 from slorouter.sim.engine import Finished, FirstToken, RequestId, RequestRejected, Step
 from slorouter.sim.text import output_text
 from slorouter.tokenizer import BYTES_PER_TOKEN, encode_bytes
@@ -51,7 +53,9 @@ if TYPE_CHECKING:
     _TUNE,
     _SWITCH,
     _GUARD,
-) = range(15)
+    _HEDGE,
+    _DEADLINE,
+) = range(17)
 
 
 class SimulationRun:
@@ -100,6 +104,11 @@ class SimulationRun:
         self.busy: list[Step | None] = [None] * len(self.engines)
         self.wake_at = [math.inf] * len(self.engines)
         self.exchanges: dict[int, Exchange] = {}
+        # Engine request ids: request i is ``i`` on its pick's engine and ``n + i`` on its hedged copy's;
+        # ``serving[i]`` is the id whose tokens the client gets (the winner, once a race is decided).
+        self.n = n
+        self.serving: dict[int, int] = {}
+        self.copy_pod: dict[int, int] = {}
         self.net = settings.network_s
         self.arrivals_left = n
         self.steps = self.events = self.trainings = 0
@@ -134,6 +143,8 @@ class SimulationRun:
             self._tune,
             self._switch,
             self._guard,
+            self._hedge,
+            self._deadline,
         ]
 
     def push(self, at: float, kind: int, arg: Any) -> None:
@@ -219,9 +230,14 @@ class SimulationRun:
 
     # --- the responses ---------------------------------------------------------------------------------
     def _first_token(self, now: float, first_token: FirstToken) -> None:
-        i = _index(first_token.request_id)
+        engine_id = _engine_id(first_token.request_id)
+        i = engine_id % self.n
         exchange = self.exchanges.get(i)
         if exchange is None:
+            return
+        if exchange.copy is not None:  # a hedged request: the first token decides the race
+            self._race_won(i, exchange, engine_id, now)
+        elif self.serving.get(i) != engine_id:  # the copy that lost, in flight when the race ended
             return
         exchange.started(200, True, bytes_follow=False)
         exchange.tokens(1)
@@ -231,7 +247,10 @@ class SimulationRun:
             self._changed(int(rec.picker[i]), now)
 
     def _done(self, now: float, finished: Finished) -> None:
-        i = _index(finished.request_id)
+        engine_id = _engine_id(finished.request_id)
+        i = engine_id % self.n
+        if self.serving.get(i) != engine_id:
+            return
         exchange = self.exchanges.pop(i, None)
         if exchange is None:
             return
@@ -279,6 +298,7 @@ class SimulationRun:
             max_tokens=request.max_tokens,
             stream=True,
             priority=request.priority,
+            objective=objective_of(request.priority),
             slo_ttft_ms=request.slo_ttft_ms,
             slo_tpot_ms=request.slo_tpot_ms,
             received_at=now,
@@ -325,7 +345,67 @@ class SimulationRun:
             rec.status[i] = REJECTED
             return
         self.exchanges[i] = exchange
+        self.serving[i] = i
         self._kick(pod, now)
+        plan = exchange.plan
+        if plan is not None:
+            if plan.action is Action.CANCEL:
+                self.push(max(now, plan.deadline_at), _DEADLINE, i)
+            else:
+                due = exchange.hedge_at()
+                if due is not None:
+                    self.push(max(now, due), _HEDGE, i)
+
+    # --- deadlines and hedges --------------------------------------------------------------------------
+    def _hedge(self, now: float, i: int) -> None:
+        """The hedge of request ``i`` is due: without a first token yet, a copy goes to the best other pod."""
+        exchange = self.exchanges.get(i)
+        if exchange is None or exchange.hedged or exchange.lifecycle is None:
+            return
+        if exchange.lifecycle.response.first_token_at is not None:
+            return
+        copy = exchange.hedge_now()
+        if copy is None:
+            return
+        pod = self.sim.pod_of[copy.target.address]
+        inference = copy.request
+        try:
+            self.engines[pod].add_request(
+                self.n + i, encode_bytes(inference.prompt_text), inference.max_tokens, now + self.net
+            )
+        except RequestRejected as exc:
+            exchange.hedge_failed(copy, Termination.UPSTREAM_ERROR, str(exc), "rejected")
+            return
+        self.copy_pod[i] = pod
+        self._kick(pod, now)
+
+    def _race_won(self, i: int, exchange: Exchange, engine_id: int, now: float) -> None:
+        """The first token of request ``i`` or of its copy (``engine_id``): that one goes on, the other is
+        aborted in its engine (its slot and KV blocks freed)."""
+        copy, primary = exchange.copy, exchange.lifecycle
+        assert copy is not None and primary is not None
+        copy_won = engine_id >= self.n
+        exchange.raced(copy if copy_won else primary)
+        loser_pod = int(self.rec.pod[i]) if copy_won else self.copy_pod[i]
+        self.engines[loser_pod].abort(i if copy_won else self.n + i)
+        self._kick(loser_pod, now)
+        self.serving[i] = engine_id
+        if copy_won:
+            self.rec.pod[i] = self.copy_pod[i]
+
+    def _deadline(self, now: float, i: int) -> None:
+        """Request ``i``'s TTFT deadline (a ``cancel`` plan): without a first token, it is cancelled."""
+        exchange = self.exchanges.get(i)
+        if exchange is None or exchange.lifecycle is None:
+            return
+        if exchange.lifecycle.response.first_token_at is not None:
+            return
+        del self.exchanges[i]
+        pod = int(self.rec.pod[i])
+        exchange.refuse(504, exchange.deadline_passed())
+        self.engines[pod].abort(i)
+        self._kick(pod, now)
+        self.rec.status[i] = CANCELLED
 
     # --- flow control ----------------------------------------------------------------------------------
     def _flow(self, now: float, k: int) -> None:
@@ -464,8 +544,8 @@ def _releaser(
     return on_outcome
 
 
-def _index(request_id: RequestId) -> int:
-    """The engines here know each request by its index in the run."""
+def _engine_id(request_id: RequestId) -> int:
+    """The engines here know each request by its index in the run (plus the run's size for a hedged copy)."""
     assert isinstance(request_id, int)
     return request_id
 

@@ -16,6 +16,10 @@ as the originals do. A user policy is a scheduler config file: ``NAME=PATH`` or 
 the file); it uses the embedded predictor when it declares a ``predicted-latency-producer``.
 Any policy followed by ``+fc`` (``token-aware+fc``) is the same policy behind flow control, with the
 ``flowControl`` defaults (``enabled: true``) or the section given (``load_flow_control_file``).
+Followed by ``+slo`` (``predicted-latency+slo``, ``token-aware+fc+slo``) it keeps SLOs after the pick:
+deadlines per objective (``objectives.NAME.deadline``: requests are ``critical``, ``standard`` or
+``sheddable`` by priority; by default the first two are hedged and the last cancelled at its TTFT SLO) and
+the ``hedging`` section's budget and delay (``load_deadlines_file``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from slorouter.bench.tuning.tuner import TuningSettings
+from slorouter.config import HedgingConfig, ObjectiveConfig
 from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.scheduling.config_schema import load_scheduler_config_file
 from slorouter.scheduling.pipelines import (
@@ -44,7 +49,27 @@ from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 
 PREDICTOR_PLUGIN = "predicted-latency-producer"
 FLOW_CONTROL_SUFFIX = "+fc"
+SLO_SUFFIX = "+slo"
 KV_EVENT_PLUGINS = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """The ``objectives`` (by the benchmark's objective names) and ``hedging`` sections a ``+slo`` policy
+    runs with."""
+
+    objectives: dict[str, ObjectiveConfig]
+    hedging: HedgingConfig
+
+
+DEFAULT_DEADLINES = Deadlines(
+    objectives={
+        "critical": ObjectiveConfig(priority=1, deadline={"action": "hedge"}),
+        "standard": ObjectiveConfig(priority=0, deadline={"action": "hedge"}),
+        "sheddable": ObjectiveConfig(priority=-1, deadline={"action": "cancel"}),
+    },
+    hedging=HedgingConfig(),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +79,7 @@ class Policy:
     source: str  # "built-in" or the file it came from
     flow_control: FlowControlConfig | None = None  # None: requests go to scheduling at once
     tuning: TuningSettings | None = None  # the self-tuning policy's tuner
+    deadlines: Deadlines | None = None  # +slo: what happens when a request overruns its SLO after the pick
 
     @property
     def uses_predictor(self) -> bool:
@@ -177,10 +203,41 @@ def load_flow_control_file(path: str | Path) -> FlowControlConfig:
         raise PolicyError(f"{path}: {format_validation_error(exc, 'flowControl')}") from None
 
 
-def resolve_policy(spec: str, flow_control: FlowControlConfig | None = None) -> Policy:
+def load_deadlines_file(path: str | Path) -> Deadlines:
+    """The ``objectives`` (named ``critical``, ``standard``, ``sheddable``) and ``hedging`` sections of a YAML
+    file, for the ``+slo`` policies; an objective left out keeps its default."""
+    try:
+        data = load_yaml_mapping(path, "deadlines config") or {}
+    except YAMLFileError as exc:
+        raise PolicyError(str(exc)) from None
+    unknown = set(data) - {"objectives", "hedging"}
+    if unknown:
+        raise PolicyError(f"{path}: unknown keys {sorted(unknown)} (expected objectives, hedging)")
+    objectives = dict(DEFAULT_DEADLINES.objectives)
+    try:
+        for name, section in (data.get("objectives") or {}).items():
+            if name not in objectives:
+                known = ", ".join(sorted(objectives))
+                raise PolicyError(f"{path}: objectives.{name}: the benchmark's objectives are {known}")
+            objectives[name] = ObjectiveConfig.model_validate(section)
+        hedging = HedgingConfig.model_validate(data.get("hedging") or {})
+    except ValidationError as exc:
+        raise PolicyError(f"{path}: {format_validation_error(exc, '')}") from None
+    return Deadlines(objectives, hedging)
+
+
+def resolve_policy(
+    spec: str, flow_control: FlowControlConfig | None = None, deadlines: Deadlines | None = None
+) -> Policy:
     """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``), each maybe with
-    ``+fc``: behind ``flow_control`` (default: the ``flowControl`` defaults, enabled)."""
+    ``+fc``: behind ``flow_control`` (default: the ``flowControl`` defaults, enabled), and maybe then with
+    ``+slo``: with ``deadlines`` (default: ``DEFAULT_DEADLINES``)."""
     spec = spec.strip()
+    if spec.endswith(SLO_SUFFIX):
+        base = resolve_policy(spec.removesuffix(SLO_SUFFIX), flow_control)
+        return dataclasses.replace(
+            base, name=base.name + SLO_SUFFIX, deadlines=deadlines or DEFAULT_DEADLINES
+        )
     if spec.endswith(FLOW_CONTROL_SUFFIX):
         base = resolve_policy(spec.removesuffix(FLOW_CONTROL_SUFFIX))
         return dataclasses.replace(
@@ -207,7 +264,11 @@ def resolve_policy(spec: str, flow_control: FlowControlConfig | None = None) -> 
 
 
 def resolve_policies(
-    specs: list[str], *, with_flow_control: bool = False, flow_control: FlowControlConfig | None = None
+    specs: list[str],
+    *,
+    with_flow_control: bool = False,
+    flow_control: FlowControlConfig | None = None,
+    deadlines: Deadlines | None = None,
 ) -> list[Policy]:
     """The policies of ``specs``; with ``with_flow_control`` each one followed by its ``+fc`` variant, and
     every ``+fc`` one behind ``flow_control`` when given."""
@@ -218,7 +279,7 @@ def resolve_policies(
             for variant in (spec, spec if spec.strip().endswith(FLOW_CONTROL_SUFFIX) else spec + "+fc")
         ]
         specs = list(dict.fromkeys(specs))
-    policies = [resolve_policy(spec, flow_control) for spec in specs]
+    policies = [resolve_policy(spec, flow_control, deadlines) for spec in specs]
     names = [p.name for p in policies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

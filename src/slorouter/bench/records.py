@@ -14,6 +14,7 @@ OK = 200
 REJECTED = 400
 SHED = 429
 NO_ENDPOINT = 503
+CANCELLED = 504  # the router cancelled it at its deadline (objectives' deadline.action cancel)
 UNFINISHED = -1
 
 
@@ -22,7 +23,7 @@ class RunRecords:
     """Per-request outcomes of one run (arrays aligned with the workload's request list), and run facts."""
 
     arrival: np.ndarray
-    status: np.ndarray  # OK, REJECTED, SHED, NO_ENDPOINT or UNFINISHED
+    status: np.ndarray  # OK, REJECTED, SHED, NO_ENDPOINT, CANCELLED or UNFINISHED
     pod: np.ndarray  # index of the pod that served it, -1 if none
     ttft_s: np.ndarray  # first token at the router − arrival; NaN if none
     e2e_s: np.ndarray  # end at the router − arrival; NaN if unfinished

@@ -133,6 +133,19 @@ def summarize_run(
         trainings=rec.trainings,
         preemptions=int(rec.facts.get("preemptions", 0)),
     )
+    actions = rec.facts.get("slo_actions")
+    if actions is not None:  # +slo policies: deadlines and hedges over the whole run
+        hedges = actions["hedges"]
+        prefill = int((rec.prompt_tokens - rec.cached_tokens)[rec.status == OK].sum())
+        summary.update(
+            hedges_sent=hedges.get("sent", 0),
+            hedges_won=hedges.get("won", 0),
+            hedges_skipped=sum(actions["hedges_skipped"].values()),
+            deadline_cancellations=sum(actions["cancelled"].values()),
+            # Prompt tokens (less expected cache hits) sent to copies that lost, over the prefill of the
+            # finished requests: an upper bound of the extra prefill hedging cost.
+            hedge_extra_prefill=round(actions["loser_prefill_tokens"] / prefill, 4) if prefill else None,
+        )
     tuning = rec.facts.get("tuning")
     if tuning is not None:  # the self-tuning policy: each round, and the candidate active at the end
         summary["tuning_rounds"] = tuning

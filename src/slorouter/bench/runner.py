@@ -95,6 +95,7 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     seed=plan.seed,
                     flow_control=policy.flow_control,
                     tuning=policy.tuning,
+                    deadlines=policy.deadlines,
                 ) as sim:
                     rec = sim.run(requests, progress=hook)
                 labels = {

@@ -28,7 +28,7 @@ from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
-from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.scheduling.types import InferenceRequest, SchedulingError, SchedulingResult
 from slorouter.serving.headers import RoutingFacts
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.recording import TrafficRecorder
@@ -138,6 +138,8 @@ class Exchange:
         """An exchange for a request built by the front-end itself (the benchmark's)."""
         exchange = cls(front, "")
         exchange.request = request
+        if front.actions is not None:
+            exchange.plan = front.actions.plan(request)
         return exchange
 
     # --- the request ---------------------------------------------------------------------------------
@@ -224,25 +226,54 @@ class Exchange:
     async def hedge(self) -> RequestLifecycle | None:
         """Send a copy of the request to the best other endpoint (the hedge is due): its lifecycle, or None
         when the budget, the pool's saturation or the lack of another endpoint says no (counted)."""
+        copy = self._hedge_copy()
+        if copy is None:
+            return None
+        try:
+            result = await self.front.director.schedule_async(copy, exclude=self._hedge_excluded())
+        except SchedulingError:
+            self._no_hedge_endpoint()
+            return None
+        return self._hedge_dispatched(copy, result)
+
+    def hedge_now(self) -> RequestLifecycle | None:
+        """``hedge`` for the discrete-event benchmark (every producer answers at once)."""
+        copy = self._hedge_copy()
+        if copy is None:
+            return None
+        try:
+            result = self.front.director.schedule(copy, exclude=self._hedge_excluded())
+        except SchedulingError:
+            self._no_hedge_endpoint()
+            return None
+        return self._hedge_dispatched(copy, result)
+
+    def _hedge_copy(self) -> InferenceRequest | None:
         plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
         assert plan is not None and lifecycle is not None and actions is not None
-        director = self.front.director
-        controller = director.flow_control
+        controller = self.front.director.flow_control
         saturated = controller is not None and controller.detector.saturation() >= 1.0
         if not actions.may_hedge(plan, saturated):
             return None
-        copy = dataclasses.replace(lifecycle.request, state={})  # the plugins' per-request state is per copy
-        try:
-            result = await director.schedule_async(copy, exclude=[*self.tried, lifecycle.target.address])
-        except SchedulingError:
-            actions.no_endpoint(plan)
-            return None
+        return dataclasses.replace(lifecycle.request, state={})  # the plugins' per-request state is per copy
+
+    def _hedge_excluded(self) -> list[str]:
+        assert self.lifecycle is not None
+        return [*self.tried, self.lifecycle.target.address]
+
+    def _no_hedge_endpoint(self) -> None:
+        assert self.plan is not None and self.front.actions is not None
+        self.front.actions.no_endpoint(self.plan)
+
+    def _hedge_dispatched(self, copy: InferenceRequest, result: SchedulingResult) -> RequestLifecycle:
+        plan, actions = self.plan, self.front.actions
+        assert plan is not None and actions is not None
         self.hedged = True
-        self.copy = director.dispatch(copy, result)
+        lifecycle = self.copy = self.front.director.dispatch(copy, result)
         actions.hedge_ended(plan, HedgeOutcome.SENT)
         if self.trace is not None:
             self.trace.set({"slorouter.hedge.endpoint": result.target.address})
-        return self.copy
+        return lifecycle
 
     def raced(self, winner: RequestLifecycle) -> None:
         """The race between the request and its hedged copy is over: ``winner`` answered first. The other is

@@ -22,6 +22,14 @@ class BenchRequest:
     )
 
 
+def objective_of(priority: int) -> str:
+    """The inference objective the benchmark gives a priority class: ``critical`` (> 0), ``standard`` (0)
+    or ``sheddable`` (< 0); the policies' deadlines (``+slo``) are set per objective."""
+    if priority > 0:
+        return "critical"
+    return "standard" if priority == 0 else "sheddable"
+
+
 class WorkloadRequests(list[BenchRequest]):
     """A workload's requests in arrival order, plus what fitting them into ``max_model_len`` cost.
 
