@@ -118,8 +118,8 @@ def test_the_counts_reach_the_status_page():
     assert batch is not None
     actions.cancelled_request(batch, CancelReason.TTFT)
     status = actions.status()
-    assert status.objectives["chat"].hedges == {"sent": 1, "won": 1}
-    assert status.objectives["batch"].cancelled == {"ttft": 1}
+    assert status.objectives["chat"].hedges == {"sent": 1, "won": 1, "lost": 0, "failed": 0, "cancelled": 0}
+    assert status.objectives["batch"].cancelled == {"ttft": 1, "tpot": 0}
     assert status.loser_prefill_tokens == 80
     assert "plain" not in status.objectives
 

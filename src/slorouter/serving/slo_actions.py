@@ -18,7 +18,6 @@ Front-ends (the gateway, the discrete-event benchmark) carry plans out; this mod
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -113,9 +112,14 @@ class SloActions:
         }
         self.hedging = hedging
         self.budget = HedgeBudget(hedging.max_share, hedging.burst)
-        self.hedges: dict[tuple[str, HedgeOutcome], int] = defaultdict(int)
-        self.skipped: dict[tuple[str, HedgeSkip], int] = defaultdict(int)
-        self.cancelled: dict[tuple[str, CancelReason], int] = defaultdict(int)
+        # Every series an objective can have starts at 0, so that rates and alerts see it from the start.
+        hedged = [name for name, d in self._deadlines.items() if d.action == Action.HEDGE]
+        cancelled = [name for name, d in self._deadlines.items() if d.action == Action.CANCEL]
+        self.hedges: dict[tuple[str, HedgeOutcome], int] = {(o, h): 0 for o in hedged for h in HedgeOutcome}
+        self.skipped: dict[tuple[str, HedgeSkip], int] = {(o, r): 0 for o in hedged for r in HedgeSkip}
+        self.cancelled: dict[tuple[str, CancelReason], int] = {
+            (o, r): 0 for o in cancelled for r in CancelReason
+        }
         self.loser_prefill_tokens = 0  # prompt tokens (not cached) sent to copies that lost
 
     @property
