@@ -29,6 +29,7 @@ from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
@@ -60,10 +61,12 @@ class Gateway:
         status: Callable[[], RouterStatus] | None = None,
         traffic: TrafficRecorder | None = None,
         window: TrafficWindow | None = None,
+        engine_priority: EnginePriority | None = None,
     ) -> None:
         """``stats``: where the relay records finished requests for the status page; ``status``: the page
         (``GET /v1/router/status``; not served without it); ``traffic``: the recording of ``--record``
-        (opened and closed by the caller); ``window``: the recent traffic the tuner reads."""
+        (opened and closed by the caller); ``window``: the recent traffic the tuner reads;
+        ``engine_priority``: the priority each model server is sent in the request body (None: none)."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -73,7 +76,9 @@ class Gateway:
         self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
-        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic, window)
+        self._front = FrontEnd(
+            director, "gateway", metrics, tracing, stats, traffic, window, engine_priority=engine_priority
+        )
         self._status = status
 
     # --- server --------------------------------------------------------------------------------------
@@ -251,7 +256,8 @@ class Gateway:
             if context:
                 head += "".join(f"{name}: {value}\r\n" for name, value in context.items()).encode("latin-1")
             try:
-                return await relay.relay(http, exchange, raw, head)
+                # The body for this endpoint: with the priority in the form its server takes, if it takes one.
+                return await relay.relay(http, exchange, exchange.upstream_body(raw), head)
             except UpstreamFailedError as exc:
                 exchange.failed(exc.cause, str(exc), exc.phase)
                 last_failure = str(exc)

@@ -65,6 +65,7 @@ class Router:
             status=lambda: core.status("gateway"),
             traffic=traffic,
             window=None if core.tuning is None else core.tuning.window,
+            engine_priority=core.engine_priority,
         )
         return cls(core, gateway, traffic=traffic)
 

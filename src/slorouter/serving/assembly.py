@@ -44,6 +44,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, SELF_TUNING_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import CandidateSwitch, PluginContext
 from slorouter.serving.command_line import STATE_DIR_CHANGE
+from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.self_tuning import SelfTuning
 from slorouter.tracing.config import TracingUnavailableError
 
@@ -74,6 +75,7 @@ class RouterCore:
     tracing: Tracing | None = None  # None: tracing is off (the front-ends check it once per request)
     stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
     tuning: SelfTuning | None = None  # tuning.enabled: the tuner's link and the window it reads
+    engine_priority: EnginePriority | None = None  # pool.engine_priority: what the model servers are sent
 
     @classmethod
     def build(
@@ -153,6 +155,7 @@ class RouterCore:
             tracing=tracing,
             stats=RouterStats(clock),
             tuning=tuning,
+            engine_priority=EnginePriority.from_config(config),
         )
 
     @property
