@@ -259,9 +259,26 @@ class DeadlineConfig(StrictModel):
     )
 
 
+# The engines take a 64-bit priority (vLLM bounds its field so); vLLM's is the negation of the router's.
+ENGINE_PRIORITY_LIMIT = 2**63 - 1
+
+
 class ObjectiveConfig(StrictModel):
     priority: int = Field(default=0, description="< 0 makes the objective's requests sheddable")
     deadline: DeadlineConfig = Field(default_factory=DeadlineConfig)
+    engine_priority: int | None = Field(
+        default=None,
+        strict=True,
+        ge=-ENGINE_PRIORITY_LIMIT,
+        le=ENGINE_PRIORITY_LIMIT,
+        description="the priority sent to the model servers (pool.engine_priority), in the sense of "
+        "priority (higher runs first); default: priority",
+    )
+
+    @property
+    def engine_value(self) -> int:
+        """The priority the model servers get for this objective, higher first (before the engine's form)."""
+        return self.priority if self.engine_priority is None else self.engine_priority
 
     @model_validator(mode="after")
     def _action_fits_priority(self) -> ObjectiveConfig:
@@ -389,8 +406,29 @@ class Config(StrictModel):
             return self.scheduler is None and self.prediction_enabled
         return enabled
 
+    @model_validator(mode="after")
+    def _engine_priorities_are_sent(self) -> Config:
+        sent = self.pool is not None and self.pool.engine_priority_anywhere
+        for name, objective in self.objectives.items():
+            if objective.engine_priority is not None and not sent:
+                raise ValueError(
+                    f"objectives.{name}.engine_priority is set, but no model server is sent a priority: turn "
+                    "on pool.engine_priority (or an endpoint's)"
+                )
+            if sent and abs(objective.priority) > ENGINE_PRIORITY_LIMIT and objective.engine_priority is None:
+                raise ValueError(
+                    f"objectives.{name}.priority {objective.priority} is beyond the 64-bit priority the "
+                    f"model servers take: set objectives.{name}.engine_priority"
+                )
+        return self
+
     def objective_priorities(self) -> dict[str, int]:
         return {name: objective.priority for name, objective in self.objectives.items()}
+
+    def objective_engine_priorities(self) -> dict[str, int]:
+        """The priority each objective's requests carry to the model servers (``engine_priority``, else
+        ``priority``), in the router's sense: higher first."""
+        return {name: objective.engine_value for name, objective in self.objectives.items()}
 
 
 def parse_config(data: Any, source: str = "config") -> Config:

@@ -345,6 +345,30 @@ def test_plugins_objectives_and_router_overrides_reach_the_config(render: Render
     assert _containers(manifests)[0]["args"][-2:] == ["--log-level", "DEBUG"]
 
 
+def test_engine_priority_reaches_the_config(render: Render, tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "inferencePool": {"modelServerType": "sglang", "enginePriority": True},
+                "inferenceObjectives": [
+                    {"name": "batch", "priority": -1, "enginePriority": -10},
+                    {"name": "chat", "priority": 5},
+                ],
+            }
+        )
+    )
+    config = parse_config(_router_config(render({}, values)), "configmap config.yaml")
+    assert config.pool is not None and config.pool.engine_priority is not None
+    assert config.pool.engine_priority.enabled and config.pool.engine_priority.order is None
+    assert config.objective_engine_priorities() == {"batch": -10, "chat": 5}
+    ordered = {"inferencePool.modelServerType": "tgi", "inferencePool.enginePriority.order": "lower-first"}
+    config = parse_config(_router_config(render(ordered)), "configmap config.yaml")
+    assert config.pool is not None and config.pool.engine_priority is not None
+    assert config.pool.engine_priority.order == "lower-first"
+    assert "engine_priority" not in _router_config(render_case(render, "default"))["pool"]
+
+
 def test_flow_control_reaches_the_config(render: Render):
     config = parse_config(_router_config(render_case(render, "flow-control")), "configmap config.yaml")
     fc = config.flow_control
@@ -424,6 +448,11 @@ async def test_the_router_config_builds_a_router(render: Render, case):
         ({f"{LP}.trainingServer.config.LATENCY_MODEL_TYPE": "xgboost"}, "properties 'config' not allowed"),
         ({f"{LP}.eppEnv.LATENCY_COALESCE_WINDOW_MS": "1"}, "additional properties 'eppEnv' not allowed"),
         ({"inferencePool.modelServerType": "ollama"}, "at '/inferencePool/modelServerType'"),
+        ({"inferencePool.enginePriority": "yes"}, "at '/inferencePool/enginePriority': 'oneOf' failed"),
+        (
+            {"inferencePool.enginePriority": "true", "inferencePool.modelServerType": "tgi"},
+            'inferencePool.enginePriority: modelServerType "tgi" takes no request priority',
+        ),
         ({"inferenceExtension.failureMode": "Open"}, "at '/inferenceExtension/failureMode'"),
         ({"inferenceExtension.workers": "0"}, "at '/inferenceExtension/workers': minimum"),
         (

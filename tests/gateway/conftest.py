@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -20,6 +22,12 @@ IDLE_VLLM_METRICS = (
     'vllm:num_requests_waiting{model_name="fake"} 0.0\n'
     'vllm:kv_cache_usage_perc{model_name="fake"} 0.0\n'
     'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0\n'
+)
+IDLE_SGLANG_METRICS = (
+    "# TYPE sglang:num_running_reqs gauge\n"
+    'sglang:num_running_reqs{model_name="fake"} 0.0\n'
+    'sglang:num_queue_reqs{model_name="fake"} 0.0\n'
+    'sglang:token_usage{model_name="fake"} 0.0\n'
 )
 
 
@@ -74,10 +82,16 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 class FakeUpstream:
-    """A model server whose behaviour the test scripts: answers /metrics, runs ``handler`` for inference."""
+    """A model server whose behaviour the test scripts: answers /metrics (an idle page of ``metrics``), runs
+    ``handler`` for inference."""
 
-    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+    def __init__(
+        self,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        metrics: str = IDLE_VLLM_METRICS,
+    ) -> None:
         self.handler = handler
+        self.metrics = metrics
         self.calls = 0
         self.runner: web.AppRunner | None = None
         self.address = ""
@@ -98,7 +112,7 @@ class FakeUpstream:
         return self
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(text=IDLE_VLLM_METRICS)
+        return web.Response(text=self.metrics)
 
     async def _inference(self, request: web.Request) -> web.StreamResponse:
         self.calls += 1
@@ -107,3 +121,50 @@ class FakeUpstream:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+
+
+COMPLETION_REPLY = {
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "model": "fake",
+    "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+}
+
+
+@dataclass
+class Received:
+    request_id: str
+    content_length: int | None
+    body: bytes
+    transfer_encoding: str | None = None
+
+    @property
+    def json(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.body)
+        return parsed
+
+
+@dataclass
+class Recorder:
+    """A ``FakeUpstream`` handler that records the requests reaching it and answers a completion;
+    ``fail``: it drops the connection instead."""
+
+    fail: bool = False
+    received: list[Received] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = request.headers
+        self.received.append(
+            Received(
+                headers.get("x-request-id", ""),
+                request.content_length,
+                body,
+                headers.get("transfer-encoding"),
+            )
+        )
+        if self.fail:
+            assert request.transport is not None
+            request.transport.abort()
+        return web.json_response(COMPLETION_REPLY)

@@ -1,7 +1,8 @@
 """Parsing and validation of OpenAI-compatible request bodies.
 
-The gateway forwards the client's body bytes unchanged; it parses them only to validate and to learn what
-the scheduler needs (model, prompt text for prefix matching, token estimates, streaming).
+The gateway forwards the client's body bytes unchanged (but for the engine priority,
+``slorouter.serving.engine_priority``); it parses them only to validate and to learn what the scheduler needs
+(model, prompt text for prefix matching, token estimates, streaming).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ParsedRequest:
     history_form: str = (
         ""  # how a reply continues prompt_text (gateway.history): chat, text, or "" (it cannot)
     )
+    client_priority: bool = False  # the body has a top-level "priority" (the engine's, when it is sent)
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -68,7 +70,7 @@ def _require_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _common(body: Any) -> tuple[str, bool, str]:
+def _common(body: Any) -> tuple[str, bool, str, bool]:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     model = body.get("model")
@@ -89,7 +91,7 @@ def _common(body: Any) -> tuple[str, bool, str]:
         salt = ""
     if not isinstance(salt, str):
         raise RequestError("'cache_salt' must be a string", param="cache_salt")
-    return model, stream, salt
+    return model, stream, salt, "priority" in body
 
 
 def _encodable(text: str) -> bool:
@@ -135,15 +137,16 @@ def _single_choice(body: dict[str, Any], form: str) -> str:
 
 def parse_completion(raw: bytes) -> ParsedRequest:
     body = _decode(raw)
-    model, stream, salt = _common(body)
+    model, stream, salt, client_priority = _common(body)
     text, tokens, form = _prompt_text(body.get("prompt"))
     max_tokens = _require_int(body, "max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS
-    return ParsedRequest(model, text, tokens, max_tokens, stream, salt, _single_choice(body, form))
+    history_form = _single_choice(body, form)
+    return ParsedRequest(model, text, tokens, max_tokens, stream, salt, history_form, client_priority)
 
 
 def parse_chat_completion(raw: bytes) -> ParsedRequest:
     body = _decode(raw)
-    model, stream, salt = _common(body)
+    model, stream, salt, client_priority = _common(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' is required and must be a non-empty array", param="messages")
@@ -157,7 +160,8 @@ def parse_chat_completion(raw: bytes) -> ParsedRequest:
     # The prefix index hashes the messages' JSON, as the original EPP does, so prefixes follow turns.
     prompt_text = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
     history_form = _single_choice(body, CHAT)
-    return ParsedRequest(model, prompt_text, count_tokens(rendered), limit, stream, salt, history_form)
+    tokens = count_tokens(rendered)
+    return ParsedRequest(model, prompt_text, tokens, limit, stream, salt, history_form, client_priority)
 
 
 def _text_only(i: int, message: Any) -> Any:

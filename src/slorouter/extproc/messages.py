@@ -207,15 +207,20 @@ def routed_body(
     set_headers: Iterable[tuple[str, str]] = (),
     remove_headers: Iterable[str] = (),
     observed: Iterable[tuple[str, str]] = (),
+    *,
+    body: bytes | None = None,
 ) -> ext_proc.ProcessingResponse:
     """The answer to a buffered request body: the same destination, as a header mutation of the body
-    response (Envoy still holds the headers in buffered mode)."""
+    response (Envoy still holds the headers in buffered mode); ``body``: the body that replaces the
+    client's (its ``content-length`` among ``set_headers``)."""
     common = ext_proc.CommonResponse(
         header_mutation=ext_proc.HeaderMutation(
             set_headers=_header_options([(DESTINATION, endpoints[0]), *set_headers]),
             remove_headers=list(remove_headers),
         ),
     )
+    if body is not None:
+        common.body_mutation.body = body
     return ProcessingResponse(
         request_body=ext_proc.BodyResponse(response=common),
         dynamic_metadata=_destination_metadata(endpoints, observed),

@@ -104,6 +104,7 @@ class EndpointPicker:
             stats=core.stats,
             traffic=traffic,
             window=None if core.tuning is None else core.tuning.window,
+            engine_priority=core.engine_priority,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))

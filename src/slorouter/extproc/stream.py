@@ -36,6 +36,7 @@ from slorouter.http.errors import RequestError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
@@ -84,10 +85,18 @@ class Picker:
     stats: RouterStats | None = None  # the status page's per-request figures
     traffic: TrafficRecorder | None = None  # --record
     window: TrafficWindow | None = None  # the recent traffic the tuner reads
+    engine_priority: EnginePriority | None = None  # the priority the model servers get in the body
 
     def __post_init__(self) -> None:
         self.front = FrontEnd(
-            self.director, "extproc", self.metrics, self.tracing, self.stats, self.traffic, self.window
+            self.director,
+            "extproc",
+            self.metrics,
+            self.tracing,
+            self.stats,
+            self.traffic,
+            self.window,
+            engine_priority=self.engine_priority,
         )
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
         # Observed response path: the routed requests whose observer has not claimed them yet, by key.
@@ -293,7 +302,12 @@ class PickerStream:
         except SchedulingError as exc:
             return self._reject(exc.status, exc.message, code=exc.error_type, headers=exc.headers)
         self._phase = _Phase.ROUTED
-        endpoints = [target.address for target in lifecycle.result.primary.targets]
+        targets = lifecycle.result.primary.targets
+        if picker.engine_priority is not None:
+            # Envoy retries on the fallbacks with the one body: those that take the priority as the pick does.
+            targets = picker.engine_priority.same_form(targets)
+        endpoints = [target.address for target in targets]
+        sent = exchange.upstream_body(body)  # with the priority the pick's model server takes, if any
         # Envoy makes the upstream call; its span's context goes to the model server in the request.
         set_headers += exchange.upstream_context(endpoints[0]).items()
         remove = ["authorization"] if picker.api_keys else []  # the gateway's key, not the model server's
@@ -306,11 +320,18 @@ class PickerStream:
             observed = [(messages.REQUEST_KEY, self._key)]
             observed += [(k, v) for k, v in exchange.facts.headers() if k != ENDPOINT_HEADER]
         if self._request_mode == messages.FULL_DUPLEX_STREAMED:
+            # Envoy forwards a body streamed back without a content-length (chunked to an HTTP/1.1 upstream).
             return [
                 messages.routed_headers(endpoints, set_headers, remove, self._mode_override(), observed),
-                *messages.streamed_body(body, request=True),
+                *messages.streamed_body(sent, request=True),
             ]
-        return [messages.routed_body(endpoints, set_headers, remove, observed)]
+        if sent is body:
+            return [messages.routed_body(endpoints, set_headers, remove, observed)]
+        # BUFFERED: the body is replaced, and Envoy rejects a replacement whose length differs from the
+        # content-length it forwards.
+        if "content-length" in self._headers:
+            set_headers.append(("content-length", str(len(sent))))
+        return [messages.routed_body(endpoints, set_headers, remove, observed, body=sent)]
 
     def _excluded(self) -> list[str] | None:
         """The healthy endpoints outside the subset hint (None: the subset leaves none)."""

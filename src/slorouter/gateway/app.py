@@ -29,6 +29,7 @@ from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
@@ -62,11 +63,13 @@ class Gateway:
         traffic: TrafficRecorder | None = None,
         window: TrafficWindow | None = None,
         actions: SloActions | None = None,
+        engine_priority: EnginePriority | None = None,
     ) -> None:
         """``stats``: where the relay records finished requests for the status page; ``status``: the page
         (``GET /v1/router/status``; not served without it); ``traffic``: the recording of ``--record``
         (opened and closed by the caller); ``window``: the recent traffic the tuner reads; ``actions``:
-        deadlines and hedges (None: none configured)."""
+        deadlines and hedges (None: none configured); ``engine_priority``: the priority each model server
+        is sent in the request body (None: none)."""
         self.config = config
         self.director = director
         self.metrics = metrics
@@ -76,7 +79,17 @@ class Gateway:
         self._api_keys = BearerTokens(config.accepted_api_keys)
         self._client: UpstreamClient | None = None
         self._relay: Relay | None = None
-        self._front = FrontEnd(director, "gateway", metrics, tracing, stats, traffic, window, actions)
+        self._front = FrontEnd(
+            director,
+            "gateway",
+            metrics,
+            tracing,
+            stats,
+            traffic,
+            window,
+            actions=actions,
+            engine_priority=engine_priority,
+        )
         self._status = status
 
     # --- server --------------------------------------------------------------------------------------
@@ -255,7 +268,8 @@ class Gateway:
                 head += "".join(f"{name}: {value}\r\n" for name, value in context.items()).encode("latin-1")
             try:
                 if exchange.plan is None:
-                    return await relay.relay(http, exchange, raw, head)
+                    # The body for this endpoint: with the priority in the form its server takes, if any.
+                    return await relay.relay(http, exchange, exchange.upstream_body(raw), head)
                 opened = await self._open_keeping_slo(exchange, raw, head, forward_head)
                 if opened is None:
                     message = exchange.deadline_passed()
@@ -286,7 +300,8 @@ class Gateway:
         relay, plan, lifecycle = self._relay, exchange.plan, exchange.lifecycle
         assert relay is not None and plan is not None and lifecycle is not None
         clock = self.director.clock
-        primary = asyncio.ensure_future(relay.open(lifecycle.target.address, exchange.path, head, raw))
+        body = exchange.upstream_body(raw)
+        primary = asyncio.ensure_future(relay.open(lifecycle.target.address, exchange.path, head, body))
         racing: dict[asyncio.Future[Opened], RequestLifecycle] = {primary: lifecycle}
         try:
             due = plan.deadline_at if plan.action is Action.CANCEL else exchange.hedge_at()
@@ -297,7 +312,8 @@ class Gateway:
                         return None
                     copy = await exchange.hedge()
                     if copy is not None:
-                        opening = relay.open(copy.target.address, exchange.path, forward_head, raw)
+                        body = exchange.upstream_body(raw, copy)
+                        opening = relay.open(copy.target.address, exchange.path, forward_head, body)
                         racing[asyncio.ensure_future(opening)] = copy
             return await self._first_answer(exchange, racing)
         finally:

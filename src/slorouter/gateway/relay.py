@@ -1,10 +1,11 @@
 """Relaying one dispatched request to its endpoint and the response back to the client.
 
-The request body goes upstream unchanged; the response comes back chunk by chunk, fed to the request's
-``Exchange`` on the way (tokens, reply text, usage, how it ended). An upstream that fails before any byte
-reached the client raises ``UpstreamFailedError`` (its status for the client, and whether another endpoint
-may be tried); one that fails mid-stream ends the client's stream with an OpenAI-style error event and
-``data: [DONE]``.
+The request body goes upstream as the exchange gives it for the endpoint (the client's, with the request's
+priority in the engine's form when ``pool.engine_priority`` is on); the response comes back chunk by chunk,
+fed to the request's ``Exchange`` on the way (tokens, reply text, usage, how it ended). An upstream that
+fails before any byte reached the client raises ``UpstreamFailedError`` (its status for the client, and
+whether another endpoint may be tried); one that fails mid-stream ends the client's stream with an
+OpenAI-style error event and ``data: [DONE]``.
 """
 
 from __future__ import annotations

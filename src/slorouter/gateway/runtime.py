@@ -66,6 +66,7 @@ class Router:
             traffic=traffic,
             window=None if core.tuning is None else core.tuning.window,
             actions=core.actions,
+            engine_priority=core.engine_priority,
         )
         return cls(core, gateway, traffic=traffic)
 

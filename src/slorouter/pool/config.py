@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -62,6 +62,46 @@ class KVEventsSourceConfig(StrictModel):
     @classmethod
     def _check_endpoint(cls, value: str | None) -> str | None:
         return None if value is None else validate_zmq_endpoint(value)
+
+
+# How a model server type takes a request's priority: the integer body field ``priority``, which vLLM
+# (``--scheduling-policy priority``) runs lower values first and SGLang (``--enable-priority-scheduling``)
+# higher values first. The other types take none (docs/design/engine-priority.md).
+EngineOrder = Literal["lower-first", "higher-first"]
+LOWER_FIRST: EngineOrder = "lower-first"
+HIGHER_FIRST: EngineOrder = "higher-first"
+ENGINE_PRIORITY_ORDERS: dict[str, EngineOrder] = {"vllm": LOWER_FIRST, "sglang": HIGHER_FIRST}
+
+
+class EnginePriorityConfig(StrictModel):
+    """Send each request's priority to its model server in the body field it takes (``true``/``false`` are
+    short for ``{enabled: ...}``). ``order`` says how the server runs the field's values, for a server
+    whose model server type does not say it (``auto``, a type without a priority field, or SGLang run with
+    ``--schedule-low-priority-values-first``)."""
+
+    enabled: bool = Field(default=True, description="send the priority (false: this endpoint gets none)")
+    order: EngineOrder | None = Field(
+        default=None,
+        description="lower-first (vLLM) or higher-first (SGLang); default: from the model server type",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+def engine_priority_order(model_server_type: str) -> EngineOrder | None:
+    """How a model server type (a preset name or alias, not ``auto``) takes a priority; None: not at all."""
+    return ENGINE_PRIORITY_ORDERS.get(preset(model_server_type).name)
+
+
+def _is_type(name: str) -> bool:
+    try:
+        preset(name)
+    except ValueError:
+        return False
+    return True
 
 
 def validate_model_server_type(value: str) -> str:
@@ -158,6 +198,9 @@ class EndpointConfig(StrictModel):
         default=None, description="this server's metric dialect (a mixed pool); default: the pool's"
     )
     model_server_metrics: ModelServerMetricsConfig | None = None
+    engine_priority: EnginePriorityConfig | None = Field(
+        default=None, description="send the request's priority to this server; default: the pool's setting"
+    )
 
     @field_validator("address")
     @classmethod
@@ -346,6 +389,11 @@ class PoolConfig(StrictModel):
         description="KV capacity for the in-flight KV estimate of a server reporting neither KV usage "
         "nor its cache size",
     )
+    engine_priority: EnginePriorityConfig | None = Field(
+        default=None,
+        description="send each request's priority to the model servers in the body field they take "
+        "(vLLM, SGLang); default: off",
+    )
 
     @field_validator("model_server_type")
     @classmethod
@@ -371,6 +419,64 @@ class PoolConfig(StrictModel):
                     f"endpoints[{i}].model_server_type or pool.model_server_type"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _engine_priority_has_a_form(self) -> PoolConfig:
+        """Every endpoint the priority is sent to has a known form: an ``order``, else a model server type
+        (its own, its ``engine_label_key`` label's, the pool's) that takes one; ``auto`` is not enough."""
+        pool = self.engine_priority
+        if pool is not None and pool.enabled and pool.order is None:
+            kind = self.model_server_type
+            if kind == AUTO and self.kubernetes is not None:
+                raise ValueError(
+                    "engine_priority: the form of the priority follows the model server type, and "
+                    "model_server_type is 'auto' (detected from the metrics, which does not decide a request "
+                    "field): set model_server_type (vllm or sglang; a pod's engine_label_key label still "
+                    "wins) or engine_priority.order"
+                )
+            if kind != AUTO and engine_priority_order(kind) is None:
+                raise ValueError(
+                    f"engine_priority: model server type {kind!r} (model_server_type) takes no request "
+                    "priority (vllm and sglang do): turn it on for the vLLM or SGLang endpoints alone "
+                    "(endpoints[i].engine_priority), or set engine_priority.order for a server that takes "
+                    "an integer 'priority' body field"
+                )
+        for i, endpoint in enumerate(self.endpoints):
+            own = endpoint.engine_priority
+            setting = own if own is not None else pool
+            if setting is None or not setting.enabled or setting.order is not None:
+                continue
+            kind = self.endpoint_type(endpoint)
+            if kind == AUTO:
+                raise ValueError(
+                    f"endpoints[{i}] ({endpoint.address}): the form of the engine priority follows its model "
+                    "server type, which is 'auto' (detected from the metrics, which does not decide a "
+                    f"request field): set endpoints[{i}].model_server_type or pool.model_server_type "
+                    "(vllm or sglang), or engine_priority.order"
+                )
+            if own is not None and engine_priority_order(kind) is None:
+                raise ValueError(
+                    f"endpoints[{i}].engine_priority: model server type {kind!r} takes no request priority "
+                    "(vllm and sglang do); set engine_priority.order for a server that takes an integer "
+                    "'priority' body field"
+                )
+        return self
+
+    def endpoint_type(self, endpoint: EndpointConfig) -> str:
+        """A static endpoint's model server type as configured: its own, else the preset its
+        ``engine_label_key`` label names, else the pool's (``auto`` included)."""
+        if endpoint.model_server_type is not None:
+            return endpoint.model_server_type
+        label = endpoint.labels.get(self.engine_label_key)
+        if label is not None and _is_type(label):
+            return label
+        return self.model_server_type
+
+    @property
+    def engine_priority_anywhere(self) -> bool:
+        """The priority is sent to some endpoint (the pool's setting, or an endpoint's own)."""
+        settings = [self.engine_priority, *(e.engine_priority for e in self.endpoints)]
+        return any(setting is not None and setting.enabled for setting in settings)
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -453,3 +559,46 @@ def dialect_resolver(config: PoolConfig) -> DialectResolver:
         return pool_dialect
 
     return resolve
+
+
+EnginePriorityResolver = Callable[[Endpoint], EngineOrder | None]
+
+
+def engine_priority_resolver(config: PoolConfig) -> EnginePriorityResolver:
+    """How an endpoint takes a request's priority (None: it is sent none): its own ``engine_priority``, else
+    the pool's; the setting's ``order``, else the one of its model server type, resolved as its metric
+    dialect is (its own type, the preset its ``engine_label_key`` label names, the pool's; never the
+    detected one)."""
+    pool = config.engine_priority
+    static: dict[str, EngineOrder | None] = {}
+    for endpoint in config.endpoints:
+        setting = endpoint.engine_priority if endpoint.engine_priority is not None else pool
+        static[endpoint.address] = _order(setting, config.endpoint_type(endpoint))
+    pool_order = _order(pool, config.model_server_type)
+    key = config.engine_label_key
+
+    def resolve(endpoint: Endpoint) -> EngineOrder | None:
+        try:
+            return static[endpoint.address]
+        except KeyError:
+            pass
+        # A discovered pod: the pool's setting, in the form of its label's type or the pool's.
+        label = endpoint.labels.get(key)
+        if pool is None or not pool.enabled or pool.order is not None or label is None:
+            return pool_order
+        try:
+            return engine_priority_order(label)
+        except ValueError:  # not a model server type: the pool's (the dialect resolver warns)
+            return pool_order
+
+    return resolve
+
+
+def _order(setting: EnginePriorityConfig | None, model_server_type: str) -> EngineOrder | None:
+    if setting is None or not setting.enabled:
+        return None
+    if setting.order is not None:
+        return setting.order
+    if model_server_type == AUTO:  # then every endpoint it is sent to has a type (the config's checks)
+        return None
+    return engine_priority_order(model_server_type)

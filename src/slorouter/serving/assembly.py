@@ -44,6 +44,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, SELF_TUNING_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import CandidateSwitch, PluginContext
 from slorouter.serving.command_line import STATE_DIR_CHANGE
+from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.self_tuning import SelfTuning
 from slorouter.serving.slo_actions import SloActions, SloActionsCollector
 from slorouter.tracing.config import TracingUnavailableError
@@ -76,6 +77,7 @@ class RouterCore:
     stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
     tuning: SelfTuning | None = None  # tuning.enabled: the tuner's link and the window it reads
     actions: SloActions | None = None  # an objective has a deadline: the plans and their counts
+    engine_priority: EnginePriority | None = None  # pool.engine_priority: what the model servers are sent
 
     @classmethod
     def build(
@@ -159,6 +161,7 @@ class RouterCore:
             stats=RouterStats(clock),
             tuning=tuning,
             actions=actions if actions.enabled else None,
+            engine_priority=EnginePriority.from_config(config),
         )
 
     @property

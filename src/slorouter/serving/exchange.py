@@ -3,11 +3,12 @@
 A front-end speaks its protocol (HTTP/1.1 for the gateway, ext_proc for Envoy, events for the discrete-event
 benchmark) and drives an ``Exchange`` through the same steps:
 
-    parsed → admit → pick (a retry: pick again, the tried endpoints left out) → upstream context →
+    parsed → admit → pick (a retry: pick again, the tried endpoints left out) → upstream body and context →
     response started → chunks (or tokens) → answered | failed | abandoned; or refused at any point before
 
 The exchange owns what happens at each step: the request id, flow control's admission, the request's spans,
-the scheduling and its timing, the dispatch, the routing facts (``RoutingFacts``: one derivation for the
+the scheduling and its timing, the dispatch, the body each endpoint is sent (the request's priority in its
+engine's form, ``serving.engine_priority``), the routing facts (``RoutingFacts``: one derivation for the
 response headers and the spans), reading the response as it passes (SSE events, the reply text the plugins
 asked for, ``usage``), how the request ended (a typed ``Termination``), and the outcome: the front-end
 metrics, the status page, the traffic recording. A change to the request path is made here, once.
@@ -29,6 +30,7 @@ from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import InferenceRequest, SchedulingError, SchedulingResult
+from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.headers import RoutingFacts
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.recording import TrafficRecorder
@@ -65,6 +67,7 @@ class FrontEnd:
     traffic: TrafficRecorder | None = None  # --record
     window: TrafficWindow | None = None  # recent traffic, for the tuner
     actions: SloActions | None = None  # deadlines and hedges (None: none configured)
+    engine_priority: EnginePriority | None = None  # None: no model server is sent a priority
     outcomes: OutcomeRecorder | None = field(init=False)
     ids: RequestIds = field(init=False, default_factory=RequestIds)
 
@@ -99,6 +102,8 @@ class Exchange:
     lifecycle while both are in flight."""
 
     __slots__ = (
+        "_client_priority",
+        "_engine_priority",
         "_first_seen",
         "_kept",
         "_observer",
@@ -131,6 +136,8 @@ class Exchange:
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
         self._first_seen = False  # the window was told of the first token
+        self._engine_priority = 0  # the priority the model server gets (higher first), if it gets one
+        self._client_priority = False  # the body has a "priority" of its own
         self._over = False  # answered, refused or abandoned: later ends are no-ops
 
     @classmethod
@@ -154,6 +161,10 @@ class Exchange:
         self.request = request
         if front.actions is not None:
             self.plan = front.actions.plan(request)
+        engine = front.engine_priority
+        if engine is not None:
+            self._engine_priority = engine.priority(hints)
+            self._client_priority = parsed.client_priority
         if self.trace is not None:
             self.trace.set(parsed_attributes(request))
         return request
@@ -201,6 +212,20 @@ class Exchange:
             self.admission.release()
             raise
         return self._dispatch(self.front.director.dispatch(self.request, result, self.admission))
+
+    def upstream_body(self, body: bytes, lifecycle: RequestLifecycle | None = None) -> bytes:
+        """The request body for the current pick's endpoint (or ``lifecycle``'s: a hedged copy's): the
+        client's ``body`` with the request's priority in the field and the sense its model server takes
+        (``pool.engine_priority``), or ``body`` itself when that server is sent none. Called after each
+        pick: a retry elsewhere may take another form."""
+        engine = self.front.engine_priority
+        if engine is None:
+            return body
+        lifecycle = lifecycle or self.lifecycle
+        assert lifecycle is not None
+        return engine.body(
+            body, self._engine_priority, lifecycle.target, client_priority=self._client_priority
+        )
 
     def upstream_context(self, address: str) -> dict[str, str]:
         """The upstream span starts (tracing on): its W3C context, for the request to the model server."""

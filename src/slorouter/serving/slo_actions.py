@@ -113,8 +113,8 @@ class SloActions:
         self.hedging = hedging
         self.budget = HedgeBudget(hedging.max_share, hedging.burst)
         # Every series an objective can have starts at 0, so that rates and alerts see it from the start.
-        hedged = [name for name, d in self._deadlines.items() if d.action == Action.HEDGE]
-        cancelled = [name for name, d in self._deadlines.items() if d.action == Action.CANCEL]
+        hedged = [name for name, d in self._deadlines.items() if d.action == "hedge"]
+        cancelled = [name for name, d in self._deadlines.items() if d.action == "cancel"]
         self.hedges: dict[tuple[str, HedgeOutcome], int] = {(o, h): 0 for o in hedged for h in HedgeOutcome}
         self.skipped: dict[tuple[str, HedgeSkip], int] = {(o, r): 0 for o in hedged for r in HedgeSkip}
         self.cancelled: dict[tuple[str, CancelReason], int] = {

@@ -70,6 +70,12 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- $ie := .Values.inferenceExtension -}}
 {{- $kubernetes := dict "namespace" .Release.Namespace "inference_pool" (include "slorouter.poolName" .) -}}
 {{- $config := dict "pool" (dict "kubernetes" $kubernetes "model_server_type" .Values.inferencePool.modelServerType) -}}
+{{- $enginePriority := .Values.inferencePool.enginePriority -}}
+{{- if kindIs "map" $enginePriority -}}
+{{- $_ := set $config.pool "engine_priority" (deepCopy $enginePriority) -}}
+{{- else if $enginePriority -}}
+{{- $_ := set $config.pool "engine_priority" true -}}
+{{- end -}}
 {{- if $ie.latencyPredictor.enabled -}}
 {{- $lp := $ie.latencyPredictor -}}
 {{- $urls := list -}}
@@ -95,7 +101,11 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- if .Values.inferenceObjectives -}}
 {{- $objectives := dict -}}
 {{- range .Values.inferenceObjectives -}}
-{{- $_ := set $objectives .name (dict "priority" (int .priority)) -}}
+{{- $objective := dict "priority" (int .priority) -}}
+{{- if hasKey . "enginePriority" -}}
+{{- $_ := set $objective "engine_priority" (int .enginePriority) -}}
+{{- end -}}
+{{- $_ := set $objectives .name $objective -}}
 {{- end -}}
 {{- $_ := set $config "objectives" $objectives -}}
 {{- end -}}
@@ -110,6 +120,18 @@ predictor sidecars in remote mode, the objectives; then inferenceExtension.route
 {{- end -}}
 {{- if not (has $pool.modelServerType (list "vllm" "sglang" "trtllm-serve" "triton-tensorrt-llm" "llamacpp" "tgi")) -}}
 {{- fail (printf "inferencePool.modelServerType: slorouter reads vllm, sglang, trtllm-serve, triton-tensorrt-llm, llamacpp and tgi metrics, not %q" $pool.modelServerType) -}}
+{{- end -}}
+{{- $engine := $pool.enginePriority -}}
+{{- $engineOn := false -}}
+{{- $engineOrder := "" -}}
+{{- if kindIs "map" $engine -}}
+{{- $engineOn = ternary (index $engine "enabled") true (hasKey $engine "enabled") -}}
+{{- $engineOrder = index $engine "order" | default "" -}}
+{{- else -}}
+{{- $engineOn = $engine -}}
+{{- end -}}
+{{- if and $engineOn (not $engineOrder) (not (has $pool.modelServerType (list "vllm" "sglang"))) -}}
+{{- fail (printf "inferencePool.enginePriority: modelServerType %q takes no request priority (vllm and sglang do); set inferencePool.enginePriority.order for a server that takes an integer 'priority' body field" $pool.modelServerType) -}}
 {{- end -}}
 {{- if ne $pool.modelServerProtocol "http" -}}
 {{- fail (printf "inferencePool.modelServerProtocol: only http is supported, not %q" $pool.modelServerProtocol) -}}
