@@ -193,7 +193,10 @@ def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
                 },
             },
             "scheduler": _streaming_pipeline(),
-            "objectives": {"batch": {"priority": -1}},
+            "objectives": {
+                "batch": {"priority": -1, "deadline": {"action": "cancel"}},
+                "interactive": {"priority": 1, "deadline": {"action": "hedge"}},
+            },
             "flowControl": {"enabled": True, "saturationDetector": {"maxInflightRequestsPerEndpoint": 2}},
         }
         (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
@@ -243,14 +246,17 @@ def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def _request(gateway: str, model: str, i: int) -> int:
-    """One request; every fourth streamed, every fifth sheddable with an SLO no pod meets, a few for a
-    model no pod serves. Returns the HTTP status."""
+    """One request; every fourth streamed, every other one interactive (hedged when slow), every fifth
+    sheddable with an SLO no pod meets (shed, or cancelled at its deadline), a few for a model no pod serves.
+    Returns the HTTP status."""
     stream = i % 4 == 0
     body: dict[str, Any] = {"model": "unknown-model" if i % 37 == 0 else model, "max_tokens": 4 + i % 12}
     body["prompt"] = f"request {i} " + "lorem ipsum " * (100 + i % 200)
     if stream:
         body["stream"] = True
     headers = {"Content-Type": "application/json", "x-slo-ttft-ms": "400"}
+    if i % 2:
+        headers["x-gateway-inference-objective"] = "interactive"
     headers["x-slo-tpot-ms"] = "2" if i % 3 == 0 else "50"
     if i % 5 == 0:
         headers.update({"x-gateway-inference-objective": "batch", "x-slo-ttft-ms": "1"})

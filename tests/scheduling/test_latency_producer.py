@@ -202,6 +202,20 @@ def test_a_request_cancelled_before_its_first_token_trains_on_its_wait_when_abov
         assert [(k, round(v, 3)) for k, _, v in backend.samples] == samples
 
 
+def test_a_stream_cut_for_its_tpot_trains_the_tpot_it_had():
+    backend = FakeBackend()
+    director, _ = _director(backend, streaming=True)
+    request = _request()
+    lifecycle = director.dispatch(request, director.schedule(request))
+    director.clock.advance(0.1)
+    lifecycle.on_headers(200, streaming=True)
+    lifecycle.on_tokens(1)
+    director.clock.advance(0.2)
+    lifecycle.on_tokens(4)
+    lifecycle.end(Termination.CANCELLED, detail="deadline: tpot")
+    assert [(k, round(v, 3)) for k, _, v in backend.samples] == [("ttft", 100.0), ("tpot", 50.0)]
+
+
 def test_failed_requests_produce_no_samples():
     backend = FakeBackend()
     director, _ = _director(backend)

@@ -351,6 +351,7 @@ class Exchange:
         )
         lifecycle.end(Termination.CANCELLED, detail="deadline: ttft")
         self.tried.append(lifecycle.target.address)
+        self._count_violation("ttft")
         return message
 
     def tpot_overrun(self) -> str | None:
@@ -370,6 +371,7 @@ class Exchange:
         actions = self.front.actions
         assert actions is not None
         actions.cancelled_request(plan, CancelReason.TPOT)
+        self._count_violation("tpot")
         return (
             f"the stream's TPOT of {running_ms:.1f} ms over {response.tokens} tokens is above its limit of "
             f"{plan.tpot_limit_ms:g} ms (objective {plan.objective!r}); the router cancelled it"
@@ -547,6 +549,16 @@ class Exchange:
         return self._observer is not None or self._kept is not None
 
     # --- internals -----------------------------------------------------------------------------------
+    def _count_violation(self, kind: str) -> None:
+        """A request cut at its deadline missed that SLO (the latency plugins see no outcome of it)."""
+        metrics = self.front.director.latency_metrics
+        request = self.request
+        if metrics is None or request is None:
+            return
+        labels = metrics.model_labels(request.model, request.target_model)
+        counter = metrics.ttft_slo_violations if kind == "ttft" else metrics.tpot_slo_violations
+        counter.labels(*labels).inc()
+
     def _drop_copy(self, detail: str) -> None:
         """The request ended while its hedged copy was still racing: the copy ends too (counted)."""
         copy = self.copy

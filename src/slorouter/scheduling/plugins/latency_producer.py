@@ -366,7 +366,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         if not end_of_stream:
             return
         self._release_tpot_slo(request, state)
-        if response.cause is Termination.CANCELLED and response.first_token_at is None:
+        if response.cause is Termination.CANCELLED:
             self._censored(request, state, response)
             return
         if not ok or response.completed_at is None:
@@ -384,19 +384,35 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             self._record(request, state, "tpot", (e2e_ms - ttft_ms) / (response.tokens - 1))
 
     def _censored(self, request: InferenceRequest, state: _RequestState, response: ResponseInfo) -> None:
-        """The router cancelled the request before its first token (its deadline passed, or its hedged copy
-        answered first): its TTFT is only known to be above the time it waited. Dropping it would teach the
+        """The router cancelled the request. Before its first token (its deadline passed, or its hedged copy
+        answered first) its TTFT is only known to be above the time it waited. Dropping it would teach the
         model that the slowest requests never happen; so the wait is recorded as the sample when it is above
-        the prediction (a lower bound that still corrects the model), and dropped when it says nothing."""
+        the prediction (a lower bound that still corrects the model), and dropped when it says nothing. A
+        stream cut for its TPOT trains the TPOT it had."""
+        if response.completed_at is None:
+            return
+        first = response.first_token_at
+        if first is not None:  # a stream cut for its TPOT: the tokens it had came at the pace observed
+            if self.params.streaming_mode and response.tokens > 1:
+                tpot_ms = (response.completed_at - first) * 1000 / (response.tokens - 1)
+                self._record(request, state, "tpot", tpot_ms, count_slo=False)
+            return
         predicted = state.predicted_ttft
-        if predicted is None or response.completed_at is None:
+        if predicted is None:
             return
         waited_ms = (response.completed_at - response.dispatched_at) * 1000
         if waited_ms > float(predicted[state.target]):
-            self._record(request, state, "ttft", waited_ms)
+            # Not an SLO violation of its own: the front-end that cancelled it counts those.
+            self._record(request, state, "ttft", waited_ms, count_slo=False)
 
     def _record(
-        self, request: InferenceRequest, state: _RequestState, kind: ModelKind, latency_ms: float
+        self,
+        request: InferenceRequest,
+        state: _RequestState,
+        kind: ModelKind,
+        latency_ms: float,
+        *,
+        count_slo: bool = True,
     ) -> None:
         if kind in state.samples or not latency_ms > 0:
             return
@@ -423,6 +439,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             metrics.prediction_ratio.labels(kind).observe(latency_ms / served)
             if self.coverage is not None:
                 metrics.coverage_factor.labels(kind).set(self.coverage.factor(kind))
+        if not count_slo:
+            return
         labels = (request.model, request.target_model)
         if kind == "ttft" and request.slo_ttft_ms is not None and latency_ms > request.slo_ttft_ms:
             metrics.ttft_slo_violations.labels(*labels).inc()
