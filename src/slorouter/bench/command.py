@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from slorouter.bench.cluster import PICKER_ASSIGNMENTS, SHARED_INFLIGHT_PUBLISHING, ClusterSettings
-from slorouter.bench.policies import POLICY_NAMES, PolicyError, load_flow_control_file, resolve_policies
+from slorouter.bench.policies import (
+    POLICY_NAMES,
+    PolicyError,
+    load_deadlines_file,
+    load_flow_control_file,
+    resolve_policies,
+)
 from slorouter.bench.pool import PoolSpecError, parse_pool
 from slorouter.bench.runner import BenchPlan, RunOutput, median_over_seeds, run_plan
 from slorouter.bench.workloads import workload_defaults, workload_names
@@ -170,6 +176,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE.yaml",
         help="the flowControl section the POLICY+fc policies use (default: its defaults, enabled)",
     )
+    parser.add_argument(
+        "--deadlines-config",
+        type=Path,
+        default=None,
+        metavar="FILE.yaml",
+        help="the objectives (critical, standard, sheddable) and hedging sections of the POLICY+slo policies "
+        "(default: hedge critical and standard, cancel sheddable)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--seeds",
@@ -298,7 +312,13 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
     except PolicyError as exc:
         raise ValueError(f"--flow-control-config: {exc}") from None
     try:
-        policies = resolve_policies(args.policies, with_flow_control=args.flow_control, flow_control=flow)
+        deadlines = None if args.deadlines_config is None else load_deadlines_file(args.deadlines_config)
+    except PolicyError as exc:
+        raise ValueError(f"--deadlines-config: {exc}") from None
+    try:
+        policies = resolve_policies(
+            args.policies, with_flow_control=args.flow_control, flow_control=flow, deadlines=deadlines
+        )
     except (PolicyError, SchedulerConfigError) as exc:
         raise ValueError(f"--policies: {exc}") from None
     for flag, on in (
