@@ -171,3 +171,34 @@ def test_late_metrics_variant_shows_the_pods_half_a_second_late() -> None:
     late = [t for t, _, _, running in _scraped("2@late-metrics", requests) if running]
     assert min(live) < first_arrival + 0.1
     assert min(late) == pytest.approx(min(live) + 0.5, abs=0.051)
+
+
+def test_each_requests_engine_priority_reaches_a_priority_queue_pod() -> None:
+    # One pod with one seat: a long request holds it while the others queue; the pod serves them by their
+    # engine_priority (lower first), not by arrival.
+    blocker = BenchRequest(arrival=0.0, prompt="b" * 400, max_tokens=100)
+    queued = [
+        BenchRequest(arrival=0.01 * (i + 1), prompt=f"{i}" * 400, max_tokens=2, engine_priority=priority)
+        for i, priority in enumerate([5, 1, 5, -3])
+    ]
+    with ClusterSimulator(parse_pool("1@priority-queue,max-seqs=1"), None, use_predictor=False) as sim:
+        rec = sim.run([blocker, *queued])
+    assert np.all(rec.status == OK)
+    done = rec.arrival + rec.e2e_s
+    assert list(np.argsort(done)) == [0, 4, 2, 1, 3]
+
+
+def test_stalling_pods_are_deterministic_per_seed_and_slow_the_tail() -> None:
+    requests = chat_requests(300, qps=30)
+    policy = BUILTIN_POLICIES["heuristic-tuned"]
+
+    def run(pool: str, seed: int) -> np.ndarray:
+        with ClusterSimulator(parse_pool(pool), policy, use_predictor=False, seed=seed) as sim:
+            rec = sim.run(requests)
+        assert np.all(rec.status == OK)
+        return rec.e2e_s
+
+    stalling = run("3@stall-every-s=2,stall-ms=300:600", 1)
+    np.testing.assert_array_equal(stalling, run("3@stall-every-s=2,stall-ms=300:600", 1))
+    assert not np.array_equal(stalling, run("3@stall-every-s=2,stall-ms=300:600", 2))
+    assert np.percentile(stalling, 99) > np.percentile(run("3", 1), 99) + 0.2

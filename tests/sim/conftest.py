@@ -21,7 +21,8 @@ class Run:
     end: float = 0.0
 
 
-Arrival = tuple[object, list[int] | bytes, int, float]  # (request id, prompt ids, max_tokens, arrival time)
+# (request id, prompt ids, max_tokens, arrival time[, priority])
+Arrival = tuple[object, list[int] | bytes, int, float] | tuple[object, list[int] | bytes, int, float, int]
 
 
 def drive(engine: Engine, arrivals: Iterable[Arrival], max_steps: int = 200_000) -> Run:
@@ -32,8 +33,8 @@ def drive(engine: Engine, arrivals: Iterable[Arrival], max_steps: int = 200_000)
     i = 0
     for _ in range(max_steps):
         while i < len(pending) and pending[i][3] <= now:
-            request_id, prompt, max_tokens, at = pending[i]
-            engine.add_request(request_id, prompt, max_tokens, at)
+            request_id, prompt, max_tokens, at, *priority = pending[i]
+            engine.add_request(request_id, prompt, max_tokens, at, *priority)
             i += 1
         if i == len(pending) and not engine.has_work():
             run.end = now

@@ -269,6 +269,12 @@ BAD_REQUESTS = [
         "stream_options",
     ),
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "priority": "1"}, 400, "priority"),
+    ("/v1/completions", {"prompt": "hi", "priority": 1.5}, 400, "priority"),
+    ("/v1/completions", {"prompt": "hi", "priority": True}, 400, "priority"),
+    ("/v1/chat/completions", {"messages": CHAT, "priority": [1]}, 400, "priority"),
+    ("/v1/completions", {"prompt": "hi", "priority": 3}, 400, "priority"),  # fcfs: only 0
+    ("/v1/chat/completions", {"messages": CHAT, "priority": -1}, 400, "priority"),
     ("/v1/completions", {"prompt": LONG}, 400, "prompt"),
     ("/v1/completions", {"prompt": LONG[: 4 * 32000], "max_tokens": 1000}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
@@ -296,6 +302,67 @@ async def test_context_length_message_matches_vllm(session, url):
     assert message.startswith(
         "This model's maximum context length is 32768 tokens. However, you requested 33000"
     )
+
+
+async def test_priority_on_an_fcfs_server_is_refused_with_vllms_message(session, url):
+    async with session.post(f"{url}/v1/completions", json={"prompt": "hi", "priority": 3}) as r:
+        assert r.status == 400
+        message = (await r.json())["error"]["message"]
+    assert message == "Got priority 3 but Priority scheduling is not enabled."
+    async with session.post(f"{url}/v1/completions", json={"prompt": "hi", "priority": 0}) as r:
+        assert r.status == 200  # the default priority is always accepted
+
+
+async def test_a_priority_queue_server_serves_a_high_priority_request_first(session):
+    # One seat: a long request holds it while three low-priority requests queue, then a high-priority one.
+    profile = apply_variant(get_profile("llama3-8b-h100"), "priority-queue,max-seqs=1")
+    async with await start_pods(1, 0, profile) as pod:
+        url = f"http://{pod.addresses[0]}"
+        done: list[str] = []
+
+        async def send(name: str, priority: int, max_tokens: int) -> None:
+            body = {"prompt": f"request {name}", "max_tokens": max_tokens, "priority": priority}
+            async with session.post(f"{url}/v1/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+            done.append(name)
+
+        tasks = [asyncio.create_task(send("blocker", 0, 120))]  # ~0.9 s
+        await wait_for_metric(session, url, "vllm:num_requests_running", lambda v: v == 1)
+        tasks += [asyncio.create_task(send(f"low-{i}", 10, 4)) for i in range(3)]
+        await wait_for_metric(session, url, "vllm:num_requests_waiting", lambda v: v == 3)
+        tasks.append(asyncio.create_task(send("high", -5, 4)))
+        await wait_for_metric(session, url, "vllm:num_requests_waiting", lambda v: v == 4)
+        await asyncio.gather(*tasks)
+    assert done[:2] == ["blocker", "high"] and sorted(done[2:]) == ["low-0", "low-1", "low-2"]
+
+
+async def timed_completion(session, url: str, max_tokens: int) -> float:
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    async with session.post(
+        f"{url}/v1/completions", json={"prompt": "x" * 64, "max_tokens": max_tokens}
+    ) as r:
+        assert r.status == 200
+        assert (await r.json())["usage"]["completion_tokens"] == max_tokens
+    return loop.time() - sent
+
+
+async def test_a_stalling_pod_pauses_in_real_time(session):
+    # Pauses of 50 ms after about every millisecond of work: the one ~7 ms step of a 1-token completion
+    # (normally ~15 ms in all) meets about seven.
+    profile = apply_variant(get_profile("llama3-8b-h100"), "stall-every-s=0.001,stall-ms=50:50")
+    async with await start_pods(1, 0, profile) as pod:
+        elapsed = await timed_completion(session, f"http://{pod.addresses[0]}", 1)
+    assert elapsed >= 0.05
+
+
+async def test_a_slow_pod_steps_slower_in_real_time(session):
+    # A slow period starts about a millisecond after the pod and lasts for the whole test: steps take 20x.
+    profile = apply_variant(get_profile("llama3-8b-h100"), "slow-factor=20,slow-for-s=600,slow-every-s=0.001")
+    async with await start_pods(1, 0, profile) as pod:
+        elapsed = await timed_completion(session, f"http://{pod.addresses[0]}", 3)
+    assert elapsed >= 0.25  # two decode steps of ~7 ms at least, times 20
 
 
 # ----------------------------------------------------------------------------------------- disconnects

@@ -11,6 +11,7 @@ from slorouter.sim.scheduler import POLICIES
 from slorouter.sim.variants import (
     KEYS,
     NAMED_VARIANTS,
+    QUEUES,
     SCALE_KEYS,
     EngineVariant,
     VariantError,
@@ -32,6 +33,12 @@ variants = st.builds(
     metrics_delay_ms=st.none() | delays,
     metrics_period_ms=st.none() | delays,
     kv_usage_step=st.none() | st.floats(min_value=0, max_value=1),
+    queue=st.none() | st.sampled_from(QUEUES),
+    stall_every_s=st.none() | factors,
+    stall_ms=st.none() | st.tuples(delays, delays).map(sorted).filter(lambda r: r[1] > 0).map(tuple),
+    slow_factor=st.none() | factors,
+    slow_for_s=st.none() | factors,
+    slow_every_s=st.none() | factors,
 )
 
 
@@ -94,6 +101,13 @@ def test_a_bad_value_is_an_error_naming_the_item(key, text):
         ("batch-tokens=2.5", "must be a whole number"),
         ("scheduler=sglang", "unknown scheduler (known: vllm, decode-priority, prefill-priority)"),
         ("slow-gpu,,w=2", "empty item between commas"),
+        ("queue=lifo", "unknown queue (known: fcfs, priority)"),
+        ("stall-ms=300", "'stall-ms=300': must be LO:HI (milliseconds)"),
+        ("stall-ms=3000:300", "must be LO:HI with 0 <= LO <= HI and HI > 0"),
+        ("stall-ms=0:0", "must be LO:HI with 0 <= LO <= HI and HI > 0"),
+        ("stall-ms=a:300", "'stall-ms=a:300': not a number"),
+        ("stall-every-s=0", "'stall-every-s=0': must be a finite number > 0"),
+        ("slow-factor=-2", "must be a finite number > 0"),
     ],
 )
 def test_errors_name_the_problem(spec, message):
@@ -107,6 +121,35 @@ def test_apply_checks_what_vllm_would_refuse():
     with pytest.raises(VariantError, match="cannot hold one request of max_model_len"):
         parse_variant("kv-memory=0.01").apply(QWEN3_32B_H100_TP2)
     assert parse_variant("batch-tokens=128,max-seqs=64").apply(LLAMA3_8B_H100).max_num_seqs == 64
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("stall-every-s=5", "stall-every-s needs stall-ms as well"),
+        ("stall-ms=10:20", "stall-ms needs stall-every-s as well"),
+        ("slow-factor=2", "slow-factor needs slow-for-s, slow-every-s as well"),
+        ("slow-for-s=2,slow-every-s=5", "slow-for-s, slow-every-s needs slow-factor as well"),
+    ],
+)
+def test_apply_wants_the_keys_of_a_stall_or_slowdown_together(spec, message):
+    with pytest.raises(VariantError, match=message):
+        parse_variant(spec).apply(LLAMA3_8B_H100)
+
+
+def test_the_queue_stall_and_slowdown_variants_set_their_profile_fields():
+    priority = parse_variant("priority-queue").apply(LLAMA3_8B_H100)
+    assert priority.scheduling_policy == "priority" and LLAMA3_8B_H100.scheduling_policy == "fcfs"
+    stalls = parse_variant("stalls").apply(LLAMA3_8B_H100)
+    assert (stalls.stall_every_s, stalls.stall_ms) == (15.0, (300.0, 3000.0))
+    slow = parse_variant("slowdowns").apply(LLAMA3_8B_H100)
+    assert (slow.slow_factor, slow.slow_for_s, slow.slow_every_s) == (3.0, 60.0, 90.0)
+    # Later items win, as for every other setting; named variants compose with keys.
+    assert parse_variant("stalls,stall-ms=5:10").apply(LLAMA3_8B_H100).stall_ms == (5.0, 10.0)
+    assert parse_variant("stalls,slowdowns,priority-queue").spec() == (
+        "queue=priority,stall-every-s=15.0,stall-ms=300.0:3000.0,slow-factor=3.0,slow-for-s=60.0,"
+        "slow-every-s=90.0"
+    )
 
 
 def test_kv_blocks_and_kv_memory_replace_each_other():

@@ -339,7 +339,9 @@ class SimulationRun:
                 rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
         prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
         try:
-            self.engines[pod].add_request(i, prompt, inference.max_tokens, now + self.net)
+            self.engines[pod].add_request(
+                i, prompt, inference.max_tokens, now + self.net, self.requests[i].engine_priority
+            )
         except RequestRejected as exc:
             exchange.failed(Termination.UPSTREAM_ERROR, str(exc), "rejected")
             rec.status[i] = REJECTED

@@ -7,7 +7,8 @@ and the discrete-event cluster simulator drive this same class.
 What it models, after vLLM V1's scheduler and KV-cache manager:
 
 - **Continuous batching** with a token budget per step (``max_num_batched_tokens``) and at most
-  ``max_num_seqs`` running requests; FCFS waiting queue.
+  ``max_num_seqs`` running requests; an FCFS waiting queue, or (profile ``scheduling_policy="priority"``)
+  vLLM's priority queue (below).
 - **Chunked prefill**: a prompt is computed over as many steps as the budget needs (and, with
   ``long_prefill_token_threshold``, at most that many tokens per step). Under the default ``vllm`` policy
   decodes are scheduled first (the budget always covers them since it is at least ``max_num_seqs``), then
@@ -17,6 +18,20 @@ What it models, after vLLM V1's scheduler and KV-cache manager:
   and skips computing them (``slorouter.sim.kv_cache`` keeps the blocks; this module decides who gets them).
 - **Preemption by recompute**: when a running request needs a block and none is free, the most recently
   admitted running request loses all its blocks and goes back to the front of the waiting queue.
+- **Priority scheduling** (vLLM's ``--scheduling-policy priority``), copied from vLLM V1's
+  ``PriorityRequestQueue`` (``vllm/v1/core/sched/request_queue.py``) and ``Scheduler.schedule``
+  (``vllm/v1/core/sched/scheduler.py``): the waiting queue is a heap ordered by ``(priority, arrival)``,
+  lower first (``Request.__lt__``); a preempted request is pushed back into it (``prepend_request`` of the
+  priority queue is ``add_request``) and keeps its priority and arrival; the preemption victim is
+  ``max(running, key=(priority, arrival))`` rather than the newest, and a victim already scheduled in the
+  step being built gives its tokens back to the budget. As in vLLM the head of the queue still blocks
+  the queue when it does not fit, and waiting requests never preempt running ones. One deviation: equal
+  ``(priority, arrival)`` pairs are ordered by arrival order at the engine (vLLM's queue compares request
+  ids, and its victim is the earliest admitted of them). The ``decode-priority`` policy, which only
+  preempts prefills, takes the prefilling request with the largest key. With the default ``fcfs`` the
+  priority given to ``add_request`` is ignored.
+- **Stalls and slow periods** (``slorouter.sim.disruptions``): pauses during which no step runs, and
+  periods during which every step takes a factor longer, on a schedule seeded per engine.
 - **Output length** is exactly ``max_tokens`` (as with ``ignore_eos``).
 - **Step time** from the profile's latency model, times seeded lognormal jitter; per-request API overheads
   before the queue (``api_pre``) and after the last token (``api_post`` + ``api_per_token`` per output token).
@@ -34,9 +49,11 @@ import random
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from slorouter.sim.disruptions import Disruptions, disrupted
 from slorouter.sim.kv_cache import KVBlockManager, KVSequence
 from slorouter.sim.profiles import Profile
 from slorouter.sim.scheduler import get_policy
@@ -159,6 +176,8 @@ class _Request(KVSequence):
         "num_output",
         "num_preemptions",
         "num_tokens",
+        "order",
+        "priority",
         "queued",
         "request_id",
         "run_seq",
@@ -173,11 +192,15 @@ class _Request(KVSequence):
         block_hashes: list[int],
         max_tokens: int,
         arrival: float,
+        priority: int,
+        order: int,
     ) -> None:
         super().__init__(prompt_bytes, block_hashes)
         self.request_id = request_id
         self.max_tokens = max_tokens
         self.arrival = arrival
+        self.priority = priority  # vLLM's request priority: lower is served first (priority queue only)
+        self.order = order  # arrival order at the engine: breaks (priority, arrival) ties
         self.queued = arrival
         self.state = PENDING
         self.num_tokens = self.prompt_len  # prompt + output tokens known so far
@@ -192,6 +215,58 @@ class _Request(KVSequence):
         self.finish_step = self.next_event = -1
 
 
+class _WaitingQueue(Protocol):
+    """The waiting queue's operations: a ``deque`` (FCFS) or a ``_PriorityQueue``."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> _Request: ...
+
+    def append(self, req: _Request, /) -> None: ...
+
+    def appendleft(self, req: _Request, /) -> None: ...
+
+    def popleft(self) -> _Request: ...
+
+    def remove(self, req: _Request, /) -> None: ...
+
+
+class _PriorityQueue:
+    """vLLM V1's ``PriorityRequestQueue``: a heap by ``(priority, arrival)``, ties by arrival order, with the
+    deque operations the engine uses (``append`` and ``appendleft`` both push; ``[0]`` is the head)."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, _Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __getitem__(self, index: int, /) -> _Request:
+        if index != 0:
+            raise IndexError("a priority queue only shows its head")
+        return self._heap[0][3]
+
+    def append(self, req: _Request, /) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival, req.order, req))
+
+    appendleft = append  # vLLM: "In a priority queue, there is no concept of prepending to the front."
+
+    def popleft(self) -> _Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, req: _Request, /) -> None:
+        heap = self._heap
+        for i, entry in enumerate(heap):
+            if entry[3] is req:
+                heap[i] = heap[-1]
+                heap.pop()
+                heapq.heapify(heap)
+                return
+        raise ValueError("the request is not waiting")
+
+
 class Engine:
     """One simulated model server's engine. Not thread-safe; times are seconds on the caller's time line."""
 
@@ -202,9 +277,12 @@ class Engine:
         seed: int = 0,
         jitter_sigma: float | None = None,
         report_tokens: bool = True,
+        start_time: float = 0.0,
     ) -> None:
         """``report_tokens=False`` leaves ``StepOutput.tokens`` empty, for callers that only need first
-        tokens and ends (the discrete-event simulator): listing a whole decode batch every step costs."""
+        tokens and ends (the discrete-event simulator): listing a whole decode batch every step costs.
+        ``start_time`` is where the engine's time line starts: a profile's stalls and slow periods are drawn
+        from there on (``seed`` seeds them as it seeds the step jitter)."""
         if profile.max_num_batched_tokens < profile.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs (decodes must fit a step)")
         self.profile = profile
@@ -222,7 +300,8 @@ class Engine:
         self._requests: dict[RequestId, _Request] = {}
         self._pending: list[tuple[float, int, _Request]] = []  # heap by ready time
         self._pending_seq = 0
-        self._waiting: deque[_Request] = deque()
+        self._by_priority = profile.scheduling_policy == "priority"
+        self._waiting: _WaitingQueue = _PriorityQueue() if self._by_priority else deque()
         self._running: dict[RequestId, _Request] = {}  # admission order
         self._prefilling: list[_Request] = []
         self._decoding: dict[RequestId, _Request] = {}
@@ -235,6 +314,9 @@ class Engine:
         self._decode_clock = 0
         self._policy = get_policy(profile.scheduler)
         self._inflight: Step | None = None
+        # Stalls and slow periods (None without either: the step path does not look further).
+        self._disruptions = Disruptions(profile, seed, start_time) if disrupted(profile) else None
+        self._resume_at: float | None = None  # the end of the stall that made plan_step return None
 
         self._kv = KVBlockManager(self.num_gpu_blocks, self.block_size)
 
@@ -282,11 +364,17 @@ class Engine:
         return bool(self._running or self._waiting) or self.next_ready_time() is not None
 
     def next_ready_time(self) -> float | None:
-        """When the earliest request still in its API overhead reaches the waiting queue (None: none)."""
+        """When an idle engine must be asked again (None: never, until a request is added): the earliest
+        request still in its API overhead reaches the waiting queue, or the stall that keeps the engine's
+        requests waiting ends."""
         pending = self._pending
         while pending and pending[0][2].state != PENDING:
             heapq.heappop(pending)
-        return pending[0][0] if pending else None
+        ready = pending[0][0] if pending else None
+        resume = self._resume_at
+        if resume is not None and (self._running or self._waiting) and (ready is None or resume < ready):
+            return resume
+        return ready
 
     # --------------------------------------------------------------------------------------- requests
 
@@ -296,10 +384,12 @@ class Engine:
         prompt_token_ids: Sequence[int] | np.ndarray | bytes,
         max_tokens: int,
         now: float,
+        priority: int = 0,
     ) -> None:
         """Accept a request arriving at ``now``; it reaches the waiting queue ``api_pre`` later.
 
-        ``prompt_token_ids`` may also be the packed little-endian uint32 bytes of the ids. Raises
+        ``prompt_token_ids`` may also be the packed little-endian uint32 bytes of the ids. ``priority`` is
+        vLLM's request priority (lower first), used by the priority queue and ignored by FCFS. Raises
         ``RequestRejected`` for requests the engine can never serve and ``ValueError`` for a duplicate id.
         """
         if request_id in self._requests:
@@ -324,10 +414,18 @@ class Engine:
             )
         if -(-(prompt_len + max_tokens) // self.block_size) > self.num_gpu_blocks:
             raise RequestRejected("the request needs more KV blocks than the engine has")
-        req = _Request(request_id, prompt, self._kv.prompt_block_hashes(prompt), max_tokens, now)
+        self._pending_seq += 1
+        req = _Request(
+            request_id,
+            prompt,
+            self._kv.prompt_block_hashes(prompt),
+            max_tokens,
+            now,
+            priority,
+            self._pending_seq,
+        )
         req.queued = now + self._api_pre
         self._requests[request_id] = req
-        self._pending_seq += 1
         heapq.heappush(self._pending, (req.queued, self._pending_seq, req))
 
     def abort(self, request_id: RequestId) -> bool:
@@ -364,6 +462,13 @@ class Engine:
             self._release_pending(now)
         if not self._running and not self._waiting:
             return None
+        disruptions = self._disruptions
+        if disruptions is not None:
+            resume = disruptions.resume_time(now)
+            if resume > now:  # stalled: nothing runs before the pause ends
+                self._resume_at = resume
+                return None
+            self._resume_at = None
         batch = Batch(self._decode_clock, self.profile.max_num_batched_tokens, self.num_preemptions_total)
         self._policy.plan(self, batch, now)
         chunks = batch.chunks
@@ -384,10 +489,13 @@ class Engine:
         )
         if self._sigma > 0.0:
             duration_ms *= math.exp(self._gauss(0.0, self._sigma) - self._jitter_shift)
+        duration = duration_ms / 1000.0
+        if disruptions is not None:
+            duration = disruptions.step_duration(now, duration)
         step = Step(
             self._steps_done,
             now,
-            duration_ms / 1000.0,
+            duration,
             num_decodes,
             prefill_tokens,
             batch.preempted(self),
@@ -404,7 +512,8 @@ class Engine:
     def schedule_decodes(self, batch: Batch, *, spare_decodes: bool = False) -> None:
         """Run every decoding request in this step: give a new block to those that need one (preempting the
         newest running request when none is free; with ``spare_decodes`` the newest prefilling one while
-        there is one) and take the decodes' tokens out of the budget."""
+        there is one; under the priority queue the one with the largest (priority, arrival) instead of the
+        newest) and take the decodes' tokens out of the budget."""
         batch.decodes = True
         index = batch.index
         block_size = self.block_size
@@ -429,8 +538,8 @@ class Engine:
                     kv.cache_full_blocks(req, computed)
                     while kv.num_free_blocks == 0:
                         if spare_decodes and self._prefilling:
-                            self._preempt_newest_prefill(index, finishing)
-                        elif self._preempt_newest(index, finishing) is req:
+                            self._preempt_prefill(self._prefill_victim(), batch)
+                        elif self._preempt_newest(batch) is req:
                             break
                     if req.state != DECODE:
                         continue
@@ -454,34 +563,33 @@ class Engine:
 
         A chunk that needs blocks when none is free preempts the newest running request; with
         ``spare_decodes`` only the newest *prefilling* one, and a prefill that would have to preempt itself
-        waits instead (``batch.stalled``, and no later prefill runs).
+        waits instead (``batch.stalled``, and no later prefill runs). Under the priority queue the victim is
+        the one with the largest (priority, arrival) instead of the newest; one already given a chunk in
+        this step gives it back.
         """
         if not self._prefilling:
             return
         block_size = self.block_size
         threshold = self.profile.long_prefill_token_threshold
-        index = batch.index
-        finishing = batch.finishing
         chunks = batch.chunks
         kv = self._kv
-        budget = batch.budget
-        pairs = 0.0
         for req in list(self._prefilling):
-            if budget <= 0:
+            if batch.budget <= 0:
                 break
             if req.state != PREFILL:  # preempted while making room for an earlier request
                 continue
             computed = req.num_computed
-            n = min(req.num_tokens - computed, budget)
+            n = min(req.num_tokens - computed, batch.budget)
             if threshold and n > threshold:
                 n = threshold
             needed = -(-(computed + n) // block_size) - len(req.blocks)
             while needed > kv.num_free_blocks:
                 if spare_decodes:
-                    if self._prefilling[-1] is req:
+                    victim = self._prefill_victim()
+                    if victim is req:
                         break
-                    self._preempt_newest_prefill(index, finishing)
-                elif self._preempt_newest(index, finishing) is req:
+                    self._preempt_prefill(victim, batch)
+                elif self._preempt_newest(batch) is req:
                     break
             if req.state != PREFILL:
                 continue
@@ -492,14 +600,13 @@ class Engine:
                 kv.append_blocks(req, needed)
             kv.cache_full_blocks(req, computed + n)
             chunks.append((req, n))
-            pairs += n * (computed + n / 2)
-            budget -= n
-        batch.budget = budget
-        batch.pairs += pairs
+            batch.pairs += n * (computed + n / 2)
+            batch.budget -= n
 
     def admit_waiting(self, batch: Batch, now: float) -> None:
-        """Move waiting requests into the batch, FCFS, while budget, seats and blocks last (never preempts:
-        the head of the queue waits for space, and the queue behind it too)."""
+        """Move waiting requests into the batch in queue order (FCFS, or by priority), while budget, seats
+        and blocks last (never preempts: the head of the queue waits for space, and the queue behind it
+        too)."""
         block_size = self.block_size
         max_seqs = self.profile.max_num_seqs
         threshold = self.profile.long_prefill_token_threshold
@@ -608,27 +715,48 @@ class Engine:
                 req.state = WAITING
                 self._waiting.append(req)
 
-    def _preempt_newest(self, index: int, finishing: list[_Request]) -> _Request:
-        victim = self._running.pop(next(reversed(self._running)))
-        self._preempt(victim, index, finishing)
+    def _preempt_newest(self, batch: Batch) -> _Request:
+        """Preempt the newest running request (vLLM's FCFS victim, ``running.pop()``) or, under the
+        priority queue, the one with the largest (priority, arrival) (vLLM's ``max(self.running, key=lambda
+        r: (r.priority, r.arrival_time))``)."""
+        running = self._running
+        if self._by_priority:
+            victim = max(running.values(), key=_priority_order)
+            del running[victim.request_id]
+        else:
+            victim = running.pop(next(reversed(running)))
+        self._preempt(victim, batch)
         return victim
 
-    def _preempt_newest_prefill(self, index: int, finishing: list[_Request]) -> None:
-        victim = self._prefilling[-1]
-        del self._running[victim.request_id]
-        self._preempt(victim, index, finishing)
+    def _prefill_victim(self) -> _Request:
+        """The prefilling request a ``spare_decodes`` phase preempts: the newest, or by priority."""
+        prefilling = self._prefilling
+        return max(prefilling, key=_priority_order) if self._by_priority else prefilling[-1]
 
-    def _preempt(self, victim: _Request, index: int, finishing: list[_Request]) -> None:
-        """Free a request already taken out of the running set and put it back at the head of the queue."""
+    def _preempt_prefill(self, victim: _Request, batch: Batch) -> None:
+        del self._running[victim.request_id]
+        self._preempt(victim, batch)
+
+    def _preempt(self, victim: _Request, batch: Batch) -> None:
+        """Free a request already taken out of the running set and put it back at the head of the queue
+        (under the priority queue: in its place). A chunk it has in ``batch`` is taken back out."""
         if victim.state == DECODE:
-            computed = self._sync_decode(victim, index)
+            computed = self._sync_decode(victim, batch.index)
             del self._decoding[victim.request_id]
             self._decode_context -= computed
             self._kv.cache_full_blocks(victim, computed)
+            finishing = batch.finishing
             if victim in finishing:
                 finishing.remove(victim)
         else:
             self._prefilling.remove(victim)
+            chunks = batch.chunks
+            for i, (req, n) in enumerate(chunks):  # only the priority queue picks an older prefill
+                if req is victim:
+                    del chunks[i]
+                    batch.budget += n
+                    batch.pairs -= n * (victim.num_computed + n / 2)
+                    break
         self._kv.free(victim)
         victim.num_computed = 0
         victim.num_preemptions += 1
@@ -689,3 +817,4 @@ class Engine:
 
 
 _run_order = operator.attrgetter("run_seq")
+_priority_order = operator.attrgetter("priority", "arrival", "order")

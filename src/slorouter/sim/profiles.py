@@ -49,6 +49,18 @@ class Profile:
     metrics_delay_ms: float = 0.0  # /metrics shows the gauges as they were this long ago
     metrics_period_ms: float = 0.0  # the waiting/running/KV gauges change only this often; 0 = live
     kv_usage_step: float = 0.0  # the KV-usage gauge is rounded to a multiple of this; 0 = exact
+    # The waiting queue's order, vLLM's --scheduling-policy: "fcfs", or "priority" (by the request's
+    # priority, lower first, then arrival; preemption takes the largest (priority, arrival)).
+    scheduling_policy: str = "fcfs"
+    # Stalls: the engine pauses (no step runs) for a length drawn uniformly from stall_ms, at exponentially
+    # distributed gaps of mean stall_every_s; 0 = never.
+    stall_every_s: float = 0.0
+    stall_ms: tuple[float, float] = (0.0, 0.0)
+    # Slow periods: for slow_for_s seconds every step takes slow_factor times as long, at exponentially
+    # distributed gaps of mean slow_every_s between periods; 0 = never.
+    slow_factor: float = 1.0
+    slow_for_s: float = 0.0
+    slow_every_s: float = 0.0
     # Whether a llama.cpp metrics page (slorouter sim --engine llamacpp) exports the KV gauges
     # (llamacpp:kv_cache_usage_ratio, llamacpp:kv_cache_tokens): older llama-server releases did, current
     # ones do not, and a router then estimates KV use from its in-flight requests.

@@ -53,6 +53,7 @@ class GenerationRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0  # vLLM's request priority (lower first)
 
     @property
     def prompt_tokens(self) -> int:
@@ -66,8 +67,15 @@ def parse_json(raw: bytes) -> Any:
         raise ApiError(f"Invalid JSON in the request body: {exc}") from None
 
 
-def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len: int) -> GenerationRequest:
-    """Validate a /v1/completions (``chat=False``) or /v1/chat/completions body; raises ``ApiError``."""
+def parse_generation(
+    body: Any, *, chat: bool, served_model: str, max_model_len: int, priority_scheduling: bool = False
+) -> GenerationRequest:
+    """Validate a /v1/completions (``chat=False``) or /v1/chat/completions body; raises ``ApiError``.
+
+    ``priority`` (vLLM's extra field, default 0) must be an integer; a server without priority scheduling
+    (``priority_scheduling`` false: vLLM's default ``--scheduling-policy fcfs``) refuses any other than 0,
+    with vLLM's message.
+    """
     if not isinstance(body, Mapping):
         raise ApiError("The request body must be a JSON object.")
     model = body.get("model")
@@ -123,7 +131,14 @@ def parse_generation(body: Any, *, chat: bool, served_model: str, max_model_len:
     n = body.get("n")
     if n is not None and n != 1:
         raise ApiError("The simulator supports only n=1.", param="n")
-    return GenerationRequest(chat, model, prompt_ids, max_tokens, stream, include_usage)
+    priority = body.get("priority")
+    if priority is None:
+        priority = 0
+    elif type(priority) is not int:
+        raise ApiError("priority must be an integer.", param="priority")
+    elif priority != 0 and not priority_scheduling:
+        raise ApiError(f"Got priority {priority} but Priority scheduling is not enabled.", param="priority")
+    return GenerationRequest(chat, model, prompt_ids, max_tokens, stream, include_usage, priority)
 
 
 def _completion_prompt(body: Mapping[str, Any]) -> np.ndarray:

@@ -12,6 +12,10 @@ Each policy is a small strategy that calls the engine's three batch phases (``En
 - ``prefill-priority``: vLLM V0's default scheduler and SGLang's (without mixed chunks). Whenever a prefill
   can run (a chunked prompt in progress, or a waiting request that fits), the step is prefill-only, with
   the whole budget, and the decodes are paused; decodes run only in steps without prefill work.
+
+Under the priority queue (engine variant ``queue=priority``) "waiting requests" are taken by priority,
+and "the newest" victim is the one with the largest (priority, arrival), in every policy
+(``slorouter.sim.engine``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 Each pod runs one ``Engine`` and a driver task: plan a step, sleep its duration, commit it, hand the tokens
 to the waiting responses. While the engine stays busy, steps are chained on the ideal time line (a step
 starts when the previous one ended, not when the event loop got round to it), so timer overshoot does not
-accumulate into the simulated latencies. Many pods share one process and one event loop.
+accumulate into the simulated latencies. Many pods share one process and one event loop. An engine variant
+with stalls or slow periods runs on the pod's clock from the pod's start: a stalled engine plans nothing
+and the driver sleeps until its ``next_ready_time`` (the stall's end); a slow or interrupted step is just
+a longer one.
 
 The HTTP front-end is the gateway's own server (``slorouter.http.server``: asyncio.Protocol + httptools),
 which costs a fraction of aiohttp's CPU per request; the simulated pods share the router's cores in every
@@ -63,10 +66,11 @@ _NOT_PROMETHEUS = b"<html>\x00\xff garbage {{{ not prometheus text\n"
 
 
 def _zero_cost(profile: Profile) -> bool:
-    """True for a profile whose steps and API overheads all take no time (the ``instant`` profile)."""
+    """True for a profile whose steps and API overheads all take no time (the ``instant`` profile; not with
+    stalls, which take time)."""
     p = profile
     costs = (p.w_ms, p.c_lin_ms, p.c_attn_ms, p.c_kv_ms, p.c_req_ms, p.c_step_ms)
-    return not any(costs) and not any((p.api_pre_ms, p.api_post_ms, p.api_per_token_ms))
+    return not any(costs) and not any((p.api_pre_ms, p.api_post_ms, p.api_per_token_ms, p.stall_every_s))
 
 
 def _json_response(body: Any, status: int = 200) -> Response:
@@ -121,6 +125,7 @@ class SimPod:
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._zero_cost = _zero_cost(engine.profile)
+        self._priority_scheduling = engine.profile.scheduling_policy == "priority"
         self._stepping = False  # the driver planned a step and has not committed it yet
         self._step_soon = False  # a zero-cost step is scheduled for the end of this loop iteration
         self._driver: asyncio.Task[None] | None = None
@@ -276,6 +281,7 @@ class SimPod:
                 chat=chat,
                 served_model=self.model,
                 max_model_len=self.engine.max_model_len,
+                priority_scheduling=self._priority_scheduling,
             )
             engine_id = next(self._ids)
             fault = self.faults.draw(INFERENCE) if self.faults else None
@@ -284,7 +290,9 @@ class SimPod:
         except ApiError as exc:
             return _json_response(exc.body(), status=exc.status)
         try:
-            self.engine.add_request(engine_id, parsed.prompt_ids, parsed.max_tokens, self._clock.now())
+            self.engine.add_request(
+                engine_id, parsed.prompt_ids, parsed.max_tokens, self._clock.now(), parsed.priority
+            )
         except RequestRejected as exc:
             return _json_response(ApiError(str(exc)).body(), status=400)
         entry = _Active(stream=parsed.stream, handler=asyncio.current_task())
@@ -516,14 +524,17 @@ async def start_pods(
     if not 0 <= port <= 65535 or (port and port + count - 1 > 65535):
         raise ValueError(f"ports {port}..{port + count - 1} are not all valid TCP ports")
     resolved = get_profile(profile) if isinstance(profile, str) else profile
+    clock = MonotonicClock()
     pods: list[SimPod] = []
     try:
         for index in range(count):
-            engine = Engine(resolved, seed=seed + index, jitter_sigma=jitter_sigma)
+            # The engine's time line is the pod's clock: its stalls and slow periods start from now.
+            engine = Engine(resolved, seed=seed + index, jitter_sigma=jitter_sigma, start_time=clock.now())
             pod = SimPod(
                 "",
                 engine,
                 model or resolved.model,
+                clock,
                 seed=seed + index,
                 metrics_engine=engines[min(index, len(engines) - 1)],
             )

@@ -12,7 +12,11 @@ last value given. Keys (docs/simulator.md, "Engine variants"):
   tokens of one request per step, vLLM's long_prefill_token_threshold);
 - ``kv-blocks=N`` or ``kv-memory=F`` (that share of the profile's KV blocks);
 - ``metrics-delay-ms=D``, ``metrics-period-ms=P``, ``kv-usage-step=F`` (how late and how coarsely the
-  server's /metrics gauges follow the engine).
+  server's /metrics gauges follow the engine);
+- ``queue=fcfs|priority`` (vLLM's ``--scheduling-policy``: the waiting queue's order and the preemption
+  victim);
+- ``stall-every-s=S`` and ``stall-ms=LO:HI`` (pauses, ``slorouter.sim.disruptions``), given together;
+- ``slow-factor=F``, ``slow-for-s=D`` and ``slow-every-s=E`` (slow periods), given together.
 """
 
 from __future__ import annotations
@@ -44,7 +48,15 @@ NAMED_VARIANTS: dict[str, str] = {
     "slow-gpu": "time=2.2,kv-memory=0.5",
     "late-metrics": "metrics-delay-ms=500",
     "coarse-metrics": "metrics-period-ms=1000,kv-usage-step=0.1",
+    "priority-queue": "queue=priority",
+    "stalls": "stall-every-s=15,stall-ms=300:3000",
+    "slowdowns": "slow-factor=3,slow-for-s=60,slow-every-s=90",
 }
+
+# The waiting-queue orders of vLLM's --scheduling-policy.
+QUEUES = ("fcfs", "priority")
+# Keys that only mean something together.
+_TOGETHER = (("stall-every-s", "stall-ms"), ("slow-factor", "slow-for-s", "slow-every-s"))
 
 
 class VariantError(ValueError):
@@ -65,6 +77,12 @@ class EngineVariant:
     metrics_delay_ms: float | None = None
     metrics_period_ms: float | None = None
     kv_usage_step: float | None = None
+    queue: str | None = None
+    stall_every_s: float | None = None
+    stall_ms: tuple[float, float] | None = None
+    slow_factor: float | None = None
+    slow_for_s: float | None = None
+    slow_every_s: float | None = None
     label: str = field(default="", compare=False)
 
     @property
@@ -91,7 +109,11 @@ class EngineVariant:
         items = [f"{key}={value!r}" for key, value in zip(SCALE_KEYS, self.scale, strict=True) if value != 1]
         for key, (attribute, _) in _SETTINGS.items():
             value = getattr(self, attribute)
-            if value is not None:
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                items.append(f"{key}={value[0]!r}:{value[1]!r}")
+            else:
                 items.append(f"{key}={value}" if isinstance(value, str | int) else f"{key}={value!r}")
         return ",".join(items)
 
@@ -99,6 +121,13 @@ class EngineVariant:
         """``profile`` varied, named ``PROFILE@LABEL``; ``VariantError`` when the result cannot serve."""
         if self.is_default:
             return profile
+        label = self.label or self.spec()
+        where = f"engine variant {label!r} on {profile.name}"
+        for keys in _TOGETHER:
+            given = [key for key in keys if getattr(self, _SETTINGS[key][0]) is not None]
+            if given and len(given) < len(keys):
+                missing = ", ".join(key for key in keys if key not in given)
+                raise VariantError(f"{where}: {', '.join(given)} needs {missing} as well")
         changes: dict[str, Any] = {
             name: getattr(profile, name) * factor
             for name, factor in zip(_SCALED_FIELDS, self.scale, strict=True)
@@ -113,15 +142,19 @@ class EngineVariant:
             ("metrics_delay_ms", "metrics_delay_ms"),
             ("metrics_period_ms", "metrics_period_ms"),
             ("kv_usage_step", "kv_usage_step"),
+            ("queue", "scheduling_policy"),
+            ("stall_every_s", "stall_every_s"),
+            ("stall_ms", "stall_ms"),
+            ("slow_factor", "slow_factor"),
+            ("slow_for_s", "slow_for_s"),
+            ("slow_every_s", "slow_every_s"),
         ):
             value = getattr(self, attribute)
             if value is not None:
                 changes[profile_field] = value
         if self.kv_memory is not None:
             changes["num_gpu_blocks"] = max(1, round(profile.num_gpu_blocks * self.kv_memory))
-        label = self.label or self.spec()
         varied = dataclasses.replace(profile, name=f"{profile.name}@{label}", **changes)
-        where = f"engine variant {label!r} on {profile.name}"
         if varied.max_num_batched_tokens < varied.max_num_seqs:
             raise VariantError(
                 f"{where}: batch-tokens ({varied.max_num_batched_tokens}) must be at least max-seqs "
@@ -173,6 +206,22 @@ def _scheduler(text: str) -> str:
     return text
 
 
+def _queue(text: str) -> str:
+    if text not in QUEUES:
+        raise ValueError(f"unknown queue (known: {', '.join(QUEUES)})")
+    return text
+
+
+def _range_ms(text: str) -> tuple[float, float]:
+    low, sep, high = text.partition(":")
+    if not sep:
+        raise ValueError("must be LO:HI (milliseconds)")
+    values = (_non_negative_float(low), _non_negative_float(high))
+    if not values[0] <= values[1] or values[1] == 0:
+        raise ValueError("must be LO:HI with 0 <= LO <= HI and HI > 0")
+    return values
+
+
 # KEY -> (EngineVariant attribute, value parser), for the non-multiplier keys.
 _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "scheduler": ("scheduler", _scheduler),
@@ -184,6 +233,12 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "metrics-delay-ms": ("metrics_delay_ms", _non_negative_float),
     "metrics-period-ms": ("metrics_period_ms", _non_negative_float),
     "kv-usage-step": ("kv_usage_step", _share),
+    "queue": ("queue", _queue),
+    "stall-every-s": ("stall_every_s", _positive_float),
+    "stall-ms": ("stall_ms", _range_ms),
+    "slow-factor": ("slow_factor", _positive_float),
+    "slow-for-s": ("slow_for_s", _positive_float),
+    "slow-every-s": ("slow_every_s", _positive_float),
 }
 KEYS: tuple[str, ...] = ("time", *SCALE_KEYS, *_SETTINGS)
 
