@@ -173,19 +173,21 @@ def test_late_metrics_variant_shows_the_pods_half_a_second_late() -> None:
     assert min(late) == pytest.approx(min(live) + 0.5, abs=0.051)
 
 
-def test_each_requests_engine_priority_reaches_a_priority_queue_pod() -> None:
+def test_with_engine_priority_each_requests_priority_reaches_a_priority_queue_pod() -> None:
     # One pod with one seat: a long request holds it while the others queue; the pod serves them by their
-    # engine_priority (lower first), not by arrival.
+    # priority (higher first: vLLM gets it negated), not by arrival; without engine priority, by arrival.
     blocker = BenchRequest(arrival=0.0, prompt="b" * 400, max_tokens=100)
     queued = [
-        BenchRequest(arrival=0.01 * (i + 1), prompt=f"{i}" * 400, max_tokens=2, engine_priority=priority)
-        for i, priority in enumerate([5, 1, 5, -3])
+        BenchRequest(arrival=0.01 * (i + 1), prompt=f"{i}" * 400, max_tokens=2, priority=priority)
+        for i, priority in enumerate([-5, -1, -5, 3])
     ]
-    with ClusterSimulator(parse_pool("1@priority-queue,max-seqs=1"), None, use_predictor=False) as sim:
-        rec = sim.run([blocker, *queued])
-    assert np.all(rec.status == OK)
-    done = rec.arrival + rec.e2e_s
-    assert list(np.argsort(done)) == [0, 4, 2, 1, 3]
+    for engine_priority, order in ((True, [0, 4, 2, 1, 3]), (False, [0, 1, 2, 3, 4])):
+        pool = parse_pool("1@priority-queue,max-seqs=1")
+        with ClusterSimulator(pool, None, use_predictor=False, engine_priority=engine_priority) as sim:
+            rec = sim.run([blocker, *queued])
+        assert np.all(rec.status == OK)
+        done = rec.arrival + rec.e2e_s
+        assert list(np.argsort(done)) == order
 
 
 def test_stalling_pods_are_deterministic_per_seed_and_slow_the_tail() -> None:

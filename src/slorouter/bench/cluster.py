@@ -167,6 +167,7 @@ class ClusterSimulator:
         flow_control: FlowControlConfig | None = None,
         tuning: TuningSettings | None = None,
         deadlines: Deadlines | None = None,
+        engine_priority: bool = False,
     ) -> None:
         if not profiles:
             raise ValueError("the pool needs at least one pod")
@@ -194,6 +195,7 @@ class ClusterSimulator:
             self._model_dir = tempfile.TemporaryDirectory(prefix="slorouter-bench-models-")
         self._flow_control = flow_control
         self._deadlines = deadlines
+        self.engine_priority = engine_priority  # +prio: each request's priority reaches its pod's engine
         self.kv_recorders: list[KVEventRecorder] = []
         if kv_events:
             self.kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]

@@ -25,8 +25,10 @@ from slorouter.director import NOT_QUEUED, Admission
 from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
 from slorouter.flowcontrol.controller import Ticket
 from slorouter.kvevents.wire import KVEventBatch
+from slorouter.pool.config import LOWER_FIRST
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
+from slorouter.serving.engine_priority import engine_value
 from slorouter.serving.exchange import Exchange
 from slorouter.serving.slo_actions import Action
 from slorouter.sim.engine import Finished, FirstToken, RequestId, RequestRejected, Step
@@ -340,7 +342,7 @@ class SimulationRun:
         prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
         try:
             self.engines[pod].add_request(
-                i, prompt, inference.max_tokens, now + self.net, self.requests[i].engine_priority
+                i, prompt, inference.max_tokens, now + self.net, self._engine_priority(inference)
             )
         except RequestRejected as exc:
             exchange.failed(Termination.UPSTREAM_ERROR, str(exc), "rejected")
@@ -358,6 +360,11 @@ class SimulationRun:
                 if due is not None:
                     self.push(max(now, due), _HEDGE, i)
 
+    def _engine_priority(self, inference: InferenceRequest) -> int:
+        """What the pod's engine is told: the request's priority in vLLM's form under a ``+prio`` policy
+        (the simulated pods are vLLM), else nothing (0)."""
+        return engine_value(inference.priority, LOWER_FIRST) if self.sim.engine_priority else 0
+
     # --- deadlines and hedges --------------------------------------------------------------------------
     def _hedge(self, now: float, i: int) -> None:
         """The hedge of request ``i`` is due: without a first token yet, a copy goes to the best other pod."""
@@ -373,7 +380,11 @@ class SimulationRun:
         inference = copy.request
         try:
             self.engines[pod].add_request(
-                self.n + i, encode_bytes(inference.prompt_text), inference.max_tokens, now + self.net
+                self.n + i,
+                encode_bytes(inference.prompt_text),
+                inference.max_tokens,
+                now + self.net,
+                self._engine_priority(inference),
             )
         except RequestRejected as exc:
             exchange.hedge_failed(copy, Termination.UPSTREAM_ERROR, str(exc), "rejected")

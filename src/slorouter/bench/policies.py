@@ -19,7 +19,9 @@ Any policy followed by ``+fc`` (``token-aware+fc``) is the same policy behind fl
 Followed by ``+slo`` (``predicted-latency+slo``, ``token-aware+fc+slo``) it keeps SLOs after the pick:
 deadlines per objective (``objectives.NAME.deadline``: requests are ``critical``, ``standard`` or
 ``sheddable`` by priority; by default the first two are hedged and the last cancelled at its TTFT SLO) and
-the ``hedging`` section's budget and delay (``load_deadlines_file``).
+the ``hedging`` section's budget and delay (``load_deadlines_file``). Last, ``+prio`` sends each request's
+priority to the pods' engines in vLLM's form (``pool.engine_priority``), which pods with the engine variant
+``queue=priority`` (``priority-queue``) serve by.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from slorouter.yamlfile import YAMLFileError, load_yaml_mapping
 PREDICTOR_PLUGIN = "predicted-latency-producer"
 FLOW_CONTROL_SUFFIX = "+fc"
 SLO_SUFFIX = "+slo"
+PRIORITY_SUFFIX = "+prio"
 KV_EVENT_PLUGINS = ("precise-prefix-cache-producer", "precise-prefix-cache-scorer")
 
 
@@ -80,6 +83,7 @@ class Policy:
     flow_control: FlowControlConfig | None = None  # None: requests go to scheduling at once
     tuning: TuningSettings | None = None  # the self-tuning policy's tuner
     deadlines: Deadlines | None = None  # +slo: what happens when a request overruns its SLO after the pick
+    engine_priority: bool = False  # +prio: each request's priority reaches the engine (vLLM's form)
 
     @property
     def uses_predictor(self) -> bool:
@@ -230,9 +234,13 @@ def resolve_policy(
     spec: str, flow_control: FlowControlConfig | None = None, deadlines: Deadlines | None = None
 ) -> Policy:
     """A built-in name, ``NAME=PATH`` or ``PATH`` (a YAML ``EndpointPickerConfig``), each maybe with
-    ``+fc``: behind ``flow_control`` (default: the ``flowControl`` defaults, enabled), and maybe then with
-    ``+slo``: with ``deadlines`` (default: ``DEFAULT_DEADLINES``)."""
+    ``+fc``: behind ``flow_control`` (default: the ``flowControl`` defaults, enabled), maybe then with
+    ``+slo``: with ``deadlines`` (default: ``DEFAULT_DEADLINES``), and maybe last with ``+prio``: each
+    request's priority sent to the engines."""
     spec = spec.strip()
+    if spec.endswith(PRIORITY_SUFFIX):
+        base = resolve_policy(spec.removesuffix(PRIORITY_SUFFIX), flow_control, deadlines)
+        return dataclasses.replace(base, name=base.name + PRIORITY_SUFFIX, engine_priority=True)
     if spec.endswith(SLO_SUFFIX):
         base = resolve_policy(spec.removesuffix(SLO_SUFFIX), flow_control)
         return dataclasses.replace(

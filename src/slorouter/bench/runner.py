@@ -96,6 +96,7 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     flow_control=policy.flow_control,
                     tuning=policy.tuning,
                     deadlines=policy.deadlines,
+                    engine_priority=policy.engine_priority,
                 ) as sim:
                     rec = sim.run(requests, progress=hook)
                 labels = {

@@ -20,9 +20,6 @@ class BenchRequest:
     tenant: str = (
         ""  # the fairness id flow control sees (x-llm-d-inference-fairness-id); "": the default flow
     )
-    # vLLM's request field "priority" (lower first), as the pod's engine gets it: ordered by pods whose
-    # queue is priority (engine variant queue=priority), ignored by FCFS pods. Not the objective priority.
-    engine_priority: int = 0
 
 
 def objective_of(priority: int) -> str:
