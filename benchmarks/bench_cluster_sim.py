@@ -56,7 +56,7 @@ def main() -> None:
             for name in args.policies.split(","):
                 policy = resolve_policy(name)
                 started, cpu_started = time.perf_counter(), time.process_time()
-                with ClusterSimulator(pool, policy.config, use_predictor=policy.uses_predictor) as sim:
+                with ClusterSimulator.of_policy(pool, policy) as sim:
                     rec = sim.run(requests)
                 wall = time.perf_counter() - started
                 cpu = time.process_time() - cpu_started

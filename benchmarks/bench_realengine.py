@@ -416,9 +416,7 @@ def virtual_time(args: argparse.Namespace, rate: float) -> None:
         ]
         for policy in args.policies:
             resolved = resolve_policy(policy)
-            with ClusterSimulator(
-                profiles, resolved.config, use_predictor=resolved.uses_predictor, settings=settings, seed=seed
-            ) as sim:
+            with ClusterSimulator.of_policy(profiles, resolved, settings=settings, seed=seed) as sim:
                 rec = sim.run(requests)
             ttft = rec.ttft_s[len(warm) :] * 1e3
             ttft = ttft[np.isfinite(ttft)]

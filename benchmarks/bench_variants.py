@@ -207,9 +207,8 @@ def run_variant(name: str, spec: str, args: argparse.Namespace, log: Callable[[s
                 max_model_len=max_model_len,
             )  # fmt: skip
             for policy in policies:
-                with ClusterSimulator(
-                    profiles, policy.config, use_predictor=policy.uses_predictor, settings=settings, seed=seed
-                ) as sim:
+                # The whole policy: its tuner, flow control, deadlines and engine priority too.
+                with ClusterSimulator.of_policy(profiles, policy, settings=settings, seed=seed) as sim:
                     rec = sim.run(requests)
                 labels = {"variant": name, "policy": policy.name, "load": load, "qps": qps, "seed": seed}
                 summary = summarize_run(rec, warmup_s=args.warmup, duration_s=args.duration, labels=labels)

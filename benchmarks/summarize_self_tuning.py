@@ -162,8 +162,9 @@ def main() -> None:
           f"worst {max(ratios):.2f}x")  # fmt: skip
     print(f"points where the best static policy is {CONFIGURED} or led it on every seed: {consistent} of {n}")
     kept = sum(r <= 1.0 for r in admissible_ratios)
+    near = sum(r <= 1.03 for r in admissible_ratios)
     print(f"TTFT p90 <= 1.00x the best admissible static: {kept} of {n} ({kept / n:.0%}); "
-          f"<= 1.03x: {sum(r <= 1.03 for r in admissible_ratios)}; worst {max(admissible_ratios):.2f}x")  # fmt: skip
+          f"<= 1.03x: {near}; worst {max(admissible_ratios):.2f}x")  # fmt: skip
     if p99s:
         kept = sum(r <= 1.10 for r in p99s)
         print(f"TTFT p99 <= 1.10x token-aware's: {kept} of {len(p99s)}; worst {max(p99s):.2f}x")

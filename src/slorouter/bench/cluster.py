@@ -76,7 +76,7 @@ from slorouter.sim.kv_events import KVEventRecorder
 from slorouter.sim.profiles import Profile
 
 if TYPE_CHECKING:
-    from slorouter.bench.policies import Deadlines
+    from slorouter.bench.policies import Deadlines, Policy
     from slorouter.bench.tuning.tuner import Tuner, TuningRound, TuningSettings
 
 PICKER_ASSIGNMENTS = ("random", "round-robin")
@@ -239,6 +239,32 @@ class ClusterSimulator:
         # Requests to pickers: drawn from their own generator, so the routers' draws stay as with one picker.
         self._assignment_rng = np.random.default_rng([seed, 0x5049434B])
         self.scrape_all(0.0)
+
+    @classmethod
+    def of_policy(
+        cls,
+        profiles: Sequence[Profile],
+        policy: Policy,
+        *,
+        settings: ClusterSettings | None = None,
+        seed: int = 0,
+        trainer_config: TrainerConfig | None = None,
+    ) -> ClusterSimulator:
+        """The simulator a benchmark policy runs on: its scheduler, predictor, KV events, flow control,
+        tuner, deadlines and engine priority, all from the policy."""
+        return cls(
+            profiles,
+            policy.config,
+            use_predictor=policy.uses_predictor,
+            kv_events=policy.uses_kv_events,
+            settings=settings,
+            seed=seed,
+            trainer_config=trainer_config,
+            flow_control=policy.flow_control,
+            tuning=policy.tuning,
+            deadlines=policy.deadlines,
+            engine_priority=policy.engine_priority,
+        )
 
     def _router_stack(
         self,

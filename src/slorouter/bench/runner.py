@@ -86,17 +86,8 @@ def run_plan(plan: BenchPlan, progress: ProgressHook | None = None) -> list[RunO
                     def hook(now: float, label: str = label, total: float = total) -> None:
                         progress(label, now, total)
 
-                with ClusterSimulator(
-                    plan.profiles,
-                    policy.config,
-                    use_predictor=policy.uses_predictor,
-                    kv_events=policy.uses_kv_events,
-                    settings=plan.settings,
-                    seed=plan.seed,
-                    flow_control=policy.flow_control,
-                    tuning=policy.tuning,
-                    deadlines=policy.deadlines,
-                    engine_priority=policy.engine_priority,
+                with ClusterSimulator.of_policy(
+                    plan.profiles, policy, settings=plan.settings, seed=plan.seed
                 ) as sim:
                     rec = sim.run(requests, progress=hook)
                 labels = {
