@@ -34,7 +34,7 @@ import numpy as np
 
 from _harness import markdown_table
 from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
-from slorouter.bench.policies import resolve_policies
+from slorouter.bench.policies import load_deadlines_file, resolve_policies
 from slorouter.bench.pool import describe_pool, parse_pool
 from slorouter.bench.records import RunRecords
 from slorouter.bench.results import summarize_run
@@ -195,7 +195,7 @@ def run_variant(name: str, spec: str, args: argparse.Namespace, log: Callable[[s
             cache[key] = (bound, capacity, probes)
             args.capacity_cache.write_text(json.dumps(cache, indent=1))
     log(f"{name}: load-aware capacity {capacity:.1f} req/s (engines' bound {bound:.1f})")
-    policies = resolve_policies(args.policies)
+    policies = resolve_policies(args.policies, deadlines=args.deadlines)
     settings = ClusterSettings()
     max_model_len = min(p.max_model_len for p in profiles)
     runs: list[dict[str, Any]] = []
@@ -352,6 +352,13 @@ def main() -> None:
         default=None,
         help="reuse (and store) derived capacities in this JSON file",
     )
+    parser.add_argument(
+        "--deadlines-config",
+        type=Path,
+        default=None,
+        metavar="FILE.yaml",
+        help="the objectives and hedging sections of the POLICY+slo policies (slorouter bench's flag)",
+    )
     parser.add_argument("--list", action="store_true", help="list the variants and exit")
     args = parser.parse_args()
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -387,7 +394,8 @@ def main() -> None:
                 f"--variants: unknown variant {name!r} (known: {', '.join(VARIANTS)}; or NAME=POOLSPEC)"
             )
     try:
-        resolve_policies(args.policies)
+        args.deadlines = None if args.deadlines_config is None else load_deadlines_file(args.deadlines_config)
+        resolve_policies(args.policies, deadlines=args.deadlines)
         for name, spec in selected.items():
             selected[name] = spec.format(n=args.pods, half=args.pods // 2)
             parse_pool(selected[name])
