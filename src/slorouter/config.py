@@ -309,7 +309,7 @@ class HedgingConfig(StrictModel):
         description="the hedge delay: the chosen endpoint's predicted TTFT times this ...",
     )
     max_slo_share: float = Field(
-        default=0.6, gt=0, le=1, description="... and at the latest this share of the request's TTFT SLO"
+        default=0.6, gt=0, le=1, description="... or, without a prediction, this share of the TTFT SLO"
     )
     min_delay_ms: float = Field(default=20.0, ge=0, description="never earlier than this")
 

@@ -67,8 +67,8 @@ def test_a_cancel_plan_has_its_deadline_from_arrival_and_its_tpot_limit():
     ("predicted_ms", "expected_s"),
     [
         (100.0, 10.1 + 0.15),  # 1.5 × the prediction after the dispatch at 10.1 s
-        (400.0, 10.0 + 0.3),  # capped at 0.6 × the 500 ms SLO after the arrival
-        (None, 10.0 + 0.3),  # no prediction: the cap
+        (400.0, 10.1 + 0.6),  # a slow prediction: late against it, not against the 500 ms SLO
+        (None, 10.0 + 0.3),  # no prediction: 0.6 × the SLO after the arrival
         (1.0, 10.1 + 0.02),  # never before min_delay_ms after the dispatch
     ],
 )

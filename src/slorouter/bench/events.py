@@ -111,6 +111,7 @@ class SimulationRun:
         self.n = n
         self.serving: dict[int, int] = {}
         self.copy_pod: dict[int, int] = {}
+        self.thrown_prefill = 0  # prompt tokens the engines computed for copies that lost, then aborted
         self.net = settings.network_s
         self.arrivals_left = n
         self.steps = self.events = self.trainings = 0
@@ -189,6 +190,8 @@ class SimulationRun:
         rec.wall_s = time.perf_counter() - self.started
         rec.steps, rec.events, rec.trainings = self.steps, self.events, self.trainings
         rec.facts = self.sim.facts()
+        if "slo_actions" in rec.facts:
+            rec.facts["slo_actions"]["thrown_prefill_tokens"] = self.thrown_prefill
         return rec
 
     # --- the pods --------------------------------------------------------------------------------------
@@ -400,7 +403,10 @@ class SimulationRun:
         copy_won = engine_id >= self.n
         exchange.raced(copy if copy_won else primary)
         loser_pod = int(self.rec.pod[i]) if copy_won else self.copy_pod[i]
-        self.engines[loser_pod].abort(i if copy_won else self.n + i)
+        loser = self.engines[loser_pod]
+        loser_id = i if copy_won else self.n + i
+        self.thrown_prefill += loser.prefilled(loser_id)
+        loser.abort(loser_id)
         self._kick(loser_pod, now)
         self.serving[i] = engine_id
         if copy_won:

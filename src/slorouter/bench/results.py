@@ -142,9 +142,9 @@ def summarize_run(
             hedges_won=hedges.get("won", 0),
             hedges_skipped=sum(actions["hedges_skipped"].values()),
             deadline_cancellations=sum(actions["cancelled"].values()),
-            # Prompt tokens (less expected cache hits) sent to copies that lost, over the prefill of the
-            # finished requests: an upper bound of the extra prefill hedging cost.
-            hedge_extra_prefill=round(actions["loser_prefill_tokens"] / prefill, 4) if prefill else None,
+            # Prompt tokens the engines computed for copies that lost (aborted then), over the prefill of the
+            # finished requests: the extra prefill hedging cost.
+            hedge_extra_prefill=round(actions["thrown_prefill_tokens"] / prefill, 4) if prefill else None,
         )
     tuning = rec.facts.get("tuning")
     if tuning is not None:  # the self-tuning policy: each round, and the candidate active at the end

@@ -8,8 +8,8 @@ Per objective (``objectives.NAME.deadline``), a request that carries a TTFT SLO 
   ``tpot_factor`` once ``tpot_min_tokens`` have come is cut the same way.
 - ``hedge`` (other objectives): no first token by the hedge delay → the same request goes to the best other
   endpoint as well; the first to answer wins and the other is cancelled at once. The delay is the chosen
-  endpoint's predicted TTFT times ``hedging.delay_factor``, at the latest ``hedging.max_slo_share`` of the
-  SLO, never before ``hedging.min_delay_ms``; a request is hedged once at most, only while the budget
+  endpoint's predicted TTFT times ``hedging.delay_factor`` (without a prediction, ``hedging.max_slo_share``
+  of the SLO), never before ``hedging.min_delay_ms``; a request is hedged once at most, only while the budget
   (``HedgeBudget``) has room and flow control's saturation detector (when flow control is on) says the pool
   is not saturated.
 
@@ -154,13 +154,14 @@ class SloActions:
         self, plan: Plan, received_at: float, dispatched_at: float, predicted_ttft_ms: float | None
     ) -> float:
         """When the hedge is due if no token has come: the predicted TTFT times ``delay_factor`` after the
-        dispatch, at the latest ``max_slo_share`` of the SLO after the request arrived, never sooner than
-        ``min_delay_ms`` after the dispatch."""
+        dispatch (a request late against its own prediction: a long prompt predicted slow is not hedged for
+        being slow), or without a prediction ``max_slo_share`` of the SLO after the request arrived; never
+        sooner than ``min_delay_ms`` after the dispatch."""
         hedging = self.hedging
-        latest = received_at + plan.slo_ttft_ms * hedging.max_slo_share / 1000.0
-        due = latest
         if predicted_ttft_ms is not None and predicted_ttft_ms > 0:
-            due = min(latest, dispatched_at + predicted_ttft_ms * hedging.delay_factor / 1000.0)
+            due = dispatched_at + predicted_ttft_ms * hedging.delay_factor / 1000.0
+        else:
+            due = received_at + plan.slo_ttft_ms * hedging.max_slo_share / 1000.0
         return max(due, dispatched_at + hedging.min_delay_ms / 1000.0)
 
     def may_hedge(self, plan: Plan, saturated: bool) -> bool:

@@ -428,6 +428,14 @@ class Engine:
         self._requests[request_id] = req
         heapq.heappush(self._pending, (req.queued, self._pending_seq, req))
 
+    def prefilled(self, request_id: RequestId) -> int:
+        """Prompt tokens the engine has computed for the request so far, its prefix-cache hits left out (the
+        prefill work an abort throws away); 0 for a request it does not know or has not scheduled."""
+        req = self._requests.get(request_id)
+        if req is None or req.cached_tokens < 0:
+            return 0
+        return max(0, min(req.num_computed, req.prompt_len) - req.cached_tokens)
+
     def abort(self, request_id: RequestId) -> bool:
         """Drop a request wherever it is and free its blocks. False if the engine does not know it."""
         req = self._requests.pop(request_id, None)
