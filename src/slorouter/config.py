@@ -300,9 +300,9 @@ class HedgingConfig(StrictModel):
     """When and how often the router hedges the requests of objectives with ``deadline.action: hedge``."""
 
     max_share: float = Field(
-        default=0.05, ge=0, le=1, description="at most this share of the hedgeable requests is hedged"
+        default=0.2, ge=0, le=1, description="at most this share of the hedgeable requests is hedged"
     )
-    burst: float = Field(default=5.0, ge=1, description="hedges the budget can hold for a burst of slow pods")
+    burst: float = Field(default=10.0, ge=1, description="hedges the budget holds for a burst of slow pods")
     delay_factor: float = Field(
         default=1.5,
         gt=0,
