@@ -171,6 +171,14 @@ def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> d
             "window_s": resolved.tuning.window_s,
             "warmup_share": resolved.tuning.warmup_share,
         }
+    if resolved.deadlines is not None:  # +slo: the benchmark's objectives, with their deadlines
+        config["objectives"] = {
+            name: objective.model_dump(exclude_defaults=True)
+            for name, objective in resolved.deadlines.objectives.items()
+        }
+        config["hedging"] = resolved.deadlines.hedging.model_dump()
+    if resolved.engine_priority:  # +prio: the pods are simulated vLLM; their engines get the priority
+        config["pool"].update(model_server_type="vllm", engine_priority=True)
     if resolved.uses_predictor:
         # Every run starts cold, in a temporary directory: nothing carries over between policies or runs.
         config["predictor"] = {
@@ -179,6 +187,16 @@ def gateway_config(port: int, endpoints: list[str], policy: str, seed: int) -> d
             "embedded": {"persist": False},
         }
     return config
+
+
+def objective_header(policy: str) -> dict[str, str]:
+    """The header that names the benchmark's objective (``standard``) for a policy that configures
+    objectives (``+slo``); none for the others, whose gateways know no objective."""
+    from slorouter.bench.policies import resolve_policy
+
+    if resolve_policy(policy).deadlines is None:
+        return {}
+    return {"x-gateway-inference-objective": "standard"}
 
 
 def uses_predictor(policy: str) -> bool:

@@ -326,6 +326,32 @@ async def tuning_counters(session: aiohttp.ClientSession, base: str) -> dict[str
     return out
 
 
+async def slo_action_counters(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """The gateway's deadline and hedge series, summed over objectives: {"hedges/OUTCOME": ...,
+    "skipped/REASON": ..., "cancelled/SLO": ..., "loser_prefill_tokens": ...}; empty without them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with session.get(f"{base}/metrics") as response:
+            text = await response.text()
+    except Exception:
+        return {}
+    keys = {
+        "slorouter_hedges_total": "hedges/{outcome}",
+        "slorouter_hedges_skipped_total": "skipped/{reason}",
+        "slorouter_deadline_cancellations_total": "cancelled/{slo}",
+        "slorouter_hedge_loser_prefill_tokens_total": "loser_prefill_tokens",
+    }
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = keys.get(sample.name)
+            if key is not None:
+                name = key.format(**sample.labels)
+                out[name] = out.get(name, 0.0) + sample.value
+    return out
+
+
 def router_coverage(
     before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
 ) -> dict[str, float]:

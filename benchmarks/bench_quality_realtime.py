@@ -70,6 +70,7 @@ from _harness import (
     gateway_config,
     logged_process,
     markdown_table,
+    objective_header,
     policy_name,
     uses_predictor,
 )
@@ -89,6 +90,7 @@ from _loadgen import (
     router_coverage,
     row_tpot_ms,
     run_as_loadgen,
+    slo_action_counters,
     stream_completion,
     tuning_counters,
     warm_up,
@@ -261,7 +263,12 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
     measured = build_requests(spec["seed"], rate, spec["duration_s"], workload)
     slo = {"chat": spec["slo_chat"], "long": spec["slo_long"]}
     headers = {
-        kind: {"Content-Type": "application/json", "x-slo-ttft-ms": f"{t:g}", "x-slo-tpot-ms": f"{p:g}"}
+        kind: {
+            "Content-Type": "application/json",
+            "x-slo-ttft-ms": f"{t:g}",
+            "x-slo-tpot-ms": f"{p:g}",
+            **spec.get("objective_header", {}),
+        }
         for kind, (t, p) in slo.items()
     }
     results: list[Result] = []
@@ -293,6 +300,7 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
             await asyncio.sleep(measured_start - loop.time())
         ratios_before = await prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
         tuning_before = await tuning_counters(session, base)
+        slo_before = await slo_action_counters(session, base)
         cpu = CpuMeter(spec.get("pids", {}))
         for j, request in enumerate(measured):
             await send("measured", j, request, measured_start + request.offset_s)
@@ -307,6 +315,9 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         if tuning_before:  # the self-tuning policy: its tuner over the measured phase
             after = await tuning_counters(session, base)
             info["tuning"] = {k: round(v - tuning_before.get(k, 0.0), 3) for k, v in after.items()}
+        if slo_before:  # a +slo policy: its hedges and cancellations over the measured phase
+            after = await slo_action_counters(session, base)
+            info["slo_actions"] = {k: round(v - slo_before.get(k, 0.0), 3) for k, v in after.items()}
     wall = loop.time() - measured_start
     # CPU over the measured phase (its sending and its drain), in cores.
     info["cpu"] = {name: round(value, 2) for name, value in cpu.cores(wall).items()}
@@ -350,6 +361,7 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
         "warmup_s": args.warmup,
         "duration_s": args.duration,
         "wait_ready": uses_predictor(policy),
+        "objective_header": objective_header(policy),
         "max_extra_warmup_s": args.max_extra_warmup,
         "request_timeout_s": 120.0,
         "slo_chat": args.slo_chat,
@@ -568,6 +580,7 @@ def report(
             f"{s['lag_p99_ms']:.1f} ms; warm-up extended {info['warmup_extended_s']} s; "
             f"CPU over the measured phase, cores: {info['cpu']}"
             + (f"; tuner over the measured phase: {info['tuning']}" if "tuning" in info else "")
+            + (f"; deadlines and hedges: {info['slo_actions']}" if "slo_actions" in info else "")
         )
     return "\n".join(lines)
 
