@@ -201,6 +201,39 @@ async def test_both_copies_failing_gives_one_502_and_counts_failed(http):
         await scripted.close()
 
 
+async def test_when_the_original_fails_after_the_hedge_the_copy_answers_and_wins(http):
+    failed = asyncio.Event()
+
+    async def fail_once_copied(scripted: Scripted, index: int, request: web.Request) -> web.Response:
+        await eventually(lambda: scripted.calls >= 2)
+        assert request.transport is not None
+        request.transport.abort()
+        failed.set()
+        return web.Response(status=500)
+
+    async def answer_after_the_failure(scripted: Scripted, index: int, request: web.Request) -> web.Response:
+        await failed.wait()
+        await asyncio.sleep(0.05)  # the router sees the original's failure first
+        return web.json_response({"choices": [{"index": 0, "text": "copy"}]})
+
+    scripted = Scripted(fail_once_copied, answer_after_the_failure)
+    router = await _started(scripted)
+    try:
+        url = f"http://{router.address}/v1/completions"
+        async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["choices"][0]["text"] == "copy"
+        await eventually(lambda: _inflight(router) == 0)
+        hedges = await _metric(http, router, "slorouter_hedges_total")
+        assert hedges == {
+            'slorouter_hedges_total{objective="interactive",outcome="sent"}': 1.0,
+            'slorouter_hedges_total{objective="interactive",outcome="won"}': 1.0,
+        }
+    finally:
+        await router.stop()
+        await scripted.close()
+
+
 async def test_a_client_that_leaves_while_a_hedge_races_cancels_both_copies(http):
     scripted = Scripted(hang, hang)
     router = await _started(scripted)

@@ -244,6 +244,8 @@ class SimulationRun:
             self._race_won(i, exchange, engine_id, now)
         elif self.serving.get(i) != engine_id:  # the copy that lost, in flight when the race ended
             return
+        elif exchange.lifecycle is not None:
+            exchange.raced(exchange.lifecycle)  # a hedge whose other copy failed: counted
         exchange.started(200, True, bytes_follow=False)
         exchange.tokens(1)
         rec = self.rec

@@ -327,16 +327,14 @@ class Gateway:
         pending = set(racing)
         while True:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            for task in sorted(done, key=lambda t: t.exception() is not None):  # an answer before a failure
                 failure = task.exception()
                 if failure is None:
                     winner = racing.pop(task)
-                    if exchange.copy is not None:
-                        exchange.raced(winner)
+                    exchange.raced(winner)  # a no-op unless the request was hedged
                     return task.result()
                 if not isinstance(failure, UpstreamFailedError) or not pending:
-                    if exchange.hedged:
-                        exchange.copies_failed()
+                    exchange.copies_failed()  # a no-op unless the request was hedged
                     raise failure
                 failed = racing.pop(task)
                 log.warning("hedged copy on %s failed before responding: %s", failed.target.address, failure)

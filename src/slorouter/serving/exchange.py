@@ -98,13 +98,14 @@ class Exchange:
 
     ``request`` is set once parsed; ``lifecycle`` and ``facts`` by each pick; ``tried`` lists the endpoints
     of failed attempts, which a new pick leaves out. ``plan`` is what happens if the request overruns its
-    SLO after the pick (``serving.slo_actions``; None for most requests); ``copy`` the hedged copy's
-    lifecycle while both are in flight."""
+    SLO after the pick (``serving.slo_actions``; None for most requests); ``hedge_copy`` the hedged copy's
+    lifecycle once sent, ``copy`` the same while both copies are in flight."""
 
     __slots__ = (
         "_client_priority",
         "_engine_priority",
         "_first_seen",
+        "_hedge_settled",
         "_kept",
         "_observer",
         "_over",
@@ -112,7 +113,7 @@ class Exchange:
         "copy",
         "facts",
         "front",
-        "hedged",
+        "hedge_copy",
         "lifecycle",
         "path",
         "plan",
@@ -132,7 +133,8 @@ class Exchange:
         self.tried: list[str] = []
         self.plan: Plan | None = None
         self.copy: RequestLifecycle | None = None
-        self.hedged = False  # a copy was sent (never twice)
+        self.hedge_copy: RequestLifecycle | None = None
+        self._hedge_settled = False  # the hedge's outcome is counted
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
         self._first_seen = False  # the window was told of the first token
@@ -234,6 +236,16 @@ class Exchange:
         return self.trace.begin_upstream(upstream_attributes(address))
 
     # --- after the pick: deadlines and hedges ------------------------------------------------------------
+    @property
+    def hedged(self) -> bool:
+        """A copy was sent (a request is hedged once at most)."""
+        return self.hedge_copy is not None
+
+    @property
+    def hedge_pending(self) -> bool:
+        """A copy was sent and the hedge's outcome is not known yet."""
+        return self.hedge_copy is not None and not self._hedge_settled
+
     def hedge_at(self) -> float | None:
         """When a hedge of this request is due (clock seconds) if no token has come; None: never."""
         plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
@@ -293,27 +305,32 @@ class Exchange:
     def _hedge_dispatched(self, copy: InferenceRequest, result: SchedulingResult) -> RequestLifecycle:
         plan, actions = self.plan, self.front.actions
         assert plan is not None and actions is not None
-        self.hedged = True
-        lifecycle = self.copy = self.front.director.dispatch(copy, result)
+        lifecycle = self.copy = self.hedge_copy = self.front.director.dispatch(copy, result)
         actions.hedge_ended(plan, HedgeOutcome.SENT)
         if self.trace is not None:
             self.trace.set({"slorouter.hedge.endpoint": result.target.address})
         return lifecycle
 
     def raced(self, winner: RequestLifecycle) -> None:
-        """The race between the request and its hedged copy is over: ``winner`` answered first. The other is
-        cancelled (its load released); the exchange goes on with the winner."""
+        """A hedged request answered: ``winner`` (the original or the copy) came first. The other, if it still
+        runs, is cancelled (its load released); the exchange goes on with the winner. Counted once."""
+        if not self.hedge_pending:
+            return
         copy, primary, plan, actions = self.copy, self.lifecycle, self.plan, self.front.actions
-        assert copy is not None and primary is not None and plan is not None and actions is not None
+        assert primary is not None and plan is not None and actions is not None
         self.copy = None
-        loser = primary if winner is copy else copy
-        outcome = HedgeOutcome.WON if winner is copy else HedgeOutcome.LOST
-        loser.end(Termination.CANCELLED, detail=f"hedge: {winner.target.address} answered first")
-        actions.hedge_ended(plan, outcome, loser.prefill_tokens)
-        if winner is copy:
+        self._hedge_settled = True
+        outcome = HedgeOutcome.WON if winner is self.hedge_copy else HedgeOutcome.LOST
+        thrown = 0
+        if copy is not None:  # both were still in flight
+            loser = primary if winner is copy else copy
+            loser.end(Termination.CANCELLED, detail=f"hedge: {winner.target.address} answered first")
+            thrown = loser.prefill_tokens
+        actions.hedge_ended(plan, outcome, thrown)
+        if winner is not primary:
             self.tried.append(primary.target.address)
-            self.lifecycle = copy
-            self.facts = RoutingFacts.of(copy)
+            self.lifecycle = winner
+            self.facts = RoutingFacts.of(winner)
         if self.trace is not None:
             self.trace.set({"slorouter.hedge": outcome.value})
 
@@ -335,7 +352,8 @@ class Exchange:
     def copies_failed(self) -> None:
         """Both copies failed: counted (the front-end answers with the last failure)."""
         plan, actions = self.plan, self.front.actions
-        if plan is not None and actions is not None:
+        if self.hedge_pending and plan is not None and actions is not None:
+            self._hedge_settled = True
             actions.hedge_ended(plan, HedgeOutcome.FAILED)
 
     def deadline_passed(self) -> str:
@@ -560,12 +578,14 @@ class Exchange:
         counter.labels(*labels).inc()
 
     def _drop_copy(self, detail: str) -> None:
-        """The request ended while its hedged copy was still racing: the copy ends too (counted)."""
-        copy = self.copy
-        if copy is None:
+        """The request ended before its hedge was decided: a copy still racing ends too (counted)."""
+        if not self.hedge_pending:
             return
+        self._hedge_settled = True
+        copy = self.copy
         self.copy = None
-        copy.end(Termination.CANCELLED, detail=detail)
+        if copy is not None:
+            copy.end(Termination.CANCELLED, detail=detail)
         plan, actions = self.plan, self.front.actions
         if plan is not None and actions is not None:
             actions.hedge_ended(plan, HedgeOutcome.CANCELLED)
