@@ -311,6 +311,9 @@ class HedgingConfig(StrictModel):
     max_slo_share: float = Field(
         default=0.6, gt=0, le=1, description="... or, without a prediction, this share of the TTFT SLO"
     )
+    max_delay_slo_factor: float = Field(
+        default=1e9, gt=0, description="with a prediction: at the latest the TTFT SLO times this"
+    )
     min_delay_ms: float = Field(default=20.0, ge=0, description="never earlier than this")
 
 

@@ -257,7 +257,9 @@ class Exchange:
             plan,
             lifecycle.request.received_at,
             lifecycle.response.dispatched_at,
-            prediction.ttft_ms if prediction is not None else None,
+            # The model's own quantile: the live-coverage factor, raised by the very misses a hedge is for,
+            # would put the hedge off on a pool that stalls.
+            prediction.ttft_ms / prediction.ttft_coverage_factor if prediction is not None else None,
         )
 
     async def hedge(self) -> RequestLifecycle | None:
