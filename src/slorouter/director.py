@@ -379,9 +379,10 @@ class RequestLifecycle:
         """The prompt tokens the endpoint was expected to compute (its expected cache hits left out)."""
         return self._handle.prefill_tokens
 
-    def served_by(self, address: str) -> bool:
+    def served_by(self, address: str, dispatched_at: float | None = None) -> bool:
         """The data plane served the request from ``address``, not from the pick (a retry on one of the
-        pick's fallbacks): its in-flight load moves there, and so do the response hooks. False (nothing
+        pick's fallbacks, or a hedged copy it sent at ``dispatched_at``, from which the endpoint's latency
+        is then measured): its in-flight load moves there, and so do the response hooks. False (nothing
         changes) when ``address`` is the target already, or not an endpoint of the pool."""
         if self.finished or address == self.response.endpoint.address:
             return False
@@ -392,6 +393,8 @@ class RequestLifecycle:
         request = self.request
         self._handle = self._director.tracker.dispatch(address, request.prompt_tokens, request.max_tokens)
         self.response.endpoint = endpoint
+        if dispatched_at is not None:
+            self.response.dispatched_at = dispatched_at
         return True
 
     def on_headers(self, status: int, streaming: bool) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slorouter.config import parse_config
 from tests.helpers.chart import CHART, CRD_DIRS, CRDS, ROOT, SEED_LINE, one, validate
 from tests.helpers.doc_commands import Command, commands
 
@@ -172,3 +173,15 @@ def test_every_documented_value_is_in_the_schema_and_none_is_also_refused():
         (path, name) for name in refused for path in documented if path == name or path.endswith(f".{name}")
     ]
     assert contradictions == [], "documented in the Values table and listed as refused"
+
+
+@pytest.mark.processes
+def test_the_deadlines_values_reach_the_router_config_beside_the_objectives_priorities(render, tmp_path):
+    (block,) = re.findall(r"```yaml\n(.*?)```", _section("Deadlines and hedges"), re.DOTALL)
+    values = tmp_path / "deadlines.yaml"
+    values.write_text(block, encoding="utf-8")
+    config = parse_config(yaml.safe_load(one(render({}, values), "ConfigMap")["data"]["config.yaml"]))
+    assert config.objective_priorities() == {"batch": -1, "chat": 5}
+    assert config.objectives["batch"].deadline.action == "cancel" and config.objectives["batch"].deadline.tpot
+    assert config.objectives["chat"].deadline.action == "hedge"
+    assert (config.hedging.max_share, config.hedging.burst) == (0.05, 20)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from slorouter.cli import build_parser, main
 from slorouter.config import parse_config
-from slorouter.extproc.command import message_timeout_s
+from slorouter.extproc.command import _envoy_setup, _hedges_reach_another_endpoint, message_timeout_s
 
 
 def test_the_defaults():
@@ -71,3 +72,29 @@ def test_envoys_message_timeout_covers_the_queue(flow_control: dict[str, object]
     that long for the answer (in BUFFERED mode it would answer 504 first)."""
     config = parse_config({"pool": {"endpoints": ["10.0.0.1:8000"]}, **flow_control})
     assert message_timeout_s(config) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "hedges"),
+    [("override_host", True), ("original_dst", False)],
+)
+def test_the_generated_envoy_and_the_picker_follow_the_objectives_deadlines(
+    caplog, cluster: str, hedges: bool
+):
+    config = parse_config(
+        {
+            "pool": {"endpoints": ["10.0.0.1:8000"]},
+            "objectives": {
+                "batch": {"priority": -1, "deadline": {"action": "cancel"}},
+                "chat": {"priority": 1, "deadline": {"action": "hedge"}},
+            },
+        }
+    )
+    args = build_parser().parse_args(["epp", "--config", "x.yaml", "--envoy", "--envoy-cluster", cluster])
+    setup = _envoy_setup(config, "127.0.0.1", 9002, args)
+    assert (setup.hedges, setup.cancels) == (True, True)
+    with caplog.at_level(logging.WARNING, logger="slorouter"):
+        assert _hedges_reach_another_endpoint(config, args) is hedges
+    assert ("no request is hedged" in caplog.text) is not hedges  # said once, at start
+    plain = _envoy_setup(parse_config({"pool": {"endpoints": ["10.0.0.1:8000"]}}), "127.0.0.1", 9002, args)
+    assert (plain.hedges, plain.cancels) == (False, False)

@@ -44,7 +44,10 @@ def test_in_band_full_duplex_asks_for_the_request_trailers_and_a_streamed_respon
     assert added == {
         "x-gateway-destination-endpoint-served": "%UPSTREAM_REMOTE_ADDRESS%",
         "x-slorouter-response-flags": "%RESPONSE_FLAGS%",
+        "x-slorouter-upstream-attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
     }
+    assert "mutation_rules" not in _filter(config)  # no deadline: the picker sets no x-envoy-* header
+    assert "hedge_policy" not in _route(config)["route"]
 
 
 def test_the_observed_response_path_skips_the_response_in_the_picking_filter_and_observes_it_in_another():
@@ -71,7 +74,11 @@ def test_the_observed_response_path_skips_the_response_in_the_picking_filter_and
         watching["processing_mode"]["response_body_mode"],
     ) == ("SEND", "STREAMED")
     assert watching["metadata_options"] == {"forwarding_namespaces": {"untyped": ["slorouter"]}}
-    assert watching["response_attributes"] == ["upstream.address", "response.flags"]
+    assert watching["response_attributes"] == [
+        "upstream.address",
+        "response.flags",
+        "upstream.request_attempt_count",
+    ]
     added = {h["header"]["key"]: h["header"]["value"] for h in _route(config)["response_headers_to_add"]}
     assert added == {
         "x-slorouter-endpoint": "%UPSTREAM_REMOTE_ADDRESS%",
@@ -86,6 +93,49 @@ def test_the_observed_response_path_skips_the_response_in_the_picking_filter_and
     assert _cluster(config, "pool")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"] == {
         "address": {"socket_address": {"address": "10.0.0.1", "port_value": 8000}}
     }
+
+
+@pytest.mark.parametrize("path", ["observed", "in-band"])
+def test_deadlines_let_the_picker_set_envoy_headers_hedge_on_per_try_timeouts_and_answer_in_json(path: str):
+    setup = EnvoySetup(
+        "127.0.0.1",
+        8080,
+        "127.0.0.1",
+        9002,
+        endpoints=("10.0.0.1:8000",),
+        response_path=path,  # type: ignore[arg-type]
+        hedges=True,
+        cancels=True,
+    )
+    config = bootstrap(setup)
+    assert _filter(config)["mutation_rules"] == {"allow_envoy": True}
+    assert _route(config)["route"]["hedge_policy"] == {"hedge_on_per_try_timeout": True}
+    mode = _filter(config)["processing_mode"]
+    if path == "in-band":  # the picker holds a stream's headers until its first token, and can end it
+        assert (mode["response_body_mode"], mode["response_trailer_mode"]) == ("FULL_DUPLEX_STREAMED", "SEND")
+    else:
+        assert (mode["response_body_mode"], mode["response_trailer_mode"]) == ("NONE", "SKIP")
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (mapper,) = manager["local_reply_config"]["mappers"]
+    flags, metadata = mapper["filter"]["and_filter"]["filters"]
+    assert flags == {"response_flag_filter": {"flags": ["UT"]}}
+    assert metadata["metadata_filter"]["match_if_key_not_found"] is False
+    error = mapper["body_format_override"]["json_format"]["error"]
+    assert error["code"] == "deadline_exceeded" and error["type"] == "GatewayTimeoutError"
+    assert error["message"] == (
+        "%DYNAMIC_METADATA(slorouter:deadline)% passed after %DURATION% ms without a first token; "
+        "the router cancelled it"
+    )
+
+
+def test_no_hedge_policy_for_a_cluster_that_retries_on_the_same_endpoint():
+    setup = EnvoySetup("127.0.0.1", 8080, "127.0.0.1", 9002, cluster="original_dst", hedges=True)
+    config = bootstrap(setup)
+    assert "hedge_policy" not in _route(config)["route"]
+    assert (
+        "local_reply_config"
+        not in config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    )
 
 
 def test_buffered_original_dst_reads_the_destination_header():

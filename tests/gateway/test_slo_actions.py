@@ -1,19 +1,17 @@
-"""Deadlines and hedged requests through the gateway, against scripted model servers on 127.0.0.1.
-
-The fake servers play by call order, not by address (the pick decides which one gets the first call): each
-test scripts the first call, the second (the hedged copy) and so on."""
+"""Deadlines and hedged requests through the gateway, against scripted model servers on 127.0.0.1
+(``tests.helpers.scripted``: each test scripts the first call, the second (the hedged copy) and so on)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.gateway.conftest import FakeUpstream, eventually, start_router
+from tests.gateway.conftest import eventually, start_router
+from tests.helpers.scripted import Scripted, answer_after, fail_after, hang, once_copied, slow_stream
 
 OBJECTIVES = {
     "interactive": {"priority": 1, "deadline": {"action": "hedge"}},
@@ -22,90 +20,6 @@ OBJECTIVES = {
 }
 HEDGING = {"max_slo_share": 0.5, "min_delay_ms": 0, "max_share": 1.0, "burst": 10}
 BODY = {"model": "fake", "prompt": "hi", "max_tokens": 4}
-Script = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class Scripted:
-    """Two fake servers sharing one script: call i (counted across both) runs ``script[i]``. Records which
-    calls saw their connection closed by the router before they answered."""
-
-    def __init__(self, *script: Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]]):
-        self.script = script
-        self.calls = 0
-        self.closed: list[int] = []  # calls whose client (the router) went away
-        self.copy_done = asyncio.Event()  # the second call has run its script (or is hanging)
-        self.upstreams: list[FakeUpstream] = []
-
-    async def start(self) -> Scripted:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            index = self.calls
-            self.calls += 1
-            await request.read()
-            play = self.script[min(index, len(self.script) - 1)]
-            if index == 1 and play is not hang:
-                try:
-                    return await play(self, index, request)
-                finally:
-                    self.copy_done.set()
-            if index == 1:
-                self.copy_done.set()
-            return await play(self, index, request)
-
-        self.upstreams = [await FakeUpstream(handler).start() for _ in range(2)]
-        return self
-
-    @property
-    def addresses(self) -> list[str]:
-        return [u.address for u in self.upstreams]
-
-    async def close(self) -> None:
-        for upstream in self.upstreams:
-            await upstream.close()
-
-
-async def hang(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
-    """Never answer; note when the router closes the connection."""
-    for _ in range(1000):
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            scripted.closed.append(index)
-            break
-        await asyncio.sleep(0.01)
-    return web.Response(status=500)
-
-
-Play = Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]]
-
-
-def answer_after(seconds: float, text: str) -> Play:
-    async def answer(scripted: Scripted, index: int, request: web.Request) -> web.Response:
-        await asyncio.sleep(seconds)
-        body = {"choices": [{"index": 0, "text": text}], "usage": {"completion_tokens": 1}}
-        return web.json_response(body)
-
-    return answer
-
-
-def once_copied(
-    then: Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]],
-) -> Callable[[Scripted, int, web.Request], Awaitable[web.StreamResponse]]:
-    """Run ``then`` once the hedged copy has reached a server (and, if it fails, once it has failed)."""
-
-    async def wait(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
-        await eventually(lambda: scripted.calls >= 2 and scripted.copy_done.is_set())
-        return await then(scripted, index, request)
-
-    return wait
-
-
-def fail_after(seconds: float) -> Callable[[Scripted, int, web.Request], Awaitable[web.Response]]:
-    async def fail(scripted: Scripted, index: int, request: web.Request) -> web.Response:
-        await asyncio.sleep(seconds)
-        assert request.transport is not None
-        request.transport.abort()
-        return web.Response(status=500)
-
-    return fail
 
 
 def _inflight(router) -> int:
@@ -289,20 +203,7 @@ async def test_a_sheddable_request_past_its_deadline_is_cancelled_with_an_error_
 
 
 async def test_a_stream_slower_than_its_tpot_slo_is_cut_with_an_error_event(http):
-    async def slow_stream(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for i in range(50):
-            chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
-            try:
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            except ConnectionResetError:
-                scripted.closed.append(index)
-                return response
-            await asyncio.sleep(0.05)
-        return response
-
-    scripted = Scripted(slow_stream)
+    scripted = Scripted(slow_stream(50, 0.05))
     router = await _started(scripted)
     try:
         url = f"http://{router.address}/v1/completions"

@@ -8,6 +8,7 @@
   the ``hash: vllm`` tests; requests for the cluster simulator.
 - ``chart``: the Helm chart's paths, cases and manifest checks.
 - ``http_app``: the HTTP server tests' app and raw client.
+- ``scripted``: fake model servers that play a script by call order (deadlines and hedges).
 - Fakes: an in-test Kubernetes API server (``kube_apiserver``), an OTLP receiver (``otlp_receiver``), and the
   docs' shell commands read and checked (``doc_commands``).
 - ``source``: reading test modules' imports (the marker and import checks).

@@ -61,7 +61,7 @@ async def _serve(make: type[Echo] | None = None, **echo: object) -> Served:
     served: Served
     closes: list[str | None] = []
 
-    def factory(fields: Mapping[bytes, bytes]) -> Echo:
+    def factory(fields: Mapping[bytes, bytes], _push: g.Push) -> Echo:
         handler = Echo(closes, **echo)  # type: ignore[arg-type]
         served.handlers.append(handler)
         return handler
@@ -154,6 +154,58 @@ async def test_a_finished_handler_ends_the_rpc_before_the_client_does():
         assert served.closes == [None]
     finally:
         await served.server.close()
+
+
+@dataclass
+class Pusher:
+    """Answers nothing; pushes ``b"pushed"`` once ``delay_s`` after its first message, then finishes."""
+
+    push: g.Push
+    log: list[str | None]
+    delay_s: float = 0.05
+    finished: bool = False
+
+    def on_message(self, payload: bytes) -> list[bytes]:
+        asyncio.get_running_loop().call_later(self.delay_s, self._push)
+        return []
+
+    def _push(self) -> None:
+        self.finished = True
+        self.push([b"pushed"])
+
+    def on_close(self, reason: str | None) -> None:
+        self.log.append(reason)
+
+
+async def test_a_handler_pushes_replies_of_its_own_and_a_finished_one_ends_the_rpc():
+    closes: list[str | None] = []
+    server = g.GrpcServer({METHOD: lambda fields, push: Pusher(push, closes)})
+    port = await server.start("127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = _call(channel)
+            await call.write(b"one")
+            assert await call.read() == b"pushed"  # no message asked for it
+            assert await call.read() is grpc.aio.EOF
+            assert await call.code() == grpc.StatusCode.OK
+        assert closes == [None]
+        # A push after the RPC ended (the client cancelled it) is dropped.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = _call(channel)
+            await call.write(b"one")
+            call.cancel()
+            await _eventually_closed(closes, 2)
+            await asyncio.sleep(0.1)  # past the push
+    finally:
+        await server.close()
+
+
+async def _eventually_closed(closes: list[str | None], count: int) -> None:
+    for _ in range(500):
+        if len(closes) >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the RPC was not closed")
 
 
 @pytest.mark.parametrize(
@@ -270,7 +322,7 @@ class RawPeer:
 
     def __init__(self, settings: g.ServerSettings | None = None, **echo: object) -> None:
         self.closes: list[str | None] = []
-        self.server = g.GrpcServer({METHOD: lambda fields: Echo(self.closes, **echo)}, settings)  # type: ignore[arg-type]
+        self.server = g.GrpcServer({METHOD: lambda fields, push: Echo(self.closes, **echo)}, settings)  # type: ignore[arg-type]
         self.connection = g.GrpcConnection(self.server)
         self.transport = FakeTransport()
         self.connection.connection_made(self.transport)
@@ -439,7 +491,7 @@ def test_any_frame_sequence_is_handled_without_raising(frames, opens: int, split
     opened: list[Echo] = []
     closes: list[str | None] = []
 
-    def factory(fields: Mapping[bytes, bytes]) -> Echo:
+    def factory(fields: Mapping[bytes, bytes], _push: g.Push) -> Echo:
         opened.append(Echo(closes))
         return opened[-1]
 

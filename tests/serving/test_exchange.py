@@ -13,6 +13,7 @@ from opentelemetry.trace import StatusCode
 from slorouter.api.requests import parse_chat_completion
 from slorouter.api.routing_headers import parse_routing_headers
 from slorouter.clock import ManualClock
+from slorouter.config import HedgingConfig, ObjectiveConfig
 from slorouter.director import Director
 from slorouter.metrics import GatewayMetrics
 from slorouter.pool.inflight import InFlightTracker
@@ -21,6 +22,7 @@ from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext, Termination
 from slorouter.scheduling.types import SchedulingError
 from slorouter.serving.exchange import MAX_KEPT_RESPONSE_BYTES, Exchange, FrontEnd
+from slorouter.serving.slo_actions import HedgeOutcome, HedgeSkip, SloActions
 from slorouter.tracing.config import TracingConfig
 from slorouter.tracing.tracer import Tracing
 
@@ -233,3 +235,95 @@ def test_the_benchmark_drives_tokens_without_bytes(front, clock):
     exchange.answered(usage={"completion_tokens": 7})
     assert (lifecycle.response.tokens, lifecycle.response.cause) == (7, Termination.COMPLETE)
     assert lifecycle.response.first_token_at == pytest.approx(100.1)
+
+
+def _hedging(front: FrontEnd, **hedging: float) -> SloActions:
+    objectives = {"chat": ObjectiveConfig(priority=1, deadline={"action": "hedge"})}
+    actions = SloActions(objectives, HedgingConfig(max_slo_share=0.5, min_delay_ms=0, **hedging))
+    front.actions = actions
+    return actions
+
+
+def _planned(front: FrontEnd) -> Exchange:
+    exchange = front.exchange("POST", PATH)
+    hints = parse_routing_headers(
+        {"x-gateway-inference-objective": "chat", "x-slo-ttft-ms": "400"},
+        {"chat": 1},
+        prediction_by_default=False,
+    )
+    exchange.parsed(parse_chat_completion(BODY), hints, {}, None)
+    return exchange
+
+
+async def test_a_hedge_the_data_plane_sends_is_armed_at_the_pick_and_a_win_moves_the_request(front, clock):
+    actions = _hedging(front, burst=2)
+    exchange = _planned(front)
+    lifecycle = await exchange.pick()
+    picked = lifecycle.target.address
+    prefill = lifecycle.prefill_tokens
+    due = exchange.hedge_delegated(1)
+    assert due == pytest.approx(100.2)  # half the 400 ms SLO after the request came
+    assert actions.budget.level == pytest.approx(1.0)  # taken now
+    clock.advance(0.25)
+    other = next(a for a in ADDRESSES if a != picked)
+    # Served elsewhere after the delay: the copy won (an attempt count, when given, agrees).
+    assert exchange.data_plane_answered(other, None, failed=False) is HedgeOutcome.WON
+    assert lifecycle.target.address == other and exchange.tried == [picked]
+    assert lifecycle.response.dispatched_at == pytest.approx(100.2)  # measured from the copy's dispatch
+    assert _inflight(front) == 1  # the load followed the copy
+    assert actions.hedges["chat", HedgeOutcome.SENT] == actions.hedges["chat", HedgeOutcome.WON] == 1
+    assert actions.loser_prefill_tokens == prefill
+    assert exchange.data_plane_answered(other, 2, failed=False) is None  # settled once
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "attempts", "failed", "outcome"),
+    [
+        (0.1, 1, False, None),  # answered before the hedge was due
+        (0.3, 1, False, None),  # late, but the data plane made one attempt: no copy went
+        (0.1, 2, False, None),  # a retry after a failed connection, before the hedge was due
+        (0.3, 2, False, HedgeOutcome.LOST),  # the pick answered after the copy went out
+        (0.3, 2, True, HedgeOutcome.FAILED),  # the data plane's own answer: both attempts failed
+        (0.3, None, False, None),  # no attempt count, the pick answered: maybe no copy went, none counted
+    ],
+)
+async def test_what_the_response_says_of_a_hedge_the_data_plane_was_armed_for(
+    front, clock, wait_s, attempts, failed, outcome
+):
+    actions = _hedging(front, burst=2)
+    exchange = _planned(front)
+    lifecycle = await exchange.pick()
+    assert exchange.hedge_delegated(1) is not None
+    clock.advance(wait_s)
+    assert exchange.data_plane_answered(lifecycle.target.address, attempts, failed) is outcome
+    sent = actions.hedges["chat", HedgeOutcome.SENT]
+    assert sent == (outcome is not None)
+    assert actions.budget.level == pytest.approx(1.0 if sent else 2.0)  # not sent: given back
+
+
+async def test_an_armed_hedge_of_a_request_that_ends_early_is_given_back_and_after_its_delay_cancelled(
+    front, clock
+):
+    actions = _hedging(front, burst=3)
+    for wait_s, sent in ((0.1, 0), (0.3, 1)):
+        exchange = _planned(front)
+        await exchange.pick()
+        assert exchange.hedge_delegated(1) is not None
+        clock.advance(wait_s)
+        exchange.abandoned(Termination.CLIENT_GONE, "client disconnected")
+        assert actions.hedges["chat", HedgeOutcome.CANCELLED] == sent
+    assert actions.budget.level == pytest.approx(2.0)  # one hedge spent, the other given back
+
+
+async def test_no_hedge_is_armed_beyond_the_budget_or_without_another_endpoint(front):
+    actions = _hedging(front, max_share=0.001, burst=1)
+    exchange = _planned(front)
+    await exchange.pick()
+    assert exchange.hedge_delegated(0) is None  # the data plane would send the copy to the pick again
+    assert actions.skipped["chat", HedgeSkip.NO_ENDPOINT] == 1
+    assert actions.budget.level == pytest.approx(1.0)  # not taken
+    assert exchange.hedge_delegated(1) is not None
+    exchange = _planned(front)
+    await exchange.pick()
+    assert exchange.hedge_delegated(1) is None
+    assert actions.skipped["chat", HedgeSkip.BUDGET] == 1

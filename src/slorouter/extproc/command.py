@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--envoy-cluster",
         choices=["override_host", "original_dst"],
         default="override_host",
-        help="with --envoy: the upstream cluster (override_host retries the picker's fallbacks)",
+        help="with --envoy: the upstream cluster (override_host retries the picker's fallbacks; "
+        "original_dst retries on the same endpoint, so no request is hedged)",
     )
     parser.add_argument(
         "--envoy-response-path",
@@ -207,6 +208,8 @@ async def _supervise(config: Config, ports: PickerPorts, args: argparse.Namespac
             "--workers", str(args.workers), "--log-level", args.log_level]  # fmt: skip
     if args.replica_peers is not None:
         argv += ["--replica-peers", args.replica_peers, "--replica-port", str(args.replica_port)]
+    if args.envoy:  # the workers arm hedges only for a cluster that retries elsewhere
+        argv += ["--envoy-cluster", args.envoy_cluster]
     if args.state_dir is not None:
         argv += ["--state-dir", args.state_dir]
     # The workers' shared in-flight view: a Unix socket each, in a directory of the supervisor's.
@@ -246,6 +249,7 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
         state_name="epp" if worker is None else f"epp-worker-{worker}",
         config_path=args.config,
         record=record_settings(args),
+        data_plane_hedges=_hedges_reach_another_endpoint(config, args),
     )
     replicas = None
     if args.replica_peers is not None:
@@ -294,6 +298,21 @@ async def _serve(config: Config, ports: PickerPorts, args: argparse.Namespace) -
         if envoy is not None:
             await envoy.stop()
     return 0
+
+
+def _hedges_reach_another_endpoint(config: Config, args: argparse.Namespace) -> bool:
+    """Whether the data plane's retries go to the pick's fallbacks, so that a hedge can be armed: not with
+    the original_dst cluster, which retries on the same endpoint (said once at start when it matters)."""
+    if args.envoy_cluster != "original_dst":
+        return True
+    hedging = sorted(name for name, o in config.objectives.items() if o.deadline.action == "hedge")
+    if hedging and args.worker_index in (None, 0):
+        log.warning(
+            "objectives %s hedge, but the original_dst cluster retries on the same endpoint: no request is "
+            "hedged (use --envoy-cluster override_host)",
+            ", ".join(hedging),
+        )
+    return False
 
 
 def _refuse_taken_ports(ports: PickerPorts) -> None:
@@ -352,6 +371,8 @@ def _envoy_setup(config: Config, picker_host: str, picker_port: int, args: argpa
         upstream_timeout_s=gateway.upstream_timeout_s,
         connect_timeout_s=gateway.connect_timeout_s,
         message_timeout_s=message_timeout_s(config),
+        hedges=any(o.deadline.action == "hedge" for o in config.objectives.values()),
+        cancels=any(o.deadline.action == "cancel" for o in config.objectives.values()),
     )
 
 

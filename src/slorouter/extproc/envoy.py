@@ -18,6 +18,13 @@ Two response paths:
   headers from the ``slorouter`` metadata the pick left. Nothing on the response's path waits for the picker.
 - ``in-band``: one filter, which sends the response to the picker and waits for each answer, as a data plane
   with a single ext_proc filter does (GKE's gateway, a hand-written configuration).
+
+Deadlines and hedges (``objectives.NAME.deadline``): the picking filter lets the picker set Envoy's router
+headers (``mutation_rules.allow_envoy``: the per-try timeout, hedging on it, the retries); the route hedges on
+per-try timeouts (the copy goes to the next endpoint of the pick's list, so not with ``original_dst``); a
+cancelled request's 504 from Envoy carries the gateway's JSON error (a local reply mapper); in-band, the
+response body comes full duplex, so the picker can hold a stream's headers until its first token and cut a
+stream whose TPOT overruns.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ import yaml
 
 from slorouter.children import stop_with_parent
 from slorouter.extproc.messages import (
+    ATTEMPTS,
+    DEADLINE_KEY,
     DESTINATION,
     LB_NAMESPACE,
     OBSERVED,
@@ -51,9 +60,11 @@ from slorouter.extproc.messages import (
     SERVED,
     SUBSET_NAMESPACE,
     UPSTREAM_ADDRESS,
+    UPSTREAM_ATTEMPTS,
 )
 from slorouter.extras import MissingExtraError, package_hint
 from slorouter.flowcontrol.types import QUEUED_HEADER
+from slorouter.http.errors import ERROR_TYPES
 from slorouter.http.running import address_in_use
 from slorouter.serving.headers import (
     ENDPOINT_HEADER,
@@ -62,6 +73,7 @@ from slorouter.serving.headers import (
     PREDICTED_TTFT_HEADER,
     ROUTE_HEADER,
 )
+from slorouter.serving.slo_actions import DEADLINE_EXCEEDED, TTFT_DEADLINE_MESSAGE
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +117,10 @@ class EnvoySetup:
     # False: no ext_proc filter at all, the pool cluster round robin (the benchmark's baseline).
     ext_proc: bool = True
     response_path: ResponsePath = "observed"
+    # Some objective's deadline hedges (the route hedges on per-try timeouts) or cancels (Envoy's 504 says
+    # what the picker's would; in-band, the response body comes full duplex).
+    hedges: bool = False
+    cancels: bool = False
 
 
 def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
@@ -117,16 +133,20 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
             "failing open needs the buffered request body mode (Envoy answers 500 in full duplex)"
         )
     observed = setup.response_path == "observed"
+    # In-band with a deadline to keep: the response body full duplex, so that the picker sees a stream's
+    # first token while Envoy still holds its headers, and can end a stream itself.
+    response_duplex = not observed and setup.cancels
+    response_body_mode = "FULL_DUPLEX_STREAMED" if response_duplex else "STREAMED"
     processing_mode = {
         "request_header_mode": "SEND",
         "response_header_mode": "SKIP" if observed else "SEND",
         "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
-        # STREAMED, not full duplex, for the response: the picker can then tell Envoy (mode override) not
-        # to send a body it does not read, and SSE chunks pass on unchanged.
-        "response_body_mode": "NONE" if observed else "STREAMED",
+        # STREAMED, not full duplex, for the response unless a deadline needs it: the picker can then tell
+        # Envoy (mode override) not to send a body it does not read, and SSE chunks pass on unchanged.
+        "response_body_mode": "NONE" if observed else response_body_mode,
         # FULL_DUPLEX_STREAMED needs the trailers sent (they may end the body).
         "request_trailer_mode": "SEND" if duplex else "SKIP",
-        "response_trailer_mode": "SKIP",
+        "response_trailer_mode": "SEND" if response_duplex else "SKIP",
     }
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
@@ -137,6 +157,8 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
             "allow_mode_override": True,
             "message_timeout": _duration(setup.message_timeout_s),
             "processing_mode": processing_mode,
+            # Deadlines and hedges: the picker sets Envoy's per-try timeout, hedging and retry headers.
+            **({"mutation_rules": {"allow_envoy": True}} if setup.hedges or setup.cancels else {}),
             "metadata_options": {
                 "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
                 "receiving_namespaces": {
@@ -167,14 +189,22 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
                 "response_trailer_mode": "SKIP",
             },
             "metadata_options": {"forwarding_namespaces": {"untyped": [OBSERVED_NAMESPACE]}},
-            "response_attributes": [UPSTREAM_ADDRESS, RESPONSE_FLAG_BITS],
+            "response_attributes": [UPSTREAM_ADDRESS, RESPONSE_FLAG_BITS, UPSTREAM_ATTEMPTS],
         },
     }
     retry_policy = {
         "retry_on": "connect-failure,refused-stream,reset-before-request",
         "num_retries": setup.num_retries,
     }
-    route = {"cluster": "pool", "timeout": _duration(setup.upstream_timeout_s), "retry_policy": retry_policy}
+    route: dict[str, Any] = {
+        "cluster": "pool",
+        "timeout": _duration(setup.upstream_timeout_s),
+        "retry_policy": retry_policy,
+    }
+    if setup.ext_proc and setup.hedges and setup.cluster == "override_host":
+        # A per-try timeout (the picker's hedge delay) sends a copy to the next endpoint of the pick's list;
+        # the first response headers win, the other request is reset. The picker also says it per request.
+        route["hedge_policy"] = {"hedge_on_per_try_timeout": True}
     pool_route: dict[str, Any] = {"match": {"prefix": "/"}, "route": route}
     if setup.ext_proc and observed:
         # The picker's response headers, from what the pick left (a header with no value is not added);
@@ -196,10 +226,15 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
         # load there and removes the header from the client's response.
         # With the response flags, an answer Envoy made itself after upstream failures is told apart from
         # the model server's own.
+        # With the upstream attempts, a hedged copy that was sent is told apart from one that was not.
         pool_route["response_headers_to_add"] = _headers_to_add(
-            [(SERVED, "%UPSTREAM_REMOTE_ADDRESS%"), (RESPONSE_FLAGS, "%RESPONSE_FLAGS%")]
+            [
+                (SERVED, "%UPSTREAM_REMOTE_ADDRESS%"),
+                (RESPONSE_FLAGS, "%RESPONSE_FLAGS%"),
+                (ATTEMPTS, "%UPSTREAM_REQUEST_ATTEMPT_COUNT%"),
+            ]
         )
-    connection_manager = {
+    connection_manager: dict[str, Any] = {
         "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "stream_idle_timeout": _duration(setup.upstream_timeout_s),
@@ -213,6 +248,8 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
             },
         ],
     }
+    if setup.ext_proc and setup.cancels:
+        connection_manager["local_reply_config"] = deadline_reply()
     listener = {
         "name": LISTENER,
         "address": _address(setup.listen_host, setup.listen_port),
@@ -243,6 +280,45 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
     return {
         "static_resources": {"listeners": [listener], "clusters": [_pool_cluster(setup), picker_cluster]},
         "admin": {"address": _address("127.0.0.1", setup.admin_port)},
+    }
+
+
+def deadline_reply() -> dict[str, Any]:
+    """The HTTP connection manager's ``local_reply_config``: Envoy's 504 at a TTFT deadline the picker gave it
+    as the per-try timeout (a request with ``deadline`` metadata, flag UT) carries the gateway's JSON error,
+    the SLO from the metadata and the time waited from Envoy's own clock."""
+    message = TTFT_DEADLINE_MESSAGE.format(
+        slo=f"%DYNAMIC_METADATA({OBSERVED_NAMESPACE}:{DEADLINE_KEY})%", waited="%DURATION%"
+    )
+    deadline = {
+        "filter": OBSERVED_NAMESPACE,
+        "path": [{"key": DEADLINE_KEY}],
+        "value": {"present_match": True},
+    }
+    return {
+        "mappers": [
+            {
+                "filter": {
+                    "and_filter": {
+                        "filters": [
+                            {"response_flag_filter": {"flags": ["UT"]}},
+                            {"metadata_filter": {"matcher": deadline, "match_if_key_not_found": False}},
+                        ]
+                    }
+                },
+                "body_format_override": {
+                    "json_format": {
+                        "error": {
+                            "message": message,
+                            "type": ERROR_TYPES[504],
+                            "param": None,
+                            "code": DEADLINE_EXCEEDED,
+                        }
+                    },
+                    "content_type": "application/json",
+                },
+            }
+        ]
     }
 
 

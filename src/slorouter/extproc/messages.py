@@ -27,6 +27,14 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED = "x-gateway-destination-endpoint-served"
 # Envoy's response flags (%RESPONSE_FLAGS%), as the generated bootstrap adds them to every response.
 RESPONSE_FLAGS = "x-slorouter-response-flags"
+# How many upstream attempts Envoy made (%UPSTREAM_REQUEST_ATTEMPT_COUNT%): 2 after a hedged copy was sent.
+ATTEMPTS = "x-slorouter-upstream-attempts"
+# Envoy's router headers the picker sets for a request's plan (ext_proc's mutation_rules must allow_envoy):
+# the per-try timeout (the hedge delay, or the TTFT deadline), hedging on it or not, and the retries (one:
+# the hedged copy, never a second).
+PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
+HEDGE_ON_PER_TRY_TIMEOUT = "x-envoy-hedge-on-per-try-timeout"
+MAX_RETRIES = "x-envoy-max-retries"
 # The observed response path: the gRPC metadata a data plane's ext_proc filters declare their role with
 # (the picking filter, which skips the response, and the observing one, in observability mode), and the
 # dynamic metadata the pick leaves for the observer and for the route's response headers.
@@ -35,10 +43,13 @@ OBSERVED = b"observed"
 OBSERVER = b"observer"
 OBSERVED_NAMESPACE = "slorouter"
 REQUEST_KEY = "request"
+# The SLO a TTFT deadline keeps (the client's error message names it), for the data plane's local reply.
+DEADLINE_KEY = "deadline"
 # The ext_proc filter's attributes (``response_attributes``) the observer reads.
 _ATTRIBUTES = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 RESPONSE_FLAG_BITS = "response.flags"
+UPSTREAM_ATTEMPTS = "upstream.request_attempt_count"
 
 ProcessingRequest = ext_proc.ProcessingRequest
 ProcessingResponse = ext_proc.ProcessingResponse
@@ -51,6 +62,7 @@ NONE = BodySendMode.Value("NONE")
 STREAMED_CHUNK_BYTES = 1 << 20
 
 _OVERWRITE = base_pb2.HeaderValueOption.HeaderAppendAction.Value("OVERWRITE_IF_EXISTS_OR_ADD")
+_DATA_PLANE_HEADERS = [SERVED, RESPONSE_FLAGS, ATTEMPTS]
 _STATUS_CODES = frozenset(http_status_pb2.StatusCode.values())
 _CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=ext_proc.HeadersResponse())
 _CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=ext_proc.BodyResponse())
@@ -136,11 +148,11 @@ def observation_key(request: ext_proc.ProcessingRequest) -> str | None:
     return str(value.string_value)
 
 
-def response_attributes(request: ext_proc.ProcessingRequest) -> tuple[str | None, int]:
-    """The upstream address that served the response (None if there was none) and Envoy's response flag
-    bits, from the filter's ``response_attributes``."""
+def response_attributes(request: ext_proc.ProcessingRequest) -> tuple[str | None, int, int | None]:
+    """The upstream address that served the response (None if there was none), Envoy's response flag bits
+    and its upstream attempts (None when not sent), from the filter's ``response_attributes``."""
     if _ATTRIBUTES not in request.attributes:
-        return None, 0
+        return None, 0, None
     fields = request.attributes[_ATTRIBUTES].fields
     address = fields.get(UPSTREAM_ADDRESS)
     served = (
@@ -150,7 +162,11 @@ def response_attributes(request: ext_proc.ProcessingRequest) -> tuple[str | None
     )
     flags = fields.get(RESPONSE_FLAG_BITS)
     bits = int(flags.number_value) if flags is not None and flags.WhichOneof("kind") == "number_value" else 0
-    return served or None, bits
+    count = fields.get(UPSTREAM_ATTEMPTS)
+    attempts = (
+        int(count.number_value) if count is not None and count.WhichOneof("kind") == "number_value" else None
+    )
+    return served or None, bits, attempts
 
 
 def _header_options(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderValueOption]:
@@ -303,13 +319,16 @@ def immediate(
     code: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> ext_proc.ProcessingResponse:
-    """An OpenAI-style JSON error that Envoy answers for the picker (the gateway's body and headers)."""
+    """An OpenAI-style JSON error that Envoy answers for the picker (the gateway's body and headers), without
+    the data plane's headers for the picker that a route adds to every response, a local reply's too."""
     http_status = status if status in _STATUS_CODES else 500
     all_headers = [("content-type", "application/json"), *(headers or {}).items()]
     return ProcessingResponse(
         immediate_response=ext_proc.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=http_status),
-            headers=ext_proc.HeaderMutation(set_headers=_header_options(all_headers)),
+            headers=ext_proc.HeaderMutation(
+                set_headers=_header_options(all_headers), remove_headers=_DATA_PLANE_HEADERS
+            ),
             body=error_body(status, message, param=param, code=code),
             details=f"slorouter_epp_{status}",
         )

@@ -87,9 +87,11 @@ class EndpointPicker:
         config_path: str | Path | None = None,
         span_exporter: SpanExporter | None = None,
         record: RecordSettings | None = None,
+        data_plane_hedges: bool = True,
     ) -> EndpointPicker:
         """``span_exporter``: see ``RouterCore.build``. ``record``: record every request to a file
-        (``slorouter.serving.recording``)."""
+        (``slorouter.serving.recording``). ``data_plane_hedges``: the data plane retries on the pick's
+        fallbacks (an override_host cluster), so hedges are armed for the objectives that hedge."""
         core = RouterCore.build(
             config, clock, state_name=state_name, config_path=config_path, span_exporter=span_exporter
         )
@@ -105,6 +107,8 @@ class EndpointPicker:
             traffic=traffic,
             window=None if core.tuning is None else core.tuning.window,
             engine_priority=core.engine_priority,
+            actions=core.actions,
+            data_plane_hedges=data_plane_hedges,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))

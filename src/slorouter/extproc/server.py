@@ -26,6 +26,7 @@ from slorouter.http.grpc_server import (
     INVALID_ARGUMENT,
     UNAVAILABLE,
     HandlerFactory,
+    Push,
     Replies,
     RpcError,
     RpcHandler,
@@ -73,9 +74,10 @@ class ExternalProcessor:
     def methods(self) -> dict[str, HandlerFactory]:
         return {PROCESS_METHOD: self.open_stream}
 
-    def open_stream(self, fields: Mapping[bytes, bytes]) -> RpcHandler:
+    def open_stream(self, fields: Mapping[bytes, bytes], push: Push) -> RpcHandler:
         """A stream's handler, by the role the data plane's filter declares in its gRPC metadata: picking
-        (answering the request, and the response unless it is observed), or observing a response."""
+        (answering the request, and the response unless it is observed), or observing a response. ``push``
+        sends the picker's answers that reply to no message (a deadline's immediate response)."""
         if not self.accepting:
             raise RpcError(UNAVAILABLE, "the endpoint picker is shutting down")
         self.active += 1
@@ -85,7 +87,11 @@ class ExternalProcessor:
         if role == messages.OBSERVER:
             stream = ResponseObserver(self._picker)
         else:
-            stream = PickerStream(self._picker, observed=role == messages.OBSERVED)
+            stream = PickerStream(
+                self._picker,
+                observed=role == messages.OBSERVED,
+                push=lambda responses: push([messages.serialized(response) for response in responses]),
+            )
         return _ProcessStream(self, stream)
 
     def stream_closed(self) -> None:

@@ -12,6 +12,15 @@ which the server turns into a gRPC INVALID_ARGUMENT status.
 On an observed response path (``extproc.observer``), the pick leaves a request key in ``slorouter`` dynamic
 metadata, and a ``ResponseObserver`` stream claims the request by it and feeds the response to this
 stream's exchange: no exchange of messages with the picker is left on the response's path.
+
+A request's plan (``serving.slo_actions``) is carried out with what the data plane allows. A hedge: Envoy's
+per-try timeout at the hedge delay, hedging on it (the copy goes to the next endpoint of the pick's list, the
+first response headers win); the outcome is read from the response (served address, upstream attempts). A
+TTFT deadline: in-band, the picker answers 504 in Envoy's place (an ``ImmediateResponse`` sent on its own,
+which resets the upstream request) if the response has not begun by then, holding a streamed response's
+headers until its first token when the response body comes full duplex; on the observed path, Envoy's
+per-try timeout at the deadline, its local reply saying what the picker would. A TPOT overrun: in-band with
+the response body full duplex, the stream is ended with an error event.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,7 +42,7 @@ from slorouter.extproc import messages
 from slorouter.extproc.messages import ProtocolError
 from slorouter.extproc.observer import ObservationQueue
 from slorouter.http.auth import UNAUTHORIZED_MESSAGE, WWW_AUTHENTICATE, BearerTokens
-from slorouter.http.errors import RequestError
+from slorouter.http.errors import SSE_DONE, RequestError, sse_error_event
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import SchedulingError
@@ -41,6 +51,7 @@ from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import INFERENCE_PARSERS
+from slorouter.serving.slo_actions import DEADLINE_EXCEEDED, Action, HedgeOutcome, SloActions, ttft_slo
 from slorouter.serving.status import RouterStats
 from slorouter.serving.traffic_window import TrafficWindow
 
@@ -52,6 +63,8 @@ __all__ = ["Picker", "PickerStream", "ProtocolError"]
 log = logging.getLogger(__name__)
 
 Response = Any  # an envoy.service.ext_proc.v3.ProcessingResponse (the generated modules are untyped)
+# Sends answers on the stream outside the replies to Envoy's messages (a deadline's immediate response).
+Push = Callable[[list[Response]], None]
 MODELS_PATH = "/v1/models"
 # On an observed response path, how long a routed request waits for its observer to claim it once its
 # picking stream ended (the data plane ends that stream as soon as it has nothing more to send on it).
@@ -86,6 +99,10 @@ class Picker:
     traffic: TrafficRecorder | None = None  # --record
     window: TrafficWindow | None = None  # the recent traffic the tuner reads
     engine_priority: EnginePriority | None = None  # the priority the model servers get in the body
+    actions: SloActions | None = None  # deadlines and hedges (None: none configured)
+    # The data plane retries on the pick's fallbacks (override_host), so a hedge reaches another endpoint;
+    # False (an ORIGINAL_DST cluster, which retries on the same one): no hedge is armed.
+    data_plane_hedges: bool = True
 
     def __post_init__(self) -> None:
         self.front = FrontEnd(
@@ -96,6 +113,7 @@ class Picker:
             self.stats,
             self.traffic,
             self.window,
+            actions=self.actions,
             engine_priority=self.engine_priority,
         )
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
@@ -111,8 +129,9 @@ class Picker:
 class PickerStream:
     """The state of one stream; ``handle`` answers each message Envoy sends, in order."""
 
-    def __init__(self, picker: Picker, *, observed: bool = False) -> None:
+    def __init__(self, picker: Picker, *, observed: bool = False, push: Push | None = None) -> None:
         self._picker = picker
+        self._push = push
         # The response is not sent on this stream: a ResponseObserver stream claims it by ``_key``.
         self._observed = observed
         self._key: str | None = None
@@ -126,6 +145,12 @@ class PickerStream:
         self._body = bytearray()
         self._exchange: Exchange | None = None  # an inference request's, from its headers on
         self._body_declined = False  # the body of this response was not asked for (it needs no reading)
+        # A TTFT deadline kept here (in-band): its timer, and the response headers' answer held (with the
+        # body chunks after them) until a stream's first token.
+        self._deadline: asyncio.TimerHandle | None = None
+        self._held: Response | None = None
+        self._held_chunks: list[Response] = []
+        self._deadline_in_data_plane = False  # the TTFT deadline is Envoy's per-try timeout (observed)
         # An ImmediateResponse was sent: Envoy ends the stream, nothing more is expected.
         self.closed = False
 
@@ -151,12 +176,13 @@ class PickerStream:
             if self._phase is _Phase.REQUEST_HEADERS:
                 raise ProtocolError("response trailers arrived before the request headers")
             self._finish()
-            return [messages.continue_trailers(request=False)]
+            return [*self._release(), messages.continue_trailers(request=False)]
         raise ProtocolError(f"a ProcessingRequest without a request, response or trailers part ({kind})")
 
     def close(self, reason: str) -> None:
         """The gRPC stream ended: a request still in flight is completed (and its load released) now;
         on an observed path the observer's stream tells when the request ends, once it has claimed it."""
+        self._cancel_deadline()
         if self._key is not None and not self._observer_claimed:
             lifecycle = None if self._exchange is None else self._exchange.lifecycle
             if lifecycle is not None and not lifecycle.finished:
@@ -307,6 +333,11 @@ class PickerStream:
             # Envoy retries on the fallbacks with the one body: those that take the priority as the pick does.
             targets = picker.engine_priority.same_form(targets)
         endpoints = [target.address for target in targets]
+        kept = self._keep_slo(exchange, len(endpoints) - 1)
+        if kept is None:  # the TTFT deadline passed while the request waited in flow control
+            return self._reject(504, exchange.deadline_passed(), code=DEADLINE_EXCEEDED)
+        plan_headers, plan_metadata = kept
+        set_headers += plan_headers
         sent = exchange.upstream_body(body)  # with the priority the pick's model server takes, if any
         # Envoy makes the upstream call; its span's context goes to the model server in the request.
         set_headers += exchange.upstream_context(endpoints[0]).items()
@@ -319,6 +350,7 @@ class PickerStream:
             assert exchange.facts is not None
             observed = [(messages.REQUEST_KEY, self._key)]
             observed += [(k, v) for k, v in exchange.facts.headers() if k != ENDPOINT_HEADER]
+            observed += plan_metadata
         if self._request_mode == messages.FULL_DUPLEX_STREAMED:
             # Envoy forwards a body streamed back without a content-length (chunked to an HTTP/1.1 upstream).
             return [
@@ -332,6 +364,56 @@ class PickerStream:
         if "content-length" in self._headers:
             set_headers.append(("content-length", str(len(sent))))
         return [messages.routed_body(endpoints, set_headers, remove, observed, body=sent)]
+
+    def _keep_slo(
+        self, exchange: Exchange, fallbacks: int
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:
+        """What the request's plan asks of the data plane: Envoy router headers, and on the observed path
+        ``slorouter`` metadata for its local reply. A hedge: the per-try timeout at the hedge delay, hedging
+        on it, one retry (the copy, to the first of the pick's ``fallbacks``: with none, Envoy would send it
+        to the pick again, so none is armed). A TTFT deadline: in-band, a timer here (``_deadline_passed``);
+        observed, the per-try timeout at the deadline, not hedging, and the SLO for Envoy's 504. None when
+        the deadline has passed already."""
+        plan = exchange.plan
+        if plan is None:
+            return [], []
+        now = self._picker.director.clock.now()
+        if plan.action is Action.HEDGE:
+            due = exchange.hedge_delegated(fallbacks) if self._picker.data_plane_hedges else None
+            if due is None:
+                return [], []
+            hedge = [(messages.HEDGE_ON_PER_TRY_TIMEOUT, "true"), (messages.MAX_RETRIES, "1")]
+            return [(messages.PER_TRY_TIMEOUT, _milliseconds(due - now)), *hedge], []
+        remaining = plan.deadline_at - now
+        if remaining <= 0:
+            return None
+        if not self._observed and self._push is not None:
+            self._deadline = asyncio.get_running_loop().call_later(remaining, self._deadline_passed)
+            return [], []
+        self._deadline_in_data_plane = True
+        timeout = [
+            (messages.PER_TRY_TIMEOUT, _milliseconds(remaining)),
+            (messages.HEDGE_ON_PER_TRY_TIMEOUT, "false"),
+        ]
+        return timeout, [(messages.DEADLINE_KEY, ttft_slo(plan))]
+
+    def _deadline_passed(self) -> None:
+        """The TTFT deadline passed before the response began (in-band): the picker answers 504 in Envoy's
+        place, and Envoy resets the upstream request (the model server frees its slot)."""
+        self._deadline = None
+        exchange = self._exchange
+        if exchange is None or self.closed or self._push is None:
+            return
+        if self._phase is not _Phase.ROUTED and self._held is None:
+            return  # the response began
+        self._held = None
+        self._held_chunks = []
+        self._push(self._reject(504, exchange.deadline_passed(), code=DEADLINE_EXCEEDED))
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
     def _excluded(self) -> list[str] | None:
         """The healthy endpoints outside the subset hint (None: the subset leaves none)."""
@@ -396,37 +478,62 @@ class PickerStream:
             self._phase = _Phase.RESPONSE_BODY
             return [messages.response_headers([])]
         headers = messages.header_map(message)
-        # Where the data plane says it served the request (a response header or envoy.lb metadata), and
-        # its response flags: both headers are the generated bootstrap's, removed from the client's response.
+        # Where the data plane says it served the request (a response header or envoy.lb metadata), its
+        # response flags and its upstream attempts: the generated bootstrap's headers, removed from the
+        # client's response.
         served = headers.get(messages.SERVED)
         flags = headers.get(messages.RESPONSE_FLAGS)
+        attempts = headers.get(messages.ATTEMPTS)
         remove = [
-            name for name, value in ((messages.SERVED, served), (messages.RESPONSE_FLAGS, flags)) if value
+            name
+            for name, value in (
+                (messages.SERVED, served),
+                (messages.RESPONSE_FLAGS, flags),
+                (messages.ATTEMPTS, attempts),
+            )
+            if value
         ]
         self._account_data_plane(
             exchange,
             served if served is not None else messages.served_metadata(request),
             _failure_phase(flags) if flags else None,
+            int(attempts) if attempts and attempts.isdigit() else None,
         )
         body_follows = self._start_response(exchange, headers, message.end_of_stream)
         assert exchange.facts is not None
         own = exchange.facts.headers()
-        if body_follows and not exchange.reads_body and self._response_mode != messages.FULL_DUPLEX_STREAMED:
+        duplex = self._response_mode == messages.FULL_DUPLEX_STREAMED
+        if body_follows and not exchange.reads_body and not duplex:
             # A whole (non-SSE) body that no hook reads: the response is done for the picker, as it is for
             # the gateway's relay, and Envoy need not send the body here (one message less per request).
             self._finish()
             self._body_declined = True
             mode = messages.response_mode(self._request_mode, messages.NONE)
-            return [messages.response_headers(own, mode, remove=remove)]
-        return [messages.response_headers(own, remove=remove)]
+            answer = messages.response_headers(own, mode, remove=remove)
+        else:
+            answer = messages.response_headers(own, remove=remove)
+        if self._deadline is not None and body_follows and duplex and _awaits_first_token(exchange):
+            # Full duplex: Envoy sends the body without waiting for this answer, and the client gets
+            # nothing until it is given, so the deadline can still answer 504 until the first token.
+            self._held = answer
+            return []
+        self._cancel_deadline()
+        return [answer]
 
     def observe_response_headers(self, request: Any) -> None:
         """The response's headers as the observer saw them (served address and flags as attributes)."""
         exchange = self._exchange
         if self._phase is not _Phase.ROUTED or exchange is None or exchange.lifecycle is None:
             raise ProtocolError(f"observed response headers at an unexpected point ({self._phase.value})")
-        served, flag_bits = messages.response_attributes(request)
-        self._account_data_plane(exchange, served, _failure_phase_of_bits(flag_bits))
+        served, flag_bits, attempts = messages.response_attributes(request)
+        phase = _failure_phase_of_bits(flag_bits)
+        if self._deadline_in_data_plane and phase == "timeout":
+            # Envoy's per-try timeout at the TTFT deadline: its 504 (a local reply saying what the picker
+            # would) went to the client, and the upstream request was reset.
+            self._phase = _Phase.DONE
+            exchange.refuse(504, exchange.deadline_passed())
+            return
+        self._account_data_plane(exchange, served, phase, attempts)
         message = request.response_headers
         body_follows = self._start_response(exchange, messages.header_map(message), message.end_of_stream)
         if body_follows and not exchange.reads_body:
@@ -457,13 +564,18 @@ class PickerStream:
             self._finish()
         return not ended
 
-    def _account_data_plane(self, exchange: Exchange, served: str | None, phase: str | None) -> None:
-        """After a retry on a fallback, the load and the samples follow the endpoint that served the
-        request; Envoy's own answers to upstream failures are counted by phase."""
+    def _account_data_plane(
+        self, exchange: Exchange, served: str | None, phase: str | None, attempts: int | None
+    ) -> None:
+        """A hedge the data plane was armed for is settled (sent or not, won or lost); after a retry on a
+        fallback, the load and the samples follow the endpoint that served the request; Envoy's own
+        answers to upstream failures are counted by phase."""
         metrics = self._picker.metrics
         assert exchange.lifecycle is not None
         picked = exchange.lifecycle.target.address
-        if served and exchange.served_by(served.strip()):
+        served = served.strip() if served else None
+        hedge = exchange.data_plane_answered(served, attempts, failed=phase is not None)
+        if hedge is not HedgeOutcome.WON and served and exchange.served_by(served):
             metrics.upstream_retries.inc()
             metrics.upstream_failures.labels(picked, "connect").inc()
         if phase is not None:
@@ -477,7 +589,44 @@ class PickerStream:
                 raise ProtocolError("a response body arrived after the response ended")
             raise ProtocolError(f"a response body arrived before the response headers ({self._phase.value})")
         self._take_body(chunk, end_of_stream)
-        return self._pass_body(chunk, end_of_stream)
+        if not end_of_stream and self._response_mode == messages.FULL_DUPLEX_STREAMED:
+            overrun = self._tpot_overrun()
+            if overrun is not None:  # the stream ends here: Envoy resets the upstream request
+                chunk += sse_error_event(504, overrun, DEADLINE_EXCEEDED) + SSE_DONE
+                end_of_stream = True
+        passed = self._pass_body(chunk, end_of_stream)
+        if self._held is None:
+            return passed
+        self._held_chunks += passed
+        exchange = self._exchange
+        assert exchange is not None and exchange.lifecycle is not None
+        if exchange.lifecycle.response.first_token_at is None and not end_of_stream:
+            return []
+        return self._release()
+
+    def _tpot_overrun(self) -> str | None:
+        """A stream whose running TPOT is over its plan's limit is answered: the message of its error
+        event (None: it keeps to it, or has no limit)."""
+        exchange = self._exchange
+        if exchange is None or exchange.plan is None:
+            return None
+        overrun = exchange.tpot_overrun()
+        if overrun is not None:
+            exchange.answered(Termination.CANCELLED, "deadline: tpot")
+            self._phase = _Phase.DONE
+            self.closed = True  # nothing more to pass: the RPC ends after this chunk
+        return overrun
+
+    def _release(self) -> list[Response]:
+        """The held response headers' answer and the chunks after them (none when nothing is held)."""
+        held = self._held
+        if held is None:
+            return []
+        self._cancel_deadline()
+        released = [held, *self._held_chunks]
+        self._held = None
+        self._held_chunks = []
+        return released
 
     def _take_body(self, chunk: bytes, end_of_stream: bool) -> None:
         if self._exchange is not None:
@@ -521,6 +670,19 @@ def _failure_phase(flags: str) -> str | None:
         if phase is not None:
             return phase
     return None
+
+
+def _awaits_first_token(exchange: Exchange) -> bool:
+    """A stream (SSE, 200) that has not sent its first token yet."""
+    lifecycle = exchange.lifecycle
+    assert lifecycle is not None
+    response = lifecycle.response
+    return response.streaming and response.status == 200 and response.first_token_at is None
+
+
+def _milliseconds(seconds: float) -> str:
+    """A duration for Envoy's timeout headers: whole milliseconds, at least 1 (0 would mean none)."""
+    return str(max(1, math.ceil(seconds * 1000.0)))
 
 
 def _host(address: str) -> str:

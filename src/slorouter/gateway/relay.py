@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slorouter.http.errors import sse_error_event
+from slorouter.http.errors import SSE_DONE, sse_error_event
 from slorouter.http.headers import HOP_BY_HOP, forwarded_lines
 from slorouter.http.server import HttpRequest, Response
 from slorouter.http.upstream import (
@@ -35,7 +35,6 @@ NOT_FORWARDED = HOP_BY_HOP | {
 }
 # The gateway's server writes its own Date; the upstream's would be a duplicate.
 _NOT_RETURNED = NOT_FORWARDED | {b"date"}
-_SSE_DONE = b"data: [DONE]\n\n"
 _HOLD_BYTES = 1 << 20  # a first event longer than this is relayed before it is whole
 # How an SSE body may begin (a field name or a comment), after optional blank lines.
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
@@ -200,7 +199,7 @@ class Relay:
                     overrun = exchange.tpot_overrun()
                     if overrun is not None:
                         exchange.answered(Termination.CANCELLED, "deadline: tpot")
-                        await writer.write(sse_error_event(504, overrun, DEADLINE_EXCEEDED) + _SSE_DONE)
+                        await writer.write(sse_error_event(504, overrun, DEADLINE_EXCEEDED) + SSE_DONE)
                         break
                 try:
                     chunk = await upstream.next_chunk()
@@ -215,7 +214,7 @@ class Relay:
                         exchange.answered(Termination.UPSTREAM_ERROR, f"stream: {exc.__class__.__name__}")
                         event = sse_error_event(502, f"the model server {address} failed mid-stream")
                     # The event is OpenAI's error shape; [DONE] tells a client's SDK the stream is over.
-                    await writer.write(event + _SSE_DONE)
+                    await writer.write(event + SSE_DONE)
                     break
             exchange.answered()  # a no-op after a failure mid-stream
             await writer.write_eof()

@@ -65,6 +65,10 @@ def error_response(
     )
 
 
+# The end of an SSE stream of the OpenAI API.
+SSE_DONE = b"data: [DONE]\n\n"
+
+
 def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:
     """An error delivered inside an already-started SSE stream, as vLLM does."""
     return b"data: " + error_body(status, message, code=code) + b"\n\n"

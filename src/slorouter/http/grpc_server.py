@@ -14,7 +14,8 @@ a gRPC status; nothing a peer sends raises out of the protocol.
 Each RPC gets a ``RpcHandler`` from the method's factory. ``on_message`` answers with the serialized
 replies at once, or with an awaitable of them (the messages that follow wait, in order, until it is done);
 ``finished`` tells the server to end the RPC with OK after those replies; ``on_close`` is called exactly
-once, when the RPC ends for any reason.
+once, when the RPC ends for any reason. The factory also gets the RPC's ``Push``, which sends replies that
+answer no message (a timer's), after those already sent.
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ class RpcHandler(Protocol):
         ...
 
 
+# Sends replies on an RPC on the handler's own initiative (not answering a message); nothing once it ended.
+Push = Callable[[Replies], None]
 # Makes the handler of a new RPC from its request header fields (custom metadata included: a data plane can
-# say there what role the RPC plays).
-HandlerFactory = Callable[[Mapping[bytes, bytes]], RpcHandler]
+# say there what role the RPC plays) and its ``Push``.
+HandlerFactory = Callable[[Mapping[bytes, bytes], Push], RpcHandler]
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -576,6 +579,14 @@ class GrpcConnection(asyncio.Protocol):
         if handler.finished:
             self._end_rpc(stream, OK, "")
 
+    def _push(self, stream: _Stream, replies: Replies) -> None:
+        """Replies the handler sends on its own: written after the answers already sent (an answer still
+        pending goes after them), then the RPC ends if the handler is finished."""
+        if stream.closed or stream.handler is None:
+            return
+        self._replies(stream, replies)
+        self._flush_soon()
+
     def _maybe_finish(self, stream: _Stream) -> None:
         """The client half-closed: the RPC ends (OK) once every message it sent has been answered."""
         if stream.remote_ended and stream.pending is None and not stream.queue and not stream.closed:
@@ -659,7 +670,7 @@ class GrpcConnection(asyncio.Protocol):
             self._end_rpc(stream, UNIMPLEMENTED, f"unknown method {path}")
             return
         try:
-            stream.handler = factory(fields)
+            stream.handler = factory(fields, lambda replies: self._push(stream, replies))
         except RpcError as exc:
             self._end_rpc(stream, exc.code, exc.message)
             return

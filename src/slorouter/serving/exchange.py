@@ -35,7 +35,15 @@ from slorouter.serving.headers import RoutingFacts
 from slorouter.serving.outcome import OutcomeRecorder
 from slorouter.serving.recording import TrafficRecorder
 from slorouter.serving.requests import RequestIds, inference_request
-from slorouter.serving.slo_actions import Action, CancelReason, HedgeOutcome, Plan, SloActions
+from slorouter.serving.slo_actions import (
+    TTFT_DEADLINE_MESSAGE,
+    Action,
+    CancelReason,
+    HedgeOutcome,
+    Plan,
+    SloActions,
+    ttft_slo,
+)
 from slorouter.serving.status import RouterStats
 from slorouter.serving.tracing import (
     outcome_attributes,
@@ -98,8 +106,10 @@ class Exchange:
 
     ``request`` is set once parsed; ``lifecycle`` and ``facts`` by each pick; ``tried`` lists the endpoints
     of failed attempts, which a new pick leaves out. ``plan`` is what happens if the request overruns its
-    SLO after the pick (``serving.slo_actions``; None for most requests); ``hedge_copy`` the hedged copy's
-    lifecycle once sent, ``copy`` the same while both copies are in flight."""
+    SLO after the pick (``serving.slo_actions``; None for most requests); ``hedged`` whether a copy was sent
+    (by the router or the data plane); ``hedge_copy`` the router's copy's lifecycle once sent, ``copy`` the
+    same while both copies are in flight; ``hedge_due`` when a hedge the data plane sends itself is due, while
+    it is armed (``hedge_delegated``)."""
 
     __slots__ = (
         "_client_priority",
@@ -114,6 +124,8 @@ class Exchange:
         "facts",
         "front",
         "hedge_copy",
+        "hedge_due",
+        "hedged",
         "lifecycle",
         "path",
         "plan",
@@ -134,7 +146,9 @@ class Exchange:
         self.plan: Plan | None = None
         self.copy: RequestLifecycle | None = None
         self.hedge_copy: RequestLifecycle | None = None
-        self._hedge_settled = False  # the hedge's outcome is counted
+        self._hedge_settled = False  # the outcome of the router's hedge is counted
+        self.hedged = False  # a copy was sent (never twice)
+        self.hedge_due: float | None = None
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
         self._first_seen = False  # the window was told of the first token
@@ -237,11 +251,6 @@ class Exchange:
 
     # --- after the pick: deadlines and hedges ------------------------------------------------------------
     @property
-    def hedged(self) -> bool:
-        """A copy was sent (a request is hedged once at most)."""
-        return self.hedge_copy is not None
-
-    @property
     def hedge_pending(self) -> bool:
         """A copy was sent and the hedge's outcome is not known yet."""
         return self.hedge_copy is not None and not self._hedge_settled
@@ -287,12 +296,75 @@ class Exchange:
             return None
         return self._hedge_dispatched(copy, result)
 
-    def _hedge_copy(self) -> InferenceRequest | None:
-        plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
-        assert plan is not None and lifecycle is not None and actions is not None
+    def hedge_delegated(self, alternatives: int) -> float | None:
+        """For a data plane that sends the hedged copy itself (Envoy, on the per-try timeout the picker sets,
+        to one of the ``alternatives`` other endpoints the pick listed): the hedge is armed now, for when it
+        is due (clock seconds, returned); None when none is armed (no hedge plan, or no other endpoint, the
+        budget or the pool's saturation says no: counted). The budget is taken now, and given back if the
+        response begins before the hedge was due (``data_plane_answered``)."""
+        due = self.hedge_at()
+        if due is None:
+            return None
+        if alternatives < 1:
+            self._no_hedge_endpoint()
+            return None
+        if not self._may_hedge():
+            return None
+        self.hedge_due = due
+        return due
+
+    def data_plane_answered(
+        self, served: str | None, attempts: int | None, failed: bool
+    ) -> HedgeOutcome | None:
+        """The response of a request whose hedge the data plane carries (``hedge_delegated``) began: served
+        from ``served`` after ``attempts`` upstream attempts (None: the data plane does not say; then only a
+        response from another endpoint counts as a hedge), ``failed`` when it is the data plane's own answer
+        to failed attempts. Returns the hedge's outcome, counted (WON: the copy served it, and the request's
+        load, hooks and samples follow the copy from when it was sent), or None when no copy was sent (the
+        budget is given back) or none was armed. The copy that lost was never counted in flight: the data
+        plane sent it."""
+        due, plan, lifecycle, actions = self.hedge_due, self.plan, self.lifecycle, self.front.actions
+        if due is None or plan is None or lifecycle is None or actions is None:
+            return None
+        self.hedge_due = None
+        picked = lifecycle.target.address
+        elsewhere = served is not None and served != picked
+        # A retry after a failed connection is an attempt too, but it goes out long before the hedge is due.
+        # Without the attempt count, only a response from another endpoint says that a copy went out.
+        sent = attempts >= 2 if attempts is not None else elsewhere and not failed
+        if self.front.director.clock.now() < due or not sent:
+            actions.hedge_not_sent()
+            return None
+        self.hedged = True
+        actions.hedge_ended(plan, HedgeOutcome.SENT)
+        if failed:
+            outcome = HedgeOutcome.FAILED
+            actions.hedge_ended(plan, outcome)
+        elif elsewhere:
+            assert served is not None
+            outcome = HedgeOutcome.WON
+            loser_prefill = lifecycle.prefill_tokens
+            if self.served_by(served, dispatched_at=due):
+                self.tried.append(picked)
+            actions.hedge_ended(plan, outcome, loser_prefill)
+        else:
+            outcome = HedgeOutcome.LOST  # the copy's prompt tokens are not known: its endpoint never was
+            actions.hedge_ended(plan, outcome)
+        if self.trace is not None:
+            self.trace.set({"slorouter.hedge": outcome.value})
+        return outcome
+
+    def _may_hedge(self) -> bool:
+        plan, actions = self.plan, self.front.actions
+        assert plan is not None and actions is not None
         controller = self.front.director.flow_control
         saturated = controller is not None and controller.detector.saturation() >= 1.0
-        if not actions.may_hedge(plan, saturated):
+        return actions.may_hedge(plan, saturated)
+
+    def _hedge_copy(self) -> InferenceRequest | None:
+        lifecycle = self.lifecycle
+        assert lifecycle is not None
+        if not self._may_hedge():
             return None
         return dataclasses.replace(lifecycle.request, state={})  # the plugins' per-request state is per copy
 
@@ -307,6 +379,7 @@ class Exchange:
     def _hedge_dispatched(self, copy: InferenceRequest, result: SchedulingResult) -> RequestLifecycle:
         plan, actions = self.plan, self.front.actions
         assert plan is not None and actions is not None
+        self.hedged = True
         lifecycle = self.copy = self.hedge_copy = self.front.director.dispatch(copy, result)
         actions.hedge_ended(plan, HedgeOutcome.SENT)
         if self.trace is not None:
@@ -365,10 +438,7 @@ class Exchange:
         assert plan is not None and lifecycle is not None and actions is not None
         waited_ms = (self.front.director.clock.now() - lifecycle.request.received_at) * 1000.0
         actions.cancelled_request(plan, CancelReason.TTFT)
-        message = (
-            f"the request's TTFT SLO of {plan.slo_ttft_ms:g} ms (objective {plan.objective!r}) passed after "
-            f"{waited_ms:.0f} ms without a first token; the router cancelled it"
-        )
+        message = TTFT_DEADLINE_MESSAGE.format(slo=ttft_slo(plan), waited=f"{waited_ms:.0f}")
         lifecycle.end(Termination.CANCELLED, detail="deadline: ttft")
         self.tried.append(lifecycle.target.address)
         self._count_violation("ttft")
@@ -397,11 +467,12 @@ class Exchange:
             f"{plan.tpot_limit_ms:g} ms (objective {plan.objective!r}); the router cancelled it"
         )
 
-    def served_by(self, address: str) -> bool:
-        """The data plane served the request from ``address`` (a retry on a fallback of the pick): the load,
-        the response hooks and the routing facts follow it. False when nothing changed."""
+    def served_by(self, address: str, dispatched_at: float | None = None) -> bool:
+        """The data plane served the request from ``address`` (a retry on a fallback of the pick, or its
+        hedged copy, sent at ``dispatched_at``): the load, the response hooks and the routing facts follow
+        it. False when nothing changed."""
         lifecycle = self.lifecycle
-        if lifecycle is None or not lifecycle.served_by(address):
+        if lifecycle is None or not lifecycle.served_by(address, dispatched_at):
             return False
         assert self.facts is not None
         self.facts.endpoint = lifecycle.target.address
@@ -580,7 +651,19 @@ class Exchange:
         counter.labels(*labels).inc()
 
     def _drop_copy(self, detail: str) -> None:
-        """The request ended before its hedge was decided: a copy still racing ends too (counted)."""
+        """The request ended before its hedge was decided: a copy still racing ends too (counted). A hedge the
+        data plane was armed for counts as sent once it was due (the data plane cancels both copies)."""
+        plan, actions = self.plan, self.front.actions
+        due = self.hedge_due
+        if due is not None:
+            self.hedge_due = None
+            assert plan is not None and actions is not None
+            if self.front.director.clock.now() < due:
+                actions.hedge_not_sent()
+            else:
+                actions.hedge_ended(plan, HedgeOutcome.SENT)
+                actions.hedge_ended(plan, HedgeOutcome.CANCELLED)
+            return
         if not self.hedge_pending:
             return
         self._hedge_settled = True
@@ -588,7 +671,6 @@ class Exchange:
         self.copy = None
         if copy is not None:
             copy.end(Termination.CANCELLED, detail=detail)
-        plan, actions = self.plan, self.front.actions
         if plan is not None and actions is not None:
             actions.hedge_ended(plan, HedgeOutcome.CANCELLED)
 

@@ -13,7 +13,9 @@ Per objective (``objectives.NAME.deadline``), a request that carries a TTFT SLO 
   (``HedgeBudget``) has room and flow control's saturation detector (when flow control is on) says the pool
   is not saturated.
 
-Front-ends (the gateway, the discrete-event benchmark) carry plans out; this module decides and counts.
+Front-ends (the gateway, the discrete-event benchmark, the Envoy picker) carry plans out; this module decides
+and counts. A data plane that hedges by itself (Envoy, on a per-try timeout the picker sets) is armed at the
+pick: the budget is taken then, and given back when the response shows that no copy was sent.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from slorouter.serving.status import ObjectiveActionsStatus, SloActionsStatus
 
 # The error code of a request the router cancelled at its deadline (the JSON error's and the SSE event's).
 DEADLINE_EXCEEDED = "deadline_exceeded"
+# The client's error message when the TTFT deadline passed: ``slo`` is ``ttft_slo(plan)``, ``waited`` the
+# milliseconds waited (a template, so that a data plane that answers for the router can say it the same way).
+TTFT_DEADLINE_MESSAGE = "{slo} passed after {waited} ms without a first token; the router cancelled it"
 
 
 class Action(StrEnum):
@@ -74,6 +79,11 @@ class Plan:
     tpot_min_tokens: int
 
 
+def ttft_slo(plan: Plan) -> str:
+    """The SLO a TTFT deadline keeps, as the client's error message names it."""
+    return f"the request's TTFT SLO of {plan.slo_ttft_ms:g} ms (objective {plan.objective!r})"
+
+
 class HedgeBudget:
     """A token bucket that bounds hedges to a share of the requests that could be hedged.
 
@@ -95,6 +105,10 @@ class HedgeBudget:
             return False
         self._level -= 1.0
         return True
+
+    def give_back(self) -> None:
+        """A hedge taken for (a data plane's, armed in advance) was not sent."""
+        self._level = min(self.burst, self._level + 1.0)
 
     @property
     def level(self) -> float:
@@ -174,6 +188,10 @@ class SloActions:
             self.skipped[plan.objective, HedgeSkip.BUDGET] += 1
             return False
         return True
+
+    def hedge_not_sent(self) -> None:
+        """A hedge the data plane was armed for was not sent (the response began before it was due)."""
+        self.budget.give_back()
 
     def hedge_ended(self, plan: Plan, outcome: HedgeOutcome, loser_prefill_tokens: int = 0) -> None:
         self.hedges[plan.objective, outcome] += 1
