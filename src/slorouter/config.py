@@ -311,8 +311,11 @@ class HedgingConfig(StrictModel):
     max_slo_share: float = Field(
         default=0.6, gt=0, le=1, description="... or, without a prediction, this share of the TTFT SLO"
     )
-    max_delay_slo_factor: float = Field(
-        default=1e9, gt=0, description="with a prediction: at the latest the TTFT SLO times this"
+    max_delay_slo_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="with a prediction, at the latest the TTFT SLO times this (hedges slow long prompts too, "
+        "at a prefill cost); none: no such cap",
     )
     min_delay_ms: float = Field(default=20.0, ge=0, description="never earlier than this")
 

@@ -79,6 +79,14 @@ def test_the_hedge_delay_rule(predicted_ms, expected_s):
     assert actions.hedge_at(plan, 10.0, 10.1, predicted_ms) == pytest.approx(expected_s)
 
 
+def test_the_hedge_delay_may_be_capped_at_a_multiple_of_the_slo():
+    actions = _actions(max_delay_slo_factor=2.0)
+    plan = actions.plan(_request("chat"))
+    assert plan is not None
+    assert actions.hedge_at(plan, 10.0, 10.1, 4000.0) == pytest.approx(10.0 + 1.0)  # 2 × the 500 ms SLO
+    assert actions.hedge_at(plan, 10.0, 10.1, 100.0) == pytest.approx(10.1 + 0.15)
+
+
 def test_the_budget_bounds_hedges_to_their_share_and_counts_skips():
     actions = _actions(max_share=0.1, burst=1.0)
     hedged = 0

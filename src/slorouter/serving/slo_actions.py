@@ -174,7 +174,9 @@ class SloActions:
         hedging = self.hedging
         if predicted_ttft_ms is not None and predicted_ttft_ms > 0:
             due = dispatched_at + predicted_ttft_ms * hedging.delay_factor / 1000.0
-            due = min(due, received_at + plan.slo_ttft_ms * hedging.max_delay_slo_factor / 1000.0)
+            cap = hedging.max_delay_slo_factor
+            if cap is not None:
+                due = min(due, received_at + plan.slo_ttft_ms * cap / 1000.0)
         else:
             due = received_at + plan.slo_ttft_ms * hedging.max_slo_share / 1000.0
         return max(due, dispatched_at + hedging.min_delay_ms / 1000.0)
