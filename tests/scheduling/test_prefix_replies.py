@@ -132,3 +132,28 @@ def test_index_responses_must_be_a_boolean():
     with pytest.raises(ValidationError, match="indexResponses"):
         ApproxPrefixCacheParams.model_validate({"indexResponses": "sometimes"})
     assert np.bool_(ApproxPrefixCacheParams().index_responses)
+
+
+def test_a_request_cancelled_before_its_first_token_takes_back_only_the_blocks_its_dispatch_added():
+    """A hedged copy that lost (or a request cut at its deadline) before its first token computed nothing
+    there: the blocks its dispatch recorded beyond what the endpoint held go; the held ones stay."""
+    pool = make_pool(2)
+    a = addresses(2)
+    prod = producer(pool=pool)
+    shared = "a shared system prompt, long enough for blocks. " * 3  # 2 full blocks
+    finish(prod, pool, dispatch(prod, pool, shared, a[0]), a[0], None)
+    prompt = shared + "and a question of its own, long enough too. " * 3
+    held = matched_blocks(prod, pool, prompt)[a[0]]
+    assert held == len(shared.encode()) // BLOCK
+    whole = len(prefix_block_hashes(prompt.encode(), prefix_seed("m"), BLOCK, 256))
+    request = dispatch(prod, pool, prompt, a[0])
+    assert matched_blocks(prod, pool, prompt) == {a[0]: whole}
+    response = ResponseInfo(endpoint=pool.get(a[0]), status=0, cause=Termination.CANCELLED)
+    prod.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+    assert matched_blocks(prod, pool, prompt) == {a[0]: held}
+    # After its first token a cancelled request computed its prompt: nothing is taken back.
+    request = dispatch(prod, pool, prompt, a[1])
+    response = ResponseInfo(endpoint=pool.get(a[1]), status=200, cause=Termination.CANCELLED)
+    response.first_token_at = 1.0
+    prod.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+    assert matched_blocks(prod, pool, prompt)[a[1]] == whole

@@ -44,6 +44,7 @@ from slorouter.scheduling.plugin import (
     PreRequestResult,
     ResponseBodyProcessor,
     ResponseInfo,
+    Termination,
 )
 from slorouter.scheduling.plugins.prefix.index import PrefixIndex
 from slorouter.scheduling.prefix_blocks import (
@@ -165,6 +166,9 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     def on_response_body(
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None:
+        if end_of_stream and response.cause is Termination.CANCELLED and response.first_token_at is None:
+            self._unsent(request, response.endpoint.address)
+            return
         if not end_of_stream or not response.succeeded or not response.history_text:
             return
         state: PrefixRequestState | None = request.state.get(self.state_key)
@@ -175,6 +179,18 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
             address = response.endpoint.address
             pool = self.ctx.pool if self.ctx.pool is not None else state.pool
             self.index.insert(address, hashes, self._lru_capacity(address, pool))
+
+    def _unsent(self, request: InferenceRequest, address: str) -> None:
+        """The router cancelled the request on ``address`` before its first token (its deadline passed, or
+        its hedged copy answered first): the blocks the dispatch recorded there beyond what the endpoint
+        held already are taken back, so that the next requests of the prefix are not sent to a cache that
+        never computed it. (A server keeps what it computed before the cancel; missing that is the cheaper
+        error.)"""
+        state: PrefixRequestState | None = request.state.get(self.state_key)
+        if state is None or not state.hashes:
+            return
+        held = state.matched.get(address, 0)
+        self.index.discard(address, state.hashes[held:])
 
     # --- housekeeping ---------------------------------------------------------------------------------
     def drop_departed_servers(self, pool: PoolState | None = None) -> list[str]:
