@@ -134,9 +134,10 @@ def test_index_responses_must_be_a_boolean():
     assert np.bool_(ApproxPrefixCacheParams().index_responses)
 
 
-def test_a_request_cancelled_before_its_first_token_takes_back_only_the_blocks_its_dispatch_added():
-    """A hedged copy that lost (or a request cut at its deadline) before its first token computed nothing
-    there: the blocks its dispatch recorded beyond what the endpoint held go; the held ones stay."""
+def test_a_hedge_copy_that_lost_before_its_first_token_takes_back_only_the_blocks_its_dispatch_added():
+    """A hedge's copy that lost before its first token computed next to nothing there: the blocks its
+    dispatch recorded beyond what the endpoint held go; the held ones stay. An original that lost keeps
+    them (it ran long enough to have computed its prompt)."""
     pool = make_pool(2)
     a = addresses(2)
     prod = producer(pool=pool)
@@ -146,14 +147,15 @@ def test_a_request_cancelled_before_its_first_token_takes_back_only_the_blocks_i
     held = matched_blocks(prod, pool, prompt)[a[0]]
     assert held == len(shared.encode()) // BLOCK
     whole = len(prefix_block_hashes(prompt.encode(), prefix_seed("m"), BLOCK, 256))
-    request = dispatch(prod, pool, prompt, a[0])
-    assert matched_blocks(prod, pool, prompt) == {a[0]: whole}
+    original = dispatch(prod, pool, prompt, a[1])
+    response = ResponseInfo(endpoint=pool.get(a[1]), status=0, cause=Termination.CANCELLED)
+    prod.on_response_body(original, response, start_of_stream=False, end_of_stream=True)
+    assert matched_blocks(prod, pool, prompt)[a[1]] == whole
+    request = make_request(prompt)
+    request.hedge_copy = True
+    prod.produce(request, candidates_of(pool))
+    prod.pre_request(request, result_for(pool.get(a[0])))
+    assert matched_blocks(prod, pool, prompt)[a[0]] == whole
     response = ResponseInfo(endpoint=pool.get(a[0]), status=0, cause=Termination.CANCELLED)
     prod.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
-    assert matched_blocks(prod, pool, prompt) == {a[0]: held}
-    # After its first token a cancelled request computed its prompt: nothing is taken back.
-    request = dispatch(prod, pool, prompt, a[1])
-    response = ResponseInfo(endpoint=pool.get(a[1]), status=200, cause=Termination.CANCELLED)
-    response.first_token_at = 1.0
-    prod.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
-    assert matched_blocks(prod, pool, prompt)[a[1]] == whole
+    assert matched_blocks(prod, pool, prompt) == {a[0]: held, a[1]: whole}

@@ -34,6 +34,7 @@ class InferenceRequest:
     headers: dict[str, str] = field(default_factory=dict)
     priority: int = 0
     objective: str = ""  # x-gateway-inference-objective; empty: none named
+    hedge_copy: bool = False  # the copy the router sent elsewhere when the request was late (a hedge)
     slo_ttft_ms: float | None = None  # x-slo-ttft-ms; None = no TTFT target
     slo_tpot_ms: float | None = None  # x-slo-tpot-ms; None = no TPOT target
     use_prediction: bool = True  # x-prediction-based-scheduling: false routes by the heuristic fallback

@@ -366,7 +366,8 @@ class Exchange:
         assert lifecycle is not None
         if not self._may_hedge():
             return None
-        return dataclasses.replace(lifecycle.request, state={})  # the plugins' per-request state is per copy
+        # The plugins' per-request state is per copy.
+        return dataclasses.replace(lifecycle.request, state={}, hedge_copy=True)
 
     def _hedge_excluded(self) -> list[str]:
         assert self.lifecycle is not None

@@ -166,7 +166,12 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     def on_response_body(
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None:
-        if end_of_stream and response.cause is Termination.CANCELLED and response.first_token_at is None:
+        if (
+            end_of_stream
+            and request.hedge_copy
+            and response.cause is Termination.CANCELLED
+            and response.first_token_at is None
+        ):
             self._unsent(request, response.endpoint.address)
             return
         if not end_of_stream or not response.succeeded or not response.history_text:
@@ -181,11 +186,11 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
             self.index.insert(address, hashes, self._lru_capacity(address, pool))
 
     def _unsent(self, request: InferenceRequest, address: str) -> None:
-        """The router cancelled the request on ``address`` before its first token (its deadline passed, or
-        its hedged copy answered first): the blocks the dispatch recorded there beyond what the endpoint
-        held already are taken back, so that the next requests of the prefix are not sent to a cache that
-        never computed it. (A server keeps what it computed before the cancel; missing that is the cheaper
-        error.)"""
+        """A hedge's copy lost before its first token: it was sent late and cancelled early, so its endpoint
+        most likely never computed the prompt. The blocks its dispatch recorded there beyond what the
+        endpoint held already are taken back, so that the next requests of the prefix are not sent to a
+        cache that never held it. (An original that lost, or a request cut at its deadline, ran long enough
+        to have computed much of its prompt, which its server keeps: their blocks stay.)"""
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is None or not state.hashes:
             return
