@@ -171,10 +171,16 @@ def test_an_unreachable_router_is_one_line_retried_until_it_answers(tmux: Tmux):
         text=True,
     )
     try:
-        screen = tmux.wait_for("down", lambda s: "predictor embedded" in s, timeout_s=60)
+
+        def healthy_pods(screen: str) -> int:
+            return sum("127.0.0.1:" in line and "●" in line for line in screen.splitlines())
+
+        # Its 4 pods, each drawn healthy once its first scrape is in (a later redraw on a loaded machine).
+        screen = tmux.wait_for(
+            "down", lambda s: "predictor embedded" in s and healthy_pods(s) == 4, timeout_s=60
+        )
         assert f"slorouter top · gateway http://127.0.0.1:{port}" in screen
         assert "cannot reach" not in screen
-        assert sum("127.0.0.1:" in line and "●" in line for line in screen.splitlines()) == 4  # its 4 pods
     finally:
         serve.terminate()
         serve.communicate(timeout=20)
