@@ -318,6 +318,12 @@ class HedgingConfig(StrictModel):
         "at a prefill cost); none: no such cap",
     )
     min_delay_ms: float = Field(default=20.0, ge=0, description="never earlier than this")
+    min_slo_share: float | None = Field(
+        default=None,
+        gt=0,
+        description="never before this share of the TTFT SLO after the arrival (a request still well within "
+        "its SLO is not hedged); none: no such floor",
+    )
 
 
 class TuningGuardConfig(StrictModel):

@@ -87,6 +87,14 @@ def test_the_hedge_delay_may_be_capped_at_a_multiple_of_the_slo():
     assert actions.hedge_at(plan, 10.0, 10.1, 100.0) == pytest.approx(10.1 + 0.15)
 
 
+def test_the_hedge_delay_may_wait_for_a_share_of_the_slo():
+    actions = _actions(min_slo_share=0.5)
+    plan = actions.plan(_request("chat"))
+    assert plan is not None
+    assert actions.hedge_at(plan, 10.0, 10.1, 100.0) == pytest.approx(10.0 + 0.25)  # not before 0.5 × 500 ms
+    assert actions.hedge_at(plan, 10.0, 10.1, 400.0) == pytest.approx(10.1 + 0.6)
+
+
 def test_the_budget_bounds_hedges_to_their_share_and_counts_skips():
     actions = _actions(max_share=0.1, burst=1.0)
     hedged = 0

@@ -179,6 +179,9 @@ class SloActions:
                 due = min(due, received_at + plan.slo_ttft_ms * cap / 1000.0)
         else:
             due = received_at + plan.slo_ttft_ms * hedging.max_slo_share / 1000.0
+        floor = hedging.min_slo_share
+        if floor is not None:
+            due = max(due, received_at + plan.slo_ttft_ms * floor / 1000.0)
         return max(due, dispatched_at + hedging.min_delay_ms / 1000.0)
 
     def may_hedge(self, plan: Plan, saturated: bool) -> bool:
