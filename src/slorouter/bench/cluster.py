@@ -45,7 +45,7 @@ The event loop and its handlers, one per kind of event, are ``bench/events.py``;
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +67,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
 from slorouter.serving.exchange import FrontEnd
-from slorouter.serving.slo_actions import SloActions
+from slorouter.serving.slo_actions import SloActions, totals
 from slorouter.serving.switch_guard import SwitchGuard
 from slorouter.serving.traffic_window import TrafficWindow, WindowEntry
 from slorouter.sim.engine import Engine
@@ -451,9 +451,9 @@ class ClusterSimulator:
         actions = [stack.actions for stack in self.pickers if stack.actions is not None]
         if actions:
             facts["slo_actions"] = {
-                "hedges": _summed(((o.value, n) for a in actions for (_, o), n in a.hedges.items())),
-                "hedges_skipped": _summed(((r.value, n) for a in actions for (_, r), n in a.skipped.items())),
-                "cancelled": _summed(((r.value, n) for a in actions for (_, r), n in a.cancelled.items())),
+                "hedges": totals(*(a.hedges for a in actions)),
+                "hedges_skipped": totals(*(a.skipped for a in actions)),
+                "cancelled": totals(*(a.cancelled for a in actions)),
                 "loser_prefill_tokens": sum(a.loser_prefill_tokens for a in actions),
             }
         if self.predictor is not None:
@@ -465,10 +465,3 @@ class ClusterSimulator:
                 for kind, status in self.predictor.trainer.status()["models"].items()
             }
         return facts
-
-
-def _summed(items: Iterable[tuple[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for key, n in items:
-        out[key] = out.get(key, 0) + n
-    return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -169,8 +170,9 @@ class SloActions:
     ) -> float:
         """When the hedge is due if no token has come: the predicted TTFT times ``delay_factor`` after the
         dispatch (a request late against its own prediction: a long prompt predicted slow is not hedged for
-        being slow), or without a prediction ``max_slo_share`` of the SLO after the request arrived; never
-        sooner than ``min_delay_ms`` after the dispatch."""
+        being slow), at the latest ``max_delay_slo_factor`` × the SLO after the arrival when set; without a
+        prediction ``max_slo_share`` of the SLO after the arrival. Never before ``min_slo_share`` of the SLO
+        after the arrival when set, nor sooner than ``min_delay_ms`` after the dispatch."""
         hedging = self.hedging
         if predicted_ttft_ms is not None and predicted_ttft_ms > 0:
             due = dispatched_at + predicted_ttft_ms * hedging.delay_factor / 1000.0
@@ -214,11 +216,9 @@ class SloActions:
         objectives = {
             name: ObjectiveActionsStatus(
                 action=deadline.action,
-                hedges={o.value: n for (objective, o), n in self.hedges.items() if objective == name},
-                hedges_skipped={
-                    r.value: n for (objective, r), n in self.skipped.items() if objective == name
-                },
-                cancelled={r.value: n for (objective, r), n in self.cancelled.items() if objective == name},
+                hedges=_by_label(self.hedges, name),
+                hedges_skipped=_by_label(self.skipped, name),
+                cancelled=_by_label(self.cancelled, name),
             )
             for name, deadline in self._deadlines.items()
         }
@@ -239,32 +239,53 @@ class SloActionsCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         actions = self._actions
-        hedges = CounterMetricFamily(
+        yield _family(
             "slorouter_hedges",
             "Hedged requests by objective and outcome (sent; then won, lost, failed or cancelled)",
-            labels=["objective", "outcome"],
+            "outcome",
+            actions.hedges,
         )
-        for (objective, outcome), n in sorted(actions.hedges.items()):
-            hedges.add_metric([objective, outcome.value], n)
-        yield hedges
-        skipped = CounterMetricFamily(
+        yield _family(
             "slorouter_hedges_skipped",
             "Hedges that were due but not sent, by objective and reason (budget, saturated, no-endpoint)",
-            labels=["objective", "reason"],
+            "reason",
+            actions.skipped,
         )
-        for (objective, skip), n in sorted(actions.skipped.items()):
-            skipped.add_metric([objective, skip.value], n)
-        yield skipped
-        cancelled = CounterMetricFamily(
+        yield _family(
             "slorouter_deadline_cancellations",
             "Requests the router cancelled at their deadline, by objective and SLO (ttft, tpot)",
-            labels=["objective", "slo"],
+            "slo",
+            actions.cancelled,
         )
-        for (objective, reason), n in sorted(actions.cancelled.items()):
-            cancelled.add_metric([objective, reason.value], n)
-        yield cancelled
         yield CounterMetricFamily(
             "slorouter_hedge_loser_prefill_tokens",
             "Prompt tokens (less the expected prefix-cache hits) sent to the copies that lost a hedge",
             value=actions.loser_prefill_tokens,
         )
+
+
+Label = TypeVar("Label", bound=StrEnum)  # an outcome, a reason, an SLO
+
+
+def _by_label(counts: Mapping[tuple[str, Label], int], objective: str) -> dict[str, int]:
+    """One objective's counts, by their label (outcome, reason, SLO)."""
+    return {label.value: n for (name, label), n in counts.items() if name == objective}
+
+
+def totals(*counts: Mapping[tuple[str, Label], int]) -> dict[str, int]:
+    """Counts (of one router or several) summed over the objectives, by their label: the benchmark's run
+    facts."""
+    out: dict[str, int] = {}
+    for each in counts:
+        for (_, label), n in each.items():
+            out[label.value] = out.get(label.value, 0) + n
+    return out
+
+
+def _family(
+    name: str, documentation: str, label: str, counts: Mapping[tuple[str, Label], int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=["objective", label])
+    for (objective, value), n in sorted(counts.items()):
+        family.add_metric([objective, value.value], n)
+    return family
