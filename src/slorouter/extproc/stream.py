@@ -608,11 +608,10 @@ class PickerStream:
         """A stream whose running TPOT is over its plan's limit is answered: the message of its error
         event (None: it keeps to it, or has no limit)."""
         exchange = self._exchange
-        if exchange is None or exchange.plan is None:
+        if exchange is None:
             return None
         overrun = exchange.tpot_overrun()
         if overrun is not None:
-            exchange.answered(Termination.CANCELLED, "deadline: tpot")
             self._phase = _Phase.DONE
             self.closed = True  # nothing more to pass: the RPC ends after this chunk
         return overrun

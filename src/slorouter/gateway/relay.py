@@ -198,7 +198,6 @@ class Relay:
                 if judged:
                     overrun = exchange.tpot_overrun()
                     if overrun is not None:
-                        exchange.answered(Termination.CANCELLED, "deadline: tpot")
                         await writer.write(sse_error_event(504, overrun, DEADLINE_EXCEEDED) + SSE_DONE)
                         break
                 try:

@@ -446,8 +446,9 @@ class Exchange:
         return message
 
     def tpot_overrun(self) -> str | None:
-        """A stream's running TPOT is above its limit (a ``cancel`` plan with ``tpot``): the message for the
-        client's error event; None while it keeps to it."""
+        """A stream's running TPOT is above its limit (a ``cancel`` plan with ``tpot``): the request ends
+        here (``CANCELLED``), and the message is for the error event the front-end ends the client's stream
+        with; None while it keeps to it."""
         plan, lifecycle = self.plan, self.lifecycle
         if plan is None or plan.tpot_limit_ms is None or lifecycle is None:
             return None
@@ -463,6 +464,7 @@ class Exchange:
         assert actions is not None
         actions.cancelled_request(plan, CancelReason.TPOT)
         self._count_violation("tpot")
+        self.answered(Termination.CANCELLED, "deadline: tpot")
         return (
             f"the stream's TPOT of {running_ms:.1f} ms over {response.tokens} tokens is above its limit of "
             f"{plan.tpot_limit_ms:g} ms (objective {plan.objective!r}); the router cancelled it"
