@@ -106,11 +106,8 @@ class SimulationRun:
         self.busy: list[Step | None] = [None] * len(self.engines)
         self.wake_at = [math.inf] * len(self.engines)
         self.exchanges: dict[int, Exchange] = {}
-        # Engine request ids: request i is ``i`` on its pick's engine and ``n + i`` on its hedged copy's;
-        # ``serving[i]`` is the id whose tokens the client gets (the winner, once a race is decided).
+        # Engine request ids: request i is ``i`` on its pick's engine and ``n + i`` on its hedged copy's.
         self.n = n
-        self.serving: dict[int, int] = {}
-        self.copy_pod: dict[int, int] = {}
         self.thrown_prefill = 0  # prompt tokens the engines computed for copies that lost, then aborted
         self.net = settings.network_s
         self.arrivals_left = n
@@ -242,7 +239,7 @@ class SimulationRun:
             return
         if exchange.copy is not None:  # a hedged request: the first token decides the race
             self._race_won(i, exchange, engine_id, now)
-        elif self.serving.get(i) != engine_id:  # the copy that lost, in flight when the race ended
+        elif self._serving_id(i, exchange) != engine_id:  # the copy that lost, in flight when it ended
             return
         elif exchange.lifecycle is not None:
             exchange.raced(exchange.lifecycle)  # a hedge whose other copy failed: counted
@@ -256,11 +253,10 @@ class SimulationRun:
     def _done(self, now: float, finished: Finished) -> None:
         engine_id = _engine_id(finished.request_id)
         i = engine_id % self.n
-        if self.serving.get(i) != engine_id:
+        exchange = self.exchanges.get(i)
+        if exchange is None or self._serving_id(i, exchange) != engine_id:
             return
-        exchange = self.exchanges.pop(i, None)
-        if exchange is None:
-            return
+        del self.exchanges[i]
         assert exchange.lifecycle is not None
         wanted = exchange.lifecycle.reply_chars_wanted
         if wanted > 0:  # the engine's reply is output_text(0, n): ASCII, BYTES_PER_TOKEN a token
@@ -354,7 +350,6 @@ class SimulationRun:
             rec.status[i] = REJECTED
             return
         self.exchanges[i] = exchange
-        self.serving[i] = i
         self._kick(pod, now)
         plan = exchange.plan
         if plan is not None:
@@ -394,8 +389,12 @@ class SimulationRun:
         except RequestRejected as exc:
             exchange.hedge_failed(copy, Termination.UPSTREAM_ERROR, str(exc), "rejected")
             return
-        self.copy_pod[i] = pod
         self._kick(pod, now)
+
+    def _serving_id(self, i: int, exchange: Exchange) -> int:
+        """The engine id whose tokens request ``i``'s client gets: its copy's once the copy won the race."""
+        copy = exchange.hedge_copy
+        return self.n + i if copy is not None and exchange.lifecycle is copy else i
 
     def _race_won(self, i: int, exchange: Exchange, engine_id: int, now: float) -> None:
         """The first token of request ``i`` or of its copy (``engine_id``): that one goes on, the other is
@@ -403,16 +402,15 @@ class SimulationRun:
         copy, primary = exchange.copy, exchange.lifecycle
         assert copy is not None and primary is not None
         copy_won = engine_id >= self.n
-        exchange.raced(copy if copy_won else primary)
-        loser_pod = int(self.rec.pod[i]) if copy_won else self.copy_pod[i]
-        loser = self.engines[loser_pod]
+        winner, loser = (copy, primary) if copy_won else (primary, copy)
+        exchange.raced(winner)
+        loser_pod = self.sim.pod_of[loser.target.address]
+        engine = self.engines[loser_pod]
         loser_id = i if copy_won else self.n + i
-        self.thrown_prefill += loser.prefilled(loser_id)
-        loser.abort(loser_id)
+        self.thrown_prefill += engine.prefilled(loser_id)
+        engine.abort(loser_id)
         self._kick(loser_pod, now)
-        self.serving[i] = engine_id
-        if copy_won:
-            self.rec.pod[i] = self.copy_pod[i]
+        self.rec.pod[i] = self.sim.pod_of[winner.target.address]
 
     def _deadline(self, now: float, i: int) -> None:
         """Request ``i``'s TTFT deadline (a ``cancel`` plan): without a first token, it is cancelled."""
