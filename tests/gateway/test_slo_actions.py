@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from slorouter.gateway.runtime import Router
 from tests.gateway.conftest import eventually, start_router
 from tests.helpers.scripted import Scripted, answer_after, fail_after, hang, once_copied, slow_stream
 
@@ -42,16 +46,23 @@ async def _metric(http: aiohttp.ClientSession, router, name: str) -> dict[str, f
     return found
 
 
-async def _started(scripted: Scripted, **overrides):
+@contextlib.asynccontextmanager
+async def _routed(scripted: Scripted, **overrides: Any) -> AsyncIterator[Router]:
+    """The scripted servers started, and a gateway in front of them with the test's objectives; both stop
+    at the end."""
     await scripted.start()
     settings = {"objectives": OBJECTIVES, "hedging": HEDGING, **overrides}
-    return await start_router(scripted.addresses, **settings)
+    router = await start_router(scripted.addresses, **settings)
+    try:
+        yield router
+    finally:
+        await router.stop()
+        await scripted.close()
 
 
 async def test_a_stalled_request_is_hedged_and_the_copy_wins(http):
     scripted = Scripted(hang, answer_after(0.0, "copy"))
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
             assert resp.status == 200
@@ -59,8 +70,7 @@ async def test_a_stalled_request_is_hedged_and_the_copy_wins(http):
             served_by = resp.headers["x-slorouter-endpoint"]
         assert scripted.calls == 2
         await eventually(lambda: scripted.closed == [0])  # the stalled original was cancelled
-        first = scripted.addresses[0] if served_by == scripted.addresses[1] else scripted.addresses[1]
-        assert served_by != first
+        assert served_by == scripted.called[1] != scripted.called[0]  # the copy's, on the other server
         await eventually(lambda: _inflight(router) == 0)
         hedges = await _metric(http, router, "slorouter_hedges_total")
         assert hedges['slorouter_hedges_total{objective="interactive",outcome="sent"}'] == 1
@@ -76,15 +86,11 @@ async def test_a_stalled_request_is_hedged_and_the_copy_wins(http):
             "failed": 0,
             "cancelled": 0,
         }
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_the_original_wins_when_it_answers_first_and_the_copy_is_cancelled(http):
     scripted = Scripted(once_copied(answer_after(0.0, "original")), hang)
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
             assert resp.status == 200
@@ -93,15 +99,11 @@ async def test_the_original_wins_when_it_answers_first_and_the_copy_is_cancelled
         await eventually(lambda: _inflight(router) == 0)
         hedges = await _metric(http, router, "slorouter_hedges_total")
         assert hedges['slorouter_hedges_total{objective="interactive",outcome="lost"}'] == 1
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_both_copies_failing_gives_one_502_and_counts_failed(http):
     scripted = Scripted(once_copied(fail_after(0.0)), fail_after(0.0))
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
             assert resp.status == 502
@@ -110,9 +112,6 @@ async def test_both_copies_failing_gives_one_502_and_counts_failed(http):
         await eventually(lambda: _inflight(router) == 0)
         hedges = await _metric(http, router, "slorouter_hedges_total")
         assert hedges['slorouter_hedges_total{objective="interactive",outcome="failed"}'] == 1
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_when_the_original_fails_after_the_hedge_the_copy_answers_and_wins(http):
@@ -131,8 +130,7 @@ async def test_when_the_original_fails_after_the_hedge_the_copy_answers_and_wins
         return web.json_response({"choices": [{"index": 0, "text": "copy"}]})
 
     scripted = Scripted(fail_once_copied, answer_after_the_failure)
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         async with http.post(url, json=BODY, headers=_headers("interactive", 200)) as resp:
             assert resp.status == 200
@@ -143,15 +141,11 @@ async def test_when_the_original_fails_after_the_hedge_the_copy_answers_and_wins
             'slorouter_hedges_total{objective="interactive",outcome="sent"}': 1.0,
             'slorouter_hedges_total{objective="interactive",outcome="won"}': 1.0,
         }
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_a_client_that_leaves_while_a_hedge_races_cancels_both_copies(http):
     scripted = Scripted(hang, hang)
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         with pytest.raises(asyncio.TimeoutError):
             timeout = aiohttp.ClientTimeout(total=0.5)
@@ -160,15 +154,11 @@ async def test_a_client_that_leaves_while_a_hedge_races_cancels_both_copies(http
         await eventually(lambda: _inflight(router) == 0)
         hedges = await _metric(http, router, "slorouter_hedges_total")
         assert hedges['slorouter_hedges_total{objective="interactive",outcome="cancelled"}'] == 1
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_no_hedge_beyond_the_budget_and_none_for_an_objective_without_a_deadline(http):
     scripted = Scripted(answer_after(0.5, "slow"))
-    router = await _started(scripted, hedging={**HEDGING, "max_share": 0.0})
-    try:
+    async with _routed(scripted, hedging={**HEDGING, "max_share": 0.0}) as router:
         url = f"http://{router.address}/v1/completions"
         for objective in ("interactive", "plain"):
             async with http.post(url, json=BODY, headers=_headers(objective, 100)) as resp:
@@ -176,15 +166,11 @@ async def test_no_hedge_beyond_the_budget_and_none_for_an_objective_without_a_de
         assert scripted.calls == 2  # one call per request: nothing hedged
         skipped = await _metric(http, router, "slorouter_hedges_skipped_total")
         assert skipped == {'slorouter_hedges_skipped_total{objective="interactive",reason="budget"}': 1.0}
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_a_sheddable_request_past_its_deadline_is_cancelled_with_an_error_naming_the_slo(http):
     scripted = Scripted(hang)
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         for stream in (False, True):
             body = {**BODY, "stream": stream}
@@ -197,15 +183,11 @@ async def test_a_sheddable_request_past_its_deadline_is_cancelled_with_an_error_
         await eventually(lambda: _inflight(router) == 0)
         cancelled = await _metric(http, router, "slorouter_deadline_cancellations_total")
         assert cancelled == {'slorouter_deadline_cancellations_total{objective="batch",slo="ttft"}': 2.0}
-    finally:
-        await router.stop()
-        await scripted.close()
 
 
 async def test_a_stream_slower_than_its_tpot_slo_is_cut_with_an_error_event(http):
     scripted = Scripted(slow_stream(50, 0.05))
-    router = await _started(scripted)
-    try:
+    async with _routed(scripted) as router:
         url = f"http://{router.address}/v1/completions"
         body = {**BODY, "stream": True, "max_tokens": 50}
         headers = _headers("batch", 1000, **{"x-slo-tpot-ms": "10"})
@@ -220,6 +202,3 @@ async def test_a_stream_slower_than_its_tpot_slo_is_cut_with_an_error_event(http
         await eventually(lambda: _inflight(router) == 0)
         cancelled = await _metric(http, router, "slorouter_deadline_cancellations_total")
         assert cancelled == {'slorouter_deadline_cancellations_total{objective="batch",slo="tpot"}': 1.0}
-    finally:
-        await router.stop()
-        await scripted.close()
