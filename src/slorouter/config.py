@@ -318,6 +318,20 @@ class HedgingConfig(StrictModel):
         "at a prefill cost); none: no such cap",
     )
     min_delay_ms: float = Field(default=20.0, ge=0, description="never earlier than this")
+    stall_ms: float | None = Field(
+        default=500.0,
+        gt=0,
+        description="an endpoint with requests decoding that produced no token for this long is stalled: the "
+        "requests that wait there for a first token are hedged at once (checked every half of it while "
+        "they wait), and no copy goes to it; none: no such check",
+    )
+    overdue_factor: float | None = Field(
+        default=1.0,
+        ge=0,
+        description="with predictions, the copy goes out only once the request is overdue (past its own "
+        "predicted TTFT) by the copy's predicted TTFT times this: a copy that would answer after the "
+        "original is not sent; none: whenever the hedge is due",
+    )
     min_slo_share: float | None = Field(
         default=None,
         gt=0,

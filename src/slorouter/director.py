@@ -408,18 +408,20 @@ class RequestLifecycle:
         if self.finished or count <= 0:
             return
         response = self.response
+        director = self._director
+        now = director.clock.now()
+        handle = self._handle
         first = response.first_token_at is None
         if first:
-            now = self._director.clock.now()
             response.first_token_at = now
-            controller = self._director.flow_control
-            handle = self._handle
+            controller = director.flow_control
             if controller is not None and not handle.finished:
                 controller.detector.observe_first_token(
                     handle.address, handle.prefill_ahead, now - response.dispatched_at
                 )
             handle.first_token()
             self._room_changed()
+        director.tracker.progressed(handle.address, now)
         response.tokens += count
         for plugin in self._director.setup.response_body_processors:
             self._call(

@@ -134,10 +134,9 @@ def test_index_responses_must_be_a_boolean():
     assert np.bool_(ApproxPrefixCacheParams().index_responses)
 
 
-def test_a_hedge_copy_that_lost_before_its_first_token_takes_back_only_the_blocks_its_dispatch_added():
-    """A hedge's copy that lost before its first token computed next to nothing there: the blocks its
-    dispatch recorded beyond what the endpoint held go; the held ones stay. An original that lost keeps
-    them (it ran long enough to have computed its prompt)."""
+def test_a_hedge_copy_is_recorded_where_it_went_only_once_it_answers():
+    """A hedge's copy that lost while it queued computed nothing there: its dispatch records nothing (and so
+    evicts nothing the endpoint held). A copy that answered first computed its prompt: recorded then."""
     pool = make_pool(2)
     a = addresses(2)
     prod = producer(pool=pool)
@@ -147,15 +146,22 @@ def test_a_hedge_copy_that_lost_before_its_first_token_takes_back_only_the_block
     held = matched_blocks(prod, pool, prompt)[a[0]]
     assert held == len(shared.encode()) // BLOCK
     whole = len(prefix_block_hashes(prompt.encode(), prefix_seed("m"), BLOCK, 256))
-    original = dispatch(prod, pool, prompt, a[1])
-    response = ResponseInfo(endpoint=pool.get(a[1]), status=0, cause=Termination.CANCELLED)
-    prod.on_response_body(original, response, start_of_stream=False, end_of_stream=True)
-    assert matched_blocks(prod, pool, prompt)[a[1]] == whole
-    request = make_request(prompt)
-    request.hedge_copy = True
-    prod.produce(request, candidates_of(pool))
-    prod.pre_request(request, result_for(pool.get(a[0])))
-    assert matched_blocks(prod, pool, prompt)[a[0]] == whole
+
+    def copy_to(target: str):
+        request = make_request(prompt)
+        request.hedge_copy = True
+        prod.produce(request, candidates_of(pool))
+        prod.pre_request(request, result_for(pool.get(target)))
+        return request
+
+    lost = copy_to(a[0])
+    assert matched_blocks(prod, pool, prompt) == {a[0]: held}
     response = ResponseInfo(endpoint=pool.get(a[0]), status=0, cause=Termination.CANCELLED)
-    prod.on_response_body(request, response, start_of_stream=False, end_of_stream=True)
+    prod.on_response_body(lost, response, start_of_stream=False, end_of_stream=True)
+    assert matched_blocks(prod, pool, prompt) == {a[0]: held}
+
+    won = copy_to(a[1])
+    assert a[1] not in matched_blocks(prod, pool, prompt)
+    response = ResponseInfo(endpoint=pool.get(a[1]), status=200, first_token_at=1.0)
+    prod.on_response_body(won, response, start_of_stream=True, end_of_stream=False)
     assert matched_blocks(prod, pool, prompt) == {a[0]: held, a[1]: whole}

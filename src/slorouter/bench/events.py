@@ -115,6 +115,10 @@ class SimulationRun:
         self.recorders = simulator.kv_recorders
         self.kv_indexes = [stack.kv_index for stack in simulator.pickers if stack.kv_index is not None]
         self.pickers = simulator.pickers
+        # Hedging watches for stalled pods: every step that decodes is a token on the pod's streams.
+        self.watch_progress = any(
+            stack.actions is not None and stack.actions.stall_s is not None for stack in self.pickers
+        )
         self.board = simulator.board
         self.predictors = list(
             {id(s.predictor): s.predictor for s in self.pickers if s.predictor is not None}.values()
@@ -214,6 +218,10 @@ class SimulationRun:
         out = self.engines[pod].commit_step(step, now)
         self.steps += 1
         net = self.net
+        if step.num_decodes and self.watch_progress:  # the decoding streams' tokens, as a front-end sees them
+            address = self.sim.addresses[pod]
+            for stack in self.pickers:
+                stack.director.tracker.progressed(address, now + net)
         for first in out.first_tokens:
             self.push(first.time + net, _FIRST_TOKEN, first)
         for done in out.finished:
@@ -367,7 +375,8 @@ class SimulationRun:
 
     # --- deadlines and hedges --------------------------------------------------------------------------
     def _hedge(self, now: float, i: int) -> None:
-        """The hedge of request ``i`` is due: without a first token yet, a copy goes to the best other pod."""
+        """The hedge of request ``i`` is due: without a first token yet, a copy goes to the best other pod (or
+        is held back until it would answer first)."""
         exchange = self.exchanges.get(i)
         if exchange is None or exchange.hedged or exchange.lifecycle is None:
             return
@@ -375,6 +384,9 @@ class SimulationRun:
             return
         copy = exchange.hedge_now()
         if copy is None:
+            due = exchange.hedge_at()
+            if due is not None:
+                self.push(max(now, due), _HEDGE, i)
             return
         pod = self.sim.pod_of[copy.target.address]
         inference = copy.request

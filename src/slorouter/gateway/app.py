@@ -305,16 +305,19 @@ class Gateway:
         racing: dict[asyncio.Future[Opened], RequestLifecycle] = {primary: lifecycle}
         try:
             due = plan.deadline_at if plan.action is Action.CANCEL else exchange.hedge_at()
-            if due is not None:
+            while due is not None:
                 done, _ = await asyncio.wait((primary,), timeout=max(0.0, due - clock.now()))
-                if not done:
-                    if plan.action is Action.CANCEL:
-                        return None
-                    copy = await exchange.hedge()
-                    if copy is not None:
-                        body = exchange.upstream_body(raw, copy)
-                        opening = relay.open(copy.target.address, exchange.path, forward_head, body)
-                        racing[asyncio.ensure_future(opening)] = copy
+                if done:
+                    break
+                if plan.action is Action.CANCEL:
+                    return None
+                copy = await exchange.hedge()
+                if copy is not None:
+                    body = exchange.upstream_body(raw, copy)
+                    opening = relay.open(copy.target.address, exchange.path, forward_head, body)
+                    racing[asyncio.ensure_future(opening)] = copy
+                    break
+                due = exchange.hedge_at()  # the copy was held back: its next pick, if any
             return await self._first_answer(exchange, racing)
         finally:
             await _cancel_all(racing)

@@ -13,6 +13,12 @@ scheduler sees its own recent decisions at once. Per endpoint (``PoolState`` in-
   the most KV cache the request can hold while it decodes (its prompt plus everything it may still
   generate). An upper bound on purpose: the router cannot see how many tokens have been generated so far.
 
+Progress: while an endpoint has requests of this router decoding, the tracker keeps when it last saw the
+endpoint produce a token (``progressed``, from the front-end: a stream's chunk, a first token). An endpoint
+that has requests decoding and produced no token for a while is *stalled* (``stalled``): decoding requests
+get a token every engine step, so a silence longer than any step means the engine stopped (a GC pause, a
+noisy neighbour, a hung GPU).
+
 Each dispatch returns an ``InFlightHandle`` that releases exactly what it added, exactly once: ``finish()``
 is idempotent, works before or after ``first_token()``, runs on ``with`` exit (errors, timeouts and task
 cancellation included), and as a last resort when a forgotten handle is garbage-collected (counted by
@@ -36,12 +42,14 @@ _PREFILL, _DECODE, _DONE = 0, 1, 2
 class InFlightTracker:
     """Creates in-flight handles for one pool and counts the handles still open."""
 
-    __slots__ = ("_leaked", "_outstanding", "on_change", "pool")
+    __slots__ = ("_decoding", "_leaked", "_outstanding", "_progress", "on_change", "pool")
 
     def __init__(self, pool: PoolState) -> None:
         self.pool = pool
         self._outstanding = 0
         self._leaked = 0
+        self._decoding: dict[str, int] = {}  # address -> this router's requests decoding there
+        self._progress: dict[str, float] = {}  # address -> when it last produced a token (while decoding)
         # Called after every change a handle makes to the counters (the shared in-flight view publishes).
         self.on_change: Callable[[], None] | None = None
 
@@ -59,6 +67,31 @@ class InFlightTracker:
         handle = InFlightHandle(self, address, prompt_tokens, max_tokens, cached_tokens)
         self._outstanding += 1
         return handle
+
+    def progressed(self, address: str, now: float) -> None:
+        """``address`` produced a token at ``now`` (ignored unless requests of this router decode there)."""
+        if address in self._decoding:
+            self._progress[address] = now
+
+    def stalled(self, address: str, now: float, silence_s: float) -> bool:
+        """Whether ``address`` has requests of this router decoding and produced no token for
+        ``silence_s``."""
+        last = self._progress.get(address)
+        return last is not None and now - last >= silence_s
+
+    def stalled_endpoints(self, now: float, silence_s: float) -> list[str]:
+        return [address for address, last in self._progress.items() if now - last >= silence_s]
+
+    def _decode_started(self, address: str) -> None:
+        self._decoding[address] = self._decoding.get(address, 0) + 1
+
+    def _decode_ended(self, address: str) -> None:
+        left = self._decoding[address] - 1
+        if left:
+            self._decoding[address] = left
+        else:
+            del self._decoding[address]
+            self._progress.pop(address, None)
 
     def outstanding(self) -> int:
         """Handles dispatched and not finished yet."""
@@ -123,6 +156,7 @@ class InFlightHandle:
             return
         self._phase = _DECODE
         self._apply(0, -self.prefill_tokens, self.prompt_tokens + self.max_tokens, 1)
+        self._tracker._decode_started(self.address)
 
     def finish(self) -> None:
         """Remove whatever the request still holds; a no-op after the first call."""
@@ -135,6 +169,7 @@ class InFlightHandle:
             self._apply(-1, -self.prefill_tokens, 0)
         else:
             self._apply(-1, 0, -(self.prompt_tokens + self.max_tokens), -1)
+            self._tracker._decode_ended(self.address)
 
     def _apply(self, requests: int, prefill_tokens: int, decode_tokens: int, decoding: int = 0) -> None:
         tracker = self._tracker

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS
 from slorouter.scheduling.plugin import Filter, ListPicker, ListScorer, Picker, Plugin, ProfileHandler, Scorer
 from slorouter.scheduling.types import (
     Candidates,
@@ -40,6 +41,11 @@ def _label(plugin: object) -> str:
     if isinstance(plugin, Plugin):
         return plugin.name if plugin.name == plugin.type_name else repr(plugin)
     return type(plugin).__name__
+
+
+def _predicted_ttft(candidates: Candidates, chosen: list[int]) -> list[float] | None:
+    predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
+    return None if predicted is None else [float(predicted[i]) for i in chosen]
 
 
 class SchedulerProfile:
@@ -96,6 +102,7 @@ class SchedulerProfile:
             targets=[candidates.endpoint(i) for i in chosen_list],
             scores=total[chosen].tolist(),
             route=cycle.route or Route.HEURISTIC,
+            predicted_ttft_ms=_predicted_ttft(candidates, chosen_list),
         )
 
     def _run_list(
@@ -110,6 +117,7 @@ class SchedulerProfile:
             targets=[candidates.endpoint(i) for i in chosen],
             scores=[total[i] for i in chosen],
             route=cycle.route or Route.HEURISTIC,
+            predicted_ttft_ms=_predicted_ttft(candidates, chosen),
         )
 
     def total_scores_list(

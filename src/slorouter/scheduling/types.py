@@ -147,11 +147,13 @@ class CycleState(dict[str, Any]):
 
 @dataclass(slots=True)
 class ProfileRunResult:
-    """What one profile picked: target endpoints, best first, and their total scores."""
+    """What one profile picked: target endpoints, best first, their total scores, and their predicted TTFT
+    (ms, before the live-coverage factor) when the candidates were predicted."""
 
     targets: list[Endpoint]
     scores: list[float] = field(default_factory=list)
     route: Route = Route.HEURISTIC
+    predicted_ttft_ms: list[float] | None = None
 
 
 @dataclass(slots=True)

@@ -113,9 +113,13 @@ class Exchange:
 
     __slots__ = (
         "_client_priority",
+        "_copy_due",
         "_engine_priority",
         "_first_seen",
+        "_hedge_held",
+        "_hedge_next",
         "_hedge_settled",
+        "_hedge_stalled",
         "_kept",
         "_observer",
         "_over",
@@ -149,6 +153,13 @@ class Exchange:
         self._hedge_settled = False  # the outcome of the router's hedge is counted
         self.hedged = False  # a copy was sent (never twice)
         self.hedge_due: float | None = None
+        # The router's hedge: when its copy goes (unless a stall comes first), when the request is looked at
+        # next (None: never again), whether the copy was held back once, and whether the request's endpoint
+        # stalled at the last look.
+        self._copy_due: float | None = None
+        self._hedge_next: float | None = None
+        self._hedge_held = False
+        self._hedge_stalled = False
         self._observer: StreamObserver | None = None
         self._kept: bytearray | None = None
         self._first_seen = False  # the window was told of the first token
@@ -256,11 +267,20 @@ class Exchange:
         return self.hedge_copy is not None and not self._hedge_settled
 
     def hedge_at(self) -> float | None:
-        """When a hedge of this request is due (clock seconds) if no token has come; None: never."""
+        """When the front-end calls ``hedge`` next (clock seconds) if no token has come; None: never."""
         plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
         if plan is None or plan.action is not Action.HEDGE or self.hedged or lifecycle is None:
             return None
-        assert actions is not None
+        if self._copy_due is None:
+            assert actions is not None
+            self._copy_due = self._delay_due()
+            self._hedge_next = actions.next_check(lifecycle.response.dispatched_at, self._copy_due)
+        return self._hedge_next
+
+    def _delay_due(self) -> float:
+        """When the hedge delay (``SloActions.hedge_at``) ends."""
+        plan, lifecycle, actions = self.plan, self.lifecycle, self.front.actions
+        assert plan is not None and lifecycle is not None and actions is not None
         prediction = lifecycle.prediction
         return actions.hedge_at(
             plan,
@@ -272,8 +292,11 @@ class Exchange:
         )
 
     async def hedge(self) -> RequestLifecycle | None:
-        """Send a copy of the request to the best other endpoint (the hedge is due): its lifecycle, or None
-        when the budget, the pool's saturation or the lack of another endpoint says no (counted)."""
+        """Look at the request (``hedge_at`` said to) and send a copy to the best other endpoint when its
+        hedge is due or its endpoint stalled: the copy's lifecycle, or None. None and ``hedge_at`` None: the
+        budget, the pool's saturation or the lack of another endpoint said no (counted). None and a
+        ``hedge_at``: not yet (not due, or the copy was predicted to answer after the request itself and is
+        held back once, ``SloActions.copy_due``)."""
         copy = self._hedge_copy()
         if copy is None:
             return None
@@ -282,7 +305,7 @@ class Exchange:
         except SchedulingError:
             self._no_hedge_endpoint()
             return None
-        return self._hedge_dispatched(copy, result)
+        return self._hedge_picked(copy, result)
 
     def hedge_now(self) -> RequestLifecycle | None:
         """``hedge`` for the discrete-event benchmark (every producer answers at once)."""
@@ -294,17 +317,18 @@ class Exchange:
         except SchedulingError:
             self._no_hedge_endpoint()
             return None
-        return self._hedge_dispatched(copy, result)
+        return self._hedge_picked(copy, result)
 
     def hedge_delegated(self, alternatives: int) -> float | None:
         """For a data plane that sends the hedged copy itself (Envoy, on the per-try timeout the picker sets,
         to one of the ``alternatives`` other endpoints the pick listed): the hedge is armed now, for when it
         is due (clock seconds, returned); None when none is armed (no hedge plan, or no other endpoint, the
         budget or the pool's saturation says no: counted). The budget is taken now, and given back if the
-        response begins before the hedge was due (``data_plane_answered``)."""
-        due = self.hedge_at()
-        if due is None:
+        response begins before the hedge was due (``data_plane_answered``). Envoy cannot ask the router
+        again, so the copy is neither held back nor sent early for a stall."""
+        if self.hedge_at() is None:
             return None
+        due = self._delay_due()
         if alternatives < 1:
             self._no_hedge_endpoint()
             return None
@@ -354,24 +378,66 @@ class Exchange:
             self.trace.set({"slorouter.hedge": outcome.value})
         return outcome
 
-    def _may_hedge(self) -> bool:
+    def _may_hedge(self, take: bool = True) -> bool:
         plan, actions = self.plan, self.front.actions
         assert plan is not None and actions is not None
         controller = self.front.director.flow_control
         saturated = controller is not None and controller.detector.saturation() >= 1.0
-        return actions.may_hedge(plan, saturated)
+        return actions.may_hedge(plan, saturated, take)
 
     def _hedge_copy(self) -> InferenceRequest | None:
-        lifecycle = self.lifecycle
-        assert lifecycle is not None
-        if not self._may_hedge():
+        """The copy to pick for, when the request is to be hedged now (see ``hedge``)."""
+        lifecycle, actions = self.lifecycle, self.front.actions
+        if self.hedge_at() is None:
             return None
-        # The plugins' per-request state is per copy.
+        assert lifecycle is not None and actions is not None and self._copy_due is not None
+        now = self.front.director.clock.now()
+        stall_s = actions.stall_s
+        self._hedge_stalled = stalled = stall_s is not None and self.front.director.tracker.stalled(
+            lifecycle.target.address, now, stall_s
+        )
+        if now < self._copy_due and not stalled:
+            self._hedge_next = actions.next_check(now, self._copy_due)
+            return None
+        self._hedge_next = None
+        if not self._may_hedge(take=False):
+            return None
+        # The plugins' per-request state is per copy (and per pick of it).
         return dataclasses.replace(lifecycle.request, state={}, hedge_copy=True)
 
+    def _hedge_picked(self, copy: InferenceRequest, result: SchedulingResult) -> RequestLifecycle | None:
+        """The copy's pick: sent, unless (once, and not for a stall) it is predicted to answer after the
+        request itself; then it is held back until it would not be (``SloActions.copy_due``)."""
+        plan, actions, lifecycle = self.plan, self.front.actions, self.lifecycle
+        assert plan is not None and actions is not None and lifecycle is not None
+        if not self._hedge_stalled and not self._hedge_held:
+            prediction = lifecycle.prediction
+            predicted = result.primary.predicted_ttft_ms
+            now = self.front.director.clock.now()
+            due = actions.copy_due(
+                lifecycle.response.dispatched_at,
+                now,
+                prediction.ttft_ms / prediction.ttft_coverage_factor if prediction is not None else None,
+                predicted[0] if predicted else None,
+            )
+            if due > now:
+                self._hedge_held = True
+                self._copy_due = due
+                self._hedge_next = actions.next_check(now, due)
+                return None
+        if not self._may_hedge():
+            return None
+        return self._hedge_dispatched(copy, result)
+
     def _hedge_excluded(self) -> list[str]:
-        assert self.lifecycle is not None
-        return [*self.tried, self.lifecycle.target.address]
+        """Where the copy may not go: the request's own endpoint, those that failed it, and stalled ones."""
+        assert self.lifecycle is not None and self.front.actions is not None
+        excluded = [*self.tried, self.lifecycle.target.address]
+        stall_s = self.front.actions.stall_s
+        if stall_s is not None:
+            director = self.front.director
+            excluded += director.tracker.stalled_endpoints(director.clock.now(), stall_s)
+        return excluded
 
     def _no_hedge_endpoint(self) -> None:
         assert self.plan is not None and self.front.actions is not None

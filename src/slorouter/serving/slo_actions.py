@@ -9,9 +9,11 @@ Per objective (``objectives.NAME.deadline``), a request that carries a TTFT SLO 
 - ``hedge`` (other objectives): no first token by the hedge delay → the same request goes to the best other
   endpoint as well; the first to answer wins and the other is cancelled at once. The delay is the chosen
   endpoint's predicted TTFT times ``hedging.delay_factor`` (without a prediction, ``hedging.max_slo_share``
-  of the SLO), never before ``hedging.min_delay_ms``; a request is hedged once at most, only while the budget
-  (``HedgeBudget``) has room and flow control's saturation detector (when flow control is on) says the pool
-  is not saturated.
+  of the SLO), never before ``hedging.min_delay_ms``. Then the copy is picked; if it is predicted to
+  answer after the request itself (``copy_due``), it is held back once, until it would not be. A request
+  whose endpoint stalls (no token for ``hedging.stall_ms`` while requests decode there) is hedged at once,
+  whatever the delay. A request is hedged once at most, only while the budget (``HedgeBudget``) has room
+  and flow control's saturation detector (when flow control is on) says the pool is not saturated.
 
 Front-ends (the gateway, the discrete-event benchmark, the Envoy picker) carry plans out; this module decides
 and counts. A data plane that hedges by itself (Envoy, on a per-try timeout the picker sets) is armed at the
@@ -186,15 +188,42 @@ class SloActions:
             due = max(due, received_at + plan.slo_ttft_ms * floor / 1000.0)
         return max(due, dispatched_at + hedging.min_delay_ms / 1000.0)
 
-    def may_hedge(self, plan: Plan, saturated: bool) -> bool:
-        """Whether the due hedge may go out now (the budget is taken when it may); counts a skip."""
+    def may_hedge(self, plan: Plan, saturated: bool, take: bool = True) -> bool:
+        """Whether the due hedge may go out now (the budget is taken when it may, unless ``take`` is False:
+        a check before the copy's pick); counts a skip."""
         if saturated:
             self.skipped[plan.objective, HedgeSkip.SATURATED] += 1
             return False
-        if not self.budget.take():
+        if not (self.budget.take() if take else self.budget.level >= 1.0):
             self.skipped[plan.objective, HedgeSkip.BUDGET] += 1
             return False
         return True
+
+    @property
+    def stall_s(self) -> float | None:
+        stall_ms = self.hedging.stall_ms
+        return None if stall_ms is None else stall_ms / 1000.0
+
+    def next_check(self, now: float, due: float) -> float:
+        """When a request whose hedge (or held-back copy) is due at ``due`` is looked at next: at ``due``, and
+        before it every half ``stall_ms`` for a stall of its endpoint."""
+        stall_s = self.stall_s
+        return due if stall_s is None else min(due, now + stall_s / 2)
+
+    def copy_due(
+        self, dispatched_at: float, now: float, request_ttft_ms: float | None, copy_ttft_ms: float | None
+    ) -> float:
+        """When the copy goes out (clock seconds; ``now`` or earlier: at once): once the request is overdue
+        (past its own predicted TTFT ``request_ttft_ms`` after ``dispatched_at``) by the copy's predicted
+        TTFT on its endpoint times ``overdue_factor``. Until then the request is expected to answer before
+        a copy would, and a copy would only load another endpoint (on prefill-bound pools, with a long
+        prefill that delays the requests behind it there and evicts their cached prefixes). At once when
+        either prediction is missing or ``overdue_factor`` is None. The copy is held back once at most:
+        when that time comes, it goes to the best endpoint then."""
+        factor = self.hedging.overdue_factor
+        if factor is None or request_ttft_ms is None or copy_ttft_ms is None:
+            return now
+        return dispatched_at + (request_ttft_ms + copy_ttft_ms * factor) / 1000.0
 
     def hedge_not_sent(self) -> None:
         """A hedge the data plane was armed for was not sent (the response began before it was due)."""

@@ -44,7 +44,6 @@ from slorouter.scheduling.plugin import (
     PreRequestResult,
     ResponseBodyProcessor,
     ResponseInfo,
-    Termination,
 )
 from slorouter.scheduling.plugins.prefix.index import PrefixIndex
 from slorouter.scheduling.prefix_blocks import (
@@ -86,6 +85,8 @@ class PrefixRequestState:
     block_size_tokens: int
     prompt_bytes: int = 0  # UTF-8 length of the prompt text
     matched: dict[str, int] = field(default_factory=dict)  # server address → leading blocks held
+    # A hedged copy's targets: recorded in the index at its first token, not at its dispatch.
+    deferred: list[str] = field(default_factory=list)
     pool: PoolState | None = None
 
 
@@ -149,8 +150,11 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
         prefill = result.profile_results.get(PREFILL_PROFILE)
         if prefill is not None and prefill.targets and prefill.targets[0] != result.target:
             targets.append(prefill.targets[0])
-        for endpoint in targets:
-            self.index.insert(endpoint.address, state.hashes, self._lru_capacity(endpoint.address, pool))
+        if request.hedge_copy:
+            state.deferred = [endpoint.address for endpoint in targets]
+        else:
+            for endpoint in targets:
+                self.index.insert(endpoint.address, state.hashes, self._lru_capacity(endpoint.address, pool))
         return PreRequestResult(cached_prompt_tokens=cached_prompt_tokens)
 
     # --- ResponseBodyProcessor ------------------------------------------------------------------------
@@ -166,14 +170,8 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
     def on_response_body(
         self, request: InferenceRequest, response: ResponseInfo, *, start_of_stream: bool, end_of_stream: bool
     ) -> None:
-        if (
-            end_of_stream
-            and request.hedge_copy
-            and response.cause is Termination.CANCELLED
-            and response.first_token_at is None
-        ):
-            self._unsent(request, response.endpoint.address)
-            return
+        if request.hedge_copy and (start_of_stream or end_of_stream):
+            self._copy_answered(request, response)
         if not end_of_stream or not response.succeeded or not response.history_text:
             return
         state: PrefixRequestState | None = request.state.get(self.state_key)
@@ -185,17 +183,20 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
             pool = self.ctx.pool if self.ctx.pool is not None else state.pool
             self.index.insert(address, hashes, self._lru_capacity(address, pool))
 
-    def _unsent(self, request: InferenceRequest, address: str) -> None:
-        """A hedge's copy lost before its first token: it was sent late and cancelled early, so its endpoint
-        most likely never computed the prompt. The blocks its dispatch recorded there beyond what the
-        endpoint held already are taken back, so that the next requests of the prefix are not sent to a
-        cache that never held it. (An original that lost, or a request cut at its deadline, ran long enough
-        to have computed much of its prompt, which its server keeps: their blocks stay.)"""
+    def _copy_answered(self, request: InferenceRequest, response: ResponseInfo) -> None:
+        """A hedge's copy is recorded where it went only once it answers: most copies lose the race while
+        they still queue there, before computing anything, and recording them at their dispatch (evicting
+        what the endpoint's LRU held) misled the next requests of the prefix and, taken back, cost the
+        endpoint's real entries (high-churn's TTFT p90 doubled)."""
         state: PrefixRequestState | None = request.state.get(self.state_key)
-        if state is None or not state.hashes:
+        if state is None or not state.deferred:
             return
-        held = state.matched.get(address, 0)
-        self.index.discard(address, state.hashes[held:])
+        targets, state.deferred = state.deferred, []
+        if response.first_token_at is None:  # it lost (or failed) before it answered
+            return
+        pool = self.ctx.pool if self.ctx.pool is not None else state.pool
+        for address in targets:
+            self.index.insert(address, state.hashes, self._lru_capacity(address, pool))
 
     # --- housekeeping ---------------------------------------------------------------------------------
     def drop_departed_servers(self, pool: PoolState | None = None) -> list[str]:
