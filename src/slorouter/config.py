@@ -321,9 +321,15 @@ class HedgingConfig(StrictModel):
     stall_ms: float | None = Field(
         default=500.0,
         gt=0,
-        description="an endpoint with requests decoding that produced no token for this long is stalled: the "
-        "requests that wait there for a first token are hedged at once (checked every half of it while "
-        "they wait), and no copy goes to it; none: no such check",
+        description="an endpoint with requests decoding that produced no token for this long, and for "
+        "stall_step_factor times the longest step it took lately, is stalled: the requests that wait there "
+        "for a first token are hedged at once (checked every half of stall_ms while they wait), and no copy "
+        "goes to it; none: no such check",
+    )
+    stall_step_factor: float = Field(
+        default=2.5,
+        ge=1,
+        description="a stall is a silence this many times the endpoint's longest recent step",
     )
     overdue_factor: float | None = Field(
         default=1.0,

@@ -10,6 +10,7 @@ from slorouter.bench.cluster import ClusterSimulator
 from slorouter.bench.policies import (
     BUILTIN_POLICIES,
     DEFAULT_DEADLINES,
+    Deadlines,
     PolicyError,
     load_deadlines_file,
     resolve_policy,
@@ -17,6 +18,7 @@ from slorouter.bench.policies import (
 from slorouter.bench.pool import parse_pool
 from slorouter.bench.records import CANCELLED, OK
 from slorouter.bench.workloads import BenchRequest
+from slorouter.config import HedgingConfig
 from tests.helpers.bench_requests import chat_requests
 
 
@@ -88,3 +90,22 @@ def test_the_slo_suffix_and_the_deadlines_file(tmp_path):
     path.write_text("objectives:\n  sheddable: {priority: -1, deadline: {action: hedge}}\n")
     with pytest.raises(PolicyError, match="not sheddable"):
         load_deadlines_file(path)
+
+
+def test_the_requests_of_a_stalled_pod_are_hedged_long_before_their_delay():
+    # One of two pods pauses for 1.5 s every 3 s or so; a 5 s SLO puts the hedge delay (no prediction: 0.6 ×
+    # the SLO) past every pause, so only the stall check hedges the requests caught in one.
+    requests = chat_requests(400, qps=20, seed=7, slo_ttft_ms=5000.0)
+    pool = parse_pool("1x llama3-8b-h100 + 1x llama3-8b-h100@stall-every-s=3,stall-ms=1500:1500")
+    policy = BUILTIN_POLICIES["round-robin"]
+    outcome = {}
+    for stall_ms in (None, 200.0):
+        deadlines = Deadlines(DEFAULT_DEADLINES.objectives, HedgingConfig(stall_ms=stall_ms, burst=50))
+        with ClusterSimulator(pool, policy, use_predictor=False, deadlines=deadlines) as sim:
+            rec = sim.run(requests)
+            assert _idle(sim)
+        assert np.all(rec.status == OK)
+        outcome[stall_ms] = (rec.facts["slo_actions"]["hedges"].get("sent", 0), np.max(rec.ttft_s))
+    assert outcome[None][0] == 0 and outcome[None][1] > 1.0  # caught in a pause, waited it out
+    sent, worst_s = outcome[200.0]
+    assert sent > 0 and worst_s < 0.5  # hedged within about 200 ms (+ a 100 ms look) of a pause's start

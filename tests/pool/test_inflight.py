@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from slorouter.pool.inflight import InFlightHandle, InFlightTracker
+from slorouter.pool.inflight import STEP_MEMORY_HALF_LIFE_S, InFlightHandle, InFlightTracker
 from slorouter.pool.state import INFLIGHT_COLUMNS, Endpoint, PoolState
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
@@ -231,3 +231,44 @@ def test_decoding_requests_are_counted_from_the_first_token_to_the_end(
     early = tracker.dispatch(A, 100, 50)
     early.finish()  # finished before its first token: never decoding
     assert decoding() == 0
+
+
+def test_an_endpoint_is_stalled_when_its_requests_decode_and_it_produced_no_token_for_a_while():
+    pool = PoolState([Endpoint("a"), Endpoint("b")])
+    tracker = InFlightTracker(pool)
+    tracker.watch_stalls(0.5, 2.5)
+    prefilling = tracker.dispatch("a", 100, 10)
+    tracker.progressed("a", 1.0)  # nothing decodes there: not watched
+    assert not tracker.stalled("a", 9.0) and tracker.stalled_endpoints(9.0) == []
+    decoding = tracker.dispatch("a", 100, 10)
+    decoding.first_token()
+    tracker.progressed("a", 10.0)
+    assert not tracker.stalled("a", 10.4)
+    assert tracker.stalled("a", 10.5) and tracker.stalled_endpoints(10.5) == ["a"]
+    tracker.progressed("a", 10.6)
+    assert not tracker.stalled("a", 10.7)
+    decoding.finish()  # nothing decodes there any more: forgotten
+    assert not tracker.stalled("a", 20.0) and tracker.stalled_endpoints(20.0) == []
+    prefilling.finish()
+    assert not tracker.stalled("b", 20.0)
+
+
+def test_a_stall_is_a_silence_several_times_the_longest_recent_step_and_is_not_remembered_as_one():
+    pool = PoolState([Endpoint("a")])
+    tracker = InFlightTracker(pool)
+    tracker.watch_stalls(0.5, 2.5)
+    handle = tracker.dispatch("a", 100, 10)
+    handle.first_token()
+    tracker.progressed("a", 0.0)
+    tracker.progressed("a", 0.4)  # a long step: 0.4 s
+    assert not tracker.stalled("a", 0.4 + 0.9) and tracker.stalled("a", 0.4 + 1.0)  # 2.5 × 0.4 s
+    tracker.progressed("a", 3.0)  # a 2.6 s stall: not a step
+    assert tracker.stalled("a", 3.0 + 1.0)  # still 2.5 × the 0.4 s step
+    tracker.progressed("a", 4.0)
+    assert not tracker.stalled("a", 4.6)  # about 2.5 × 0.4 s still
+    now = 4.0
+    while now < 4.0 + 4 * STEP_MEMORY_HALF_LIFE_S:  # short steps for four half-lives: the long one fades
+        now += 0.1
+        tracker.progressed("a", now)
+    assert not tracker.stalled("a", now + 0.45) and tracker.stalled("a", now + 0.5)  # the 0.5 s floor
+    handle.finish()

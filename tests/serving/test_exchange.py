@@ -19,7 +19,7 @@ from slorouter.metrics import GatewayMetrics
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugin import PluginContext, Termination
+from slorouter.scheduling.plugin import PluginContext, TargetPrediction, Termination
 from slorouter.scheduling.types import SchedulingError
 from slorouter.serving.exchange import MAX_KEPT_RESPONSE_BYTES, Exchange, FrontEnd
 from slorouter.serving.slo_actions import HedgeOutcome, HedgeSkip, SloActions
@@ -241,6 +241,7 @@ def _hedging(front: FrontEnd, **hedging: float) -> SloActions:
     objectives = {"chat": ObjectiveConfig(priority=1, deadline={"action": "hedge"})}
     actions = SloActions(objectives, HedgingConfig(max_slo_share=0.5, min_delay_ms=0, **hedging))
     front.actions = actions
+    actions.watch_stalls(front.director.tracker)
     return actions
 
 
@@ -327,3 +328,58 @@ async def test_no_hedge_is_armed_beyond_the_budget_or_without_another_endpoint(f
     await exchange.pick()
     assert exchange.hedge_delegated(1) is None
     assert actions.skipped["chat", HedgeSkip.BUDGET] == 1
+
+
+def _predicted(front: FrontEnd, copy_ms: float) -> None:
+    """The copy's pick predicts ``copy_ms`` for its endpoint (the default pipeline predicts nothing)."""
+    director = front.director
+    schedule = director.schedule_async
+
+    async def predicted_schedule(*args, **kwargs):
+        result = await schedule(*args, **kwargs)
+        result.primary.predicted_ttft_ms = [copy_ms]
+        return result
+
+    director.schedule_async = predicted_schedule  # type: ignore[method-assign]
+
+
+async def test_a_copy_predicted_to_answer_after_its_request_is_held_back_once_until_it_would_not(
+    front, clock
+):
+    actions = _hedging(front, burst=2)
+    _predicted(front, copy_ms=80.0)
+    exchange = _planned(front)
+    lifecycle = await exchange.pick()
+    lifecycle.prediction = TargetPrediction(100.0)
+    assert exchange.hedge_at() == pytest.approx(100.15)  # 1.5 × the 100 ms predicted
+    clock.advance(0.15)
+    assert await exchange.hedge() is None  # overdue by 50 ms, the copy needs 80 ms
+    assert exchange.hedge_at() == pytest.approx(100.18)
+    clock.advance(0.03)
+    copy = await exchange.hedge()
+    assert copy is not None and copy.target.address != lifecycle.target.address
+    assert actions.hedges["chat", HedgeOutcome.SENT] == 1 and exchange.hedge_at() is None
+
+
+async def test_a_request_on_a_stalled_endpoint_is_hedged_before_its_delay_and_not_to_a_stalled_one(
+    front, clock
+):
+    actions = _hedging(front, stall_ms=500)
+    exchange = _planned(front)
+    lifecycle = await exchange.pick()
+    lifecycle.prediction = TargetPrediction(2000.0)  # its hedge is due in 3 s
+    address = lifecycle.target.address
+    tracker = front.director.tracker
+    other = tracker.dispatch(address, 50, 10)  # another request decodes there
+    other.first_token()
+    tracker.progressed(address, clock.now())
+    assert exchange.hedge_at() == pytest.approx(100.25)  # looked at every 250 ms
+    clock.advance(0.25)
+    assert await exchange.hedge() is None  # 250 ms without a token: not stalled yet
+    assert exchange.hedge_at() == pytest.approx(100.5)
+    clock.advance(0.25)
+    copy = await exchange.hedge()  # 500 ms: stalled, hedged at once
+    assert copy is not None and copy.target.address != address
+    assert actions.hedges["chat", HedgeOutcome.SENT] == 1
+    assert address in exchange._hedge_excluded()
+    other.finish()

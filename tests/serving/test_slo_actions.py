@@ -157,3 +157,27 @@ def test_bad_deadlines_are_config_errors_that_name_the_key(objective, message):
 def test_hedging_limits_are_checked():
     with pytest.raises(ConfigError, match=r"hedging\.max_share"):
         parse_config({"hedging": {"max_share": 1.5}})
+
+
+@pytest.mark.parametrize(
+    ("hedging", "request_ms", "copy_ms", "expected_s"),
+    [
+        ({}, 100.0, 80.0, 10.0 + 0.18),  # overdue (past 100 ms) by the copy's 80 ms
+        ({"overdue_factor": 2.0}, 100.0, 80.0, 10.0 + 0.26),
+        ({"overdue_factor": None}, 100.0, 80.0, 10.15),  # no such rule: now
+        ({}, None, 80.0, 10.15),  # a prediction missing: now
+        ({}, 100.0, None, 10.15),
+    ],
+)
+def test_a_copy_goes_once_the_request_is_overdue_by_the_copys_predicted_ttft(
+    hedging, request_ms, copy_ms, expected_s
+):
+    actions = _actions(**hedging)
+    assert actions.copy_due(10.0, 10.15, request_ms, copy_ms) == pytest.approx(expected_s)
+
+
+def test_a_waiting_request_is_looked_at_every_half_stall_until_its_hedge_is_due():
+    assert _actions().next_check(10.0, 11.0) == pytest.approx(10.25)  # stall_ms 500 by default
+    assert _actions().next_check(10.0, 10.1) == pytest.approx(10.1)
+    assert _actions(stall_ms=None).next_check(10.0, 11.0) == pytest.approx(11.0)
+    assert _actions(stall_ms=None).stall_s is None

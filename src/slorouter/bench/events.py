@@ -115,7 +115,7 @@ class SimulationRun:
         self.recorders = simulator.kv_recorders
         self.kv_indexes = [stack.kv_index for stack in simulator.pickers if stack.kv_index is not None]
         self.pickers = simulator.pickers
-        # Hedging watches for stalled pods: every step that decodes is a token on the pod's streams.
+        # Hedging watches for stalled pods: every step is a token on the pod's streams.
         self.watch_progress = any(
             stack.actions is not None and stack.actions.stall_s is not None for stack in self.pickers
         )
@@ -218,7 +218,10 @@ class SimulationRun:
         out = self.engines[pod].commit_step(step, now)
         self.steps += 1
         net = self.net
-        if step.num_decodes and self.watch_progress:  # the decoding streams' tokens, as a front-end sees them
+        if self.watch_progress:
+            # The engine ran a step: its decoding streams got a token each, as a front-end sees them. Every
+            # step counts, not only those with decodes: the router counts a request as decoding until its
+            # end arrives, which the simulated API overhead puts up to a few hundred ms after its last step.
             address = self.sim.addresses[pod]
             for stack in self.pickers:
                 stack.director.tracker.progressed(address, now + net)

@@ -294,9 +294,9 @@ class Gateway:
         self, exchange: Exchange, raw: bytes, head: bytes, forward_head: bytes
     ) -> Opened | None:
         """``Relay.open`` under the request's plan: None when a ``cancel`` deadline passed first (the
-        upstream request is cancelled); with ``hedge``, a copy races the request once the hedge is due, and
-        the first to answer is returned (the other is cancelled). Raises ``UpstreamFailedError`` when every
-        copy failed."""
+        upstream request is cancelled); with ``hedge``, the request is looked at when ``Exchange.hedge_at``
+        says, a copy races it once ``Exchange.hedge`` sends one, and the first to answer is returned (the
+        other is cancelled). Raises ``UpstreamFailedError`` when every copy failed."""
         relay, plan, lifecycle = self._relay, exchange.plan, exchange.lifecycle
         assert relay is not None and plan is not None and lifecycle is not None
         clock = self.director.clock

@@ -13,11 +13,13 @@ scheduler sees its own recent decisions at once. Per endpoint (``PoolState`` in-
   the most KV cache the request can hold while it decodes (its prompt plus everything it may still
   generate). An upper bound on purpose: the router cannot see how many tokens have been generated so far.
 
-Progress: while an endpoint has requests of this router decoding, the tracker keeps when it last saw the
-endpoint produce a token (``progressed``, from the front-end: a stream's chunk, a first token). An endpoint
-that has requests decoding and produced no token for a while is *stalled* (``stalled``): decoding requests
-get a token every engine step, so a silence longer than any step means the engine stopped (a GC pause, a
-noisy neighbour, a hung GPU).
+Progress (``watch_stalls``): while an endpoint has requests of this router decoding, the tracker keeps when
+it last saw the endpoint produce a token (``progressed``, from the front-end: a stream's chunk, a first
+token) and the longest gap between tokens it has seen there lately (a step with a long prefill chunk; the
+memory halves every ``STEP_MEMORY_HALF_LIFE_S``). An endpoint is *stalled* (``stalled``) when it has
+requests decoding and produced no token for ``factor`` times that longest gap, and at least ``floor_s``:
+decoding requests get a token every engine step, so such a silence means the engine stopped (a GC pause, a
+noisy neighbour, a hung GPU). A silence that long is not remembered as a step.
 
 Each dispatch returns an ``InFlightHandle`` that releases exactly what it added, exactly once: ``finish()``
 is idempotent, works before or after ``first_token()``, runs on ``with`` exit (errors, timeouts and task
@@ -37,19 +39,47 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from slorouter.pool.state import PoolState
 
 _PREFILL, _DECODE, _DONE = 0, 1, 2
+STEP_MEMORY_HALF_LIFE_S = 30.0
+# Gaps between tokens shorter than this are streams of one step, not steps (they are not remembered).
+_MIN_STEP_GAP_S = 0.005
+
+
+class _Progress:
+    """An endpoint's last token and the longest gap between tokens seen there lately."""
+
+    __slots__ = ("last", "longest", "longest_at")
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.longest = 0.0
+        self.longest_at = now
+
+    def longest_now(self, now: float) -> float:
+        return self.longest * 0.5 ** ((now - self.longest_at) / STEP_MEMORY_HALF_LIFE_S)
 
 
 class InFlightTracker:
     """Creates in-flight handles for one pool and counts the handles still open."""
 
-    __slots__ = ("_decoding", "_leaked", "_outstanding", "_progress", "on_change", "pool")
+    __slots__ = (
+        "_decoding",
+        "_leaked",
+        "_outstanding",
+        "_progress",
+        "_stall_factor",
+        "_stall_floor_s",
+        "on_change",
+        "pool",
+    )
 
     def __init__(self, pool: PoolState) -> None:
         self.pool = pool
         self._outstanding = 0
         self._leaked = 0
         self._decoding: dict[str, int] = {}  # address -> this router's requests decoding there
-        self._progress: dict[str, float] = {}  # address -> when it last produced a token (while decoding)
+        self._progress: dict[str, _Progress] = {}  # address -> its tokens (while decoding, when watched)
+        self._stall_floor_s: float | None = None  # None: stalls are not watched
+        self._stall_factor = 0.0
         # Called after every change a handle makes to the counters (the shared in-flight view publishes).
         self.on_change: Callable[[], None] | None = None
 
@@ -68,19 +98,41 @@ class InFlightTracker:
         self._outstanding += 1
         return handle
 
+    def watch_stalls(self, floor_s: float, factor: float) -> None:
+        """Keep each endpoint's progress: stalled after ``factor`` × its longest recent step, at least
+        ``floor_s``, without a token."""
+        self._stall_floor_s = floor_s
+        self._stall_factor = factor
+
     def progressed(self, address: str, now: float) -> None:
-        """``address`` produced a token at ``now`` (ignored unless requests of this router decode there)."""
-        if address in self._decoding:
-            self._progress[address] = now
+        """``address`` produced a token at ``now`` (ignored unless stalls are watched and requests of this
+        router decode there)."""
+        progress = self._progress.get(address)
+        if progress is None:
+            if self._stall_floor_s is not None and address in self._decoding:
+                self._progress[address] = _Progress(now)
+            return
+        gap = now - progress.last
+        progress.last = now
+        if gap > _MIN_STEP_GAP_S:
+            longest = progress.longest_now(now)
+            if longest < gap < self._threshold(longest):
+                progress.longest = gap
+                progress.longest_at = now
 
-    def stalled(self, address: str, now: float, silence_s: float) -> bool:
-        """Whether ``address`` has requests of this router decoding and produced no token for
-        ``silence_s``."""
-        last = self._progress.get(address)
-        return last is not None and now - last >= silence_s
+    def stalled(self, address: str, now: float) -> bool:
+        """Whether ``address`` has requests of this router decoding and produced no token for longer than
+        its stall threshold."""
+        progress = self._progress.get(address)
+        return progress is not None and now - progress.last >= self._threshold(progress.longest_now(now))
 
-    def stalled_endpoints(self, now: float, silence_s: float) -> list[str]:
-        return [address for address, last in self._progress.items() if now - last >= silence_s]
+    def stalled_endpoints(self, now: float) -> list[str]:
+        return [address for address in self._progress if self.stalled(address, now)]
+
+    def _threshold(self, longest_step_s: float) -> float:
+        floor = self._stall_floor_s
+        assert floor is not None
+        return max(floor, self._stall_factor * longest_step_s)
 
     def _decode_started(self, address: str) -> None:
         self._decoding[address] = self._decoding.get(address, 0) + 1

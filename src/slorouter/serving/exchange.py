@@ -80,6 +80,8 @@ class FrontEnd:
     ids: RequestIds = field(init=False, default_factory=RequestIds)
 
     def __post_init__(self) -> None:
+        if self.actions is not None:
+            self.actions.watch_stalls(self.director.tracker)
         self.outcomes = (
             None
             if self.metrics is None
@@ -392,10 +394,7 @@ class Exchange:
             return None
         assert lifecycle is not None and actions is not None and self._copy_due is not None
         now = self.front.director.clock.now()
-        stall_s = actions.stall_s
-        self._hedge_stalled = stalled = stall_s is not None and self.front.director.tracker.stalled(
-            lifecycle.target.address, now, stall_s
-        )
+        self._hedge_stalled = stalled = self.front.director.tracker.stalled(lifecycle.target.address, now)
         if now < self._copy_due and not stalled:
             self._hedge_next = actions.next_check(now, self._copy_due)
             return None
@@ -431,13 +430,13 @@ class Exchange:
 
     def _hedge_excluded(self) -> list[str]:
         """Where the copy may not go: the request's own endpoint, those that failed it, and stalled ones."""
-        assert self.lifecycle is not None and self.front.actions is not None
-        excluded = [*self.tried, self.lifecycle.target.address]
-        stall_s = self.front.actions.stall_s
-        if stall_s is not None:
-            director = self.front.director
-            excluded += director.tracker.stalled_endpoints(director.clock.now(), stall_s)
-        return excluded
+        assert self.lifecycle is not None
+        director = self.front.director
+        return [
+            *self.tried,
+            self.lifecycle.target.address,
+            *director.tracker.stalled_endpoints(director.clock.now()),
+        ]
 
     def _no_hedge_endpoint(self) -> None:
         assert self.plan is not None and self.front.actions is not None

@@ -11,7 +11,8 @@ Per objective (``objectives.NAME.deadline``), a request that carries a TTFT SLO 
   endpoint's predicted TTFT times ``hedging.delay_factor`` (without a prediction, ``hedging.max_slo_share``
   of the SLO), never before ``hedging.min_delay_ms``. Then the copy is picked; if it is predicted to
   answer after the request itself (``copy_due``), it is held back once, until it would not be. A request
-  whose endpoint stalls (no token for ``hedging.stall_ms`` while requests decode there) is hedged at once,
+  whose endpoint stalls (no token for ``hedging.stall_ms`` and ``stall_step_factor`` × its longest recent
+  step while requests decode there; ``InFlightTracker.stalled``) is hedged at once,
   whatever the delay. A request is hedged once at most, only while the budget (``HedgeBudget``) has room
   and flow control's saturation detector (when flow control is on) says the pool is not saturated.
 
@@ -31,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from slorouter.config import DeadlineConfig, HedgingConfig, ObjectiveConfig
+from slorouter.pool.inflight import InFlightTracker
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.status import ObjectiveActionsStatus, SloActionsStatus
 
@@ -198,6 +200,13 @@ class SloActions:
             self.skipped[plan.objective, HedgeSkip.BUDGET] += 1
             return False
         return True
+
+    def watch_stalls(self, tracker: InFlightTracker) -> None:
+        """Have ``tracker`` keep its endpoints' progress when stalls are hedged around
+        (``hedging.stall_ms``)."""
+        stall_s = self.stall_s
+        if stall_s is not None and any(d.action == "hedge" for d in self._deadlines.values()):
+            tracker.watch_stalls(stall_s, self.hedging.stall_step_factor)
 
     @property
     def stall_s(self) -> float | None:
