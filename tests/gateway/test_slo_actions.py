@@ -15,7 +15,15 @@ from aiohttp import web
 
 from slorouter.gateway.runtime import Router
 from tests.gateway.conftest import eventually, start_router
-from tests.helpers.scripted import Scripted, answer_after, fail_after, hang, once_copied, slow_stream
+from tests.helpers.scripted import (
+    Scripted,
+    answer_after,
+    fail_after,
+    hang,
+    once_copied,
+    slow_stream,
+    stream_then_hang,
+)
 
 OBJECTIVES = {
     "interactive": {"priority": 1, "deadline": {"action": "hedge"}},
@@ -202,3 +210,38 @@ async def test_a_stream_slower_than_its_tpot_slo_is_cut_with_an_error_event(http
         await eventually(lambda: _inflight(router) == 0)
         cancelled = await _metric(http, router, "slorouter_deadline_cancellations_total")
         assert cancelled == {'slorouter_deadline_cancellations_total{objective="batch",slo="tpot"}': 1.0}
+
+
+ROUND_ROBIN = {
+    "plugins": [{"type": "round-robin-picker"}],
+    "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "round-robin-picker"}]}],
+}
+
+
+async def test_a_request_on_a_server_that_stopped_mid_stream_is_hedged_long_before_its_delay(http):
+    # Round robin: a stream goes to one server and stops after two tokens; a plain request goes to the other;
+    # the hedgeable request goes where the stream stopped. Its SLO puts its hedge delay at 2.5 s, but the
+    # server has been silent for 200 ms (the stall floor) with a request decoding: its copy goes at once.
+    scripted = Scripted(
+        stream_then_hang(2, 0.02), answer_after(0.0, "plain"), hang, answer_after(0.0, "copy")
+    )
+    hedging = {**HEDGING, "stall_ms": 200}
+    async with _routed(scripted, scheduler=ROUND_ROBIN, hedging=hedging) as router:
+        url = f"http://{router.address}/v1/completions"
+        stalled = await http.post(url, json={**BODY, "stream": True, "max_tokens": 50})
+        try:
+            assert stalled.status == 200
+            await stalled.content.readuntil(b"\n\n")
+            await stalled.content.readuntil(b"\n\n")
+            async with http.post(url, json=BODY) as resp:
+                assert (await resp.json())["choices"][0]["text"] == "plain"
+            started = asyncio.get_running_loop().time()
+            async with http.post(url, json=BODY, headers=_headers("interactive", 5000)) as resp:
+                assert (await resp.json())["choices"][0]["text"] == "copy"
+            assert asyncio.get_running_loop().time() - started < 1.5
+        finally:
+            stalled.close()
+        assert scripted.called[2] == scripted.called[0] != scripted.called[3]
+        await eventually(lambda: 2 in scripted.closed)  # the stalled original was cancelled
+        hedges = await _metric(http, router, "slorouter_hedges_total")
+        assert hedges['slorouter_hedges_total{objective="interactive",outcome="won"}'] == 1

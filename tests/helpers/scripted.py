@@ -126,3 +126,20 @@ async def headers_then_hang(scripted: Scripted, index: int, request: web.Request
     await response.prepare(request)
     await hang(scripted, index, request)
     return response
+
+
+def stream_then_hang(tokens: int, interval_s: float) -> Play:
+    """A stream of ``tokens`` events, one every ``interval_s``, then silence with the stream open (a server
+    that stopped mid-decode) until the router closes the connection (noted)."""
+
+    async def stream(scripted: Scripted, index: int, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(tokens):
+            chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(interval_s)
+        await hang(scripted, index, request)
+        return response
+
+    return stream
