@@ -185,9 +185,9 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, ResponseBodyPr
 
     def _copy_answered(self, request: InferenceRequest, response: ResponseInfo) -> None:
         """A hedge's copy is recorded where it went only once it answers: most copies lose the race while
-        they still queue there, before computing anything, and recording them at their dispatch (evicting
-        what the endpoint's LRU held) misled the next requests of the prefix and, taken back, cost the
-        endpoint's real entries (high-churn's TTFT p90 doubled)."""
+        they still queue there, before computing anything. Recorded at their dispatch, they sent the next
+        requests of the prefix to a cache that never held it, and their insert evicted entries the
+        endpoint's LRU really held."""
         state: PrefixRequestState | None = request.state.get(self.state_key)
         if state is None or not state.deferred:
             return

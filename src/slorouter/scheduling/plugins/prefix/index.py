@@ -67,18 +67,6 @@ class PrefixIndex:
             evicted, _ = lru.popitem(last=False)
             self._forget(evicted, bit)
 
-    def discard(self, server: str, hashes: Iterable[int]) -> None:
-        """Record that ``server`` does not hold ``hashes`` after all (a request sent there was cancelled
-        before it computed them)."""
-        lru = self._lrus.get(server)
-        if lru is None:
-            return
-        bit = 1 << self._slot_of[server]
-        for block_hash in hashes:
-            if block_hash in lru:
-                del lru[block_hash]
-                self._forget(block_hash, bit)
-
     def match(self, hashes: list[int]) -> dict[str, int]:
         """Per server, how many leading blocks of ``hashes`` it holds (servers holding none are absent)."""
         if not hashes:
