@@ -245,3 +245,5 @@ async def test_a_request_on_a_server_that_stopped_mid_stream_is_hedged_long_befo
         await eventually(lambda: 2 in scripted.closed)  # the stalled original was cancelled
         hedges = await _metric(http, router, "slorouter_hedges_total")
         assert hedges['slorouter_hedges_total{objective="interactive",outcome="won"}'] == 1
+        stalls = await _metric(http, router, "slorouter_stall_hedges_total")
+        assert stalls == {'slorouter_stall_hedges_total{objective="interactive"}': 1}

@@ -359,6 +359,7 @@ async def test_a_copy_predicted_to_answer_after_its_request_is_held_back_once_un
     copy = await exchange.hedge()
     assert copy is not None and copy.target.address != lifecycle.target.address
     assert actions.hedges["chat", HedgeOutcome.SENT] == 1 and exchange.hedge_at() is None
+    assert actions.stall_hedges["chat"] == 0
 
 
 async def test_a_request_on_a_stalled_endpoint_is_hedged_before_its_delay_and_not_to_a_stalled_one(
@@ -380,6 +381,6 @@ async def test_a_request_on_a_stalled_endpoint_is_hedged_before_its_delay_and_no
     clock.advance(0.25)
     copy = await exchange.hedge()  # 500 ms: stalled, hedged at once
     assert copy is not None and copy.target.address != address
-    assert actions.hedges["chat", HedgeOutcome.SENT] == 1
+    assert actions.hedges["chat", HedgeOutcome.SENT] == actions.stall_hedges["chat"] == 1
     assert address in exchange._hedge_excluded()
     other.finish()

@@ -426,6 +426,8 @@ class Exchange:
                 return None
         if not self._may_hedge():
             return None
+        if self._hedge_stalled:
+            actions.hedged_for_stall(plan)
         return self._hedge_dispatched(copy, result)
 
     def _hedge_excluded(self) -> list[str]:

@@ -139,6 +139,7 @@ class SloActions:
         self.cancelled: dict[tuple[str, CancelReason], int] = {
             (o, r): 0 for o in cancelled for r in CancelReason
         }
+        self.stall_hedges: dict[str, int] = dict.fromkeys(hedged, 0)  # sent at once: the endpoint stalled
         self.loser_prefill_tokens = 0  # prompt tokens (not cached) sent to copies that lost
 
     @property
@@ -243,6 +244,9 @@ class SloActions:
         if outcome is HedgeOutcome.WON or outcome is HedgeOutcome.LOST:
             self.loser_prefill_tokens += loser_prefill_tokens
 
+    def hedged_for_stall(self, plan: Plan) -> None:
+        self.stall_hedges[plan.objective] += 1
+
     def no_endpoint(self, plan: Plan) -> None:
         self.skipped[plan.objective, HedgeSkip.NO_ENDPOINT] += 1
 
@@ -256,6 +260,7 @@ class SloActions:
                 action=deadline.action,
                 hedges=_by_label(self.hedges, name),
                 hedges_skipped=_by_label(self.skipped, name),
+                stall_hedges=self.stall_hedges.get(name, 0),
                 cancelled=_by_label(self.cancelled, name),
             )
             for name, deadline in self._deadlines.items()
@@ -268,7 +273,7 @@ class SloActions:
 
 
 class SloActionsCollector(Collector):
-    """``slorouter_hedges_total``, ``slorouter_hedges_skipped_total``,
+    """``slorouter_hedges_total``, ``slorouter_hedges_skipped_total``, ``slorouter_stall_hedges_total``,
     ``slorouter_deadline_cancellations_total`` and ``slorouter_hedge_loser_prefill_tokens_total``, read from
     the counts at scrape time."""
 
@@ -289,6 +294,15 @@ class SloActionsCollector(Collector):
             "reason",
             actions.skipped,
         )
+        stalls = CounterMetricFamily(
+            "slorouter_stall_hedges",
+            "Hedges sent at once because the request's endpoint had stalled, by objective (also in "
+            "slorouter_hedges_total)",
+            labels=["objective"],
+        )
+        for objective, n in sorted(actions.stall_hedges.items()):
+            stalls.add_metric([objective], n)
+        yield stalls
         yield _family(
             "slorouter_deadline_cancellations",
             "Requests the router cancelled at their deadline, by objective and SLO (ttft, tpot)",

@@ -87,6 +87,7 @@ class ObjectiveActionsStatus(msgspec.Struct, frozen=True, kw_only=True):
     hedges: dict[str, int]  # sent, won, lost, failed, cancelled
     hedges_skipped: dict[str, int]  # budget, saturated, no-endpoint
     cancelled: dict[str, int]  # ttft, tpot
+    stall_hedges: int = 0  # hedges sent at once because the request's endpoint had stalled
 
 
 class SloActionsStatus(msgspec.Struct, frozen=True, kw_only=True):
