@@ -9,16 +9,18 @@ aiohttp, in its own process) sends a warm-up phase, then the measured phase. Eve
 warm-up and the same measured arrival sequence (same seed); only the measured phase is reported.
 
 ``--front envoy`` puts Envoy + the ext_proc picker in front instead of the gateway: `slorouter epp --config
---envoy` (the same config; the picker, which starts Envoy as its child on gateway.host/port with the
-bootstrap it generates, observed response path, override_host cluster), so the same requests go through
-Envoy and the picker. What differs: the figures the load generator reads from the gateway's /metrics (the
-predictor's readiness, its coverage, the tuner's and the deadlines' counters) come from the picker's
-metrics port; the response headers (endpoint, route, predicted TTFT and TPOT) are the ones Envoy adds from
-the pick; the CPU is the picker's and Envoy's (``picker``, ``envoy``: "-" if Envoy's process was not
-found) instead of the gateway's. A ``+slo`` policy's hedges are Envoy's: the picker arms them as per-try
-timeouts (docs/configuration.md "Deadlines and hedges through Envoy"), so a copy goes out only while no
-response headers have come, and the simulated pods send a stream's headers at once: the gateway's hedges of
-a late first token or of a stalled stream have no equivalent through Envoy.
+--envoy` (the same config; the picker, which starts Envoy as its child on gateway.host/port with the bootstrap
+it generates, observed response path, override_host cluster), so the same requests go through Envoy and the
+picker. What differs: the figures the load generator reads from the gateway's /metrics (the predictor's
+readiness, its coverage, the tuner's and the deadlines' counters) come from the picker's metrics port; the
+response headers (endpoint, route, predicted TTFT and TPOT) are the ones Envoy adds from the pick; the CPU is
+the picker's and Envoy's (``picker``, ``envoy``; the table's ``picker+envoy``, "-" for Envoy if its process
+was not found) instead of the gateway's. A ``+slo`` policy's hedges are Envoy's (docs/configuration.md
+"Deadlines and hedges through Envoy"): the picker arms one as a per-try timeout only when its pick lists
+another endpoint for the copy, which the built-in pipelines' picks do not (every hedge is
+``skipped/no-endpoint``), and a copy would go out only while no response headers have come (the simulated pods
+send a stream's headers at once): the gateway's hedges of a late first token or of a stalled stream have no
+equivalent through Envoy.
 
 Policies are ``slorouter bench``'s built-ins (slorouter.bench.policies), as scheduler configs of the
 gateway: ``heuristic`` (the default profile: queue, KV-cache and prefix-cache scorers), ``heuristic-tuned``,
