@@ -1,4 +1,5 @@
-"""Routing quality in real time: the policies of ``slorouter bench`` through the gateway, on simulated pods.
+"""Routing quality in real time: the policies of ``slorouter bench`` through the gateway (or Envoy + the
+picker), on simulated pods.
 
 The pool is ``--pool`` (``slorouter bench``'s pool spec: ``8x llama3-8b-h100``, mixed classes joined by
 ``+``, engine variants as ``@VARIANT`` per term or ``--engine-variant`` for all; docs/simulator.md), run as
@@ -6,6 +7,20 @@ one ``slorouter sim`` process per term. For each policy a fresh pool is started 
 cold caches) with a `slorouter serve --config` gateway in front of it, and a load generator (asyncio +
 aiohttp, in its own process) sends a warm-up phase, then the measured phase. Every policy gets the same
 warm-up and the same measured arrival sequence (same seed); only the measured phase is reported.
+
+``--front envoy`` puts Envoy + the ext_proc picker in front instead of the gateway: `slorouter epp --config
+--envoy` (the same config; the picker, which starts Envoy as its child on gateway.host/port with the bootstrap
+it generates, observed response path, override_host cluster), so the same requests go through Envoy and the
+picker. What differs: the figures the load generator reads from the gateway's /metrics (the predictor's
+readiness, its coverage, the tuner's and the deadlines' counters) come from the picker's metrics port; the
+response headers (endpoint, route, predicted TTFT and TPOT) are the ones Envoy adds from the pick; the CPU is
+the picker's and Envoy's (``picker``, ``envoy``; the table's ``picker+envoy``, "-" for Envoy if its process
+was not found) instead of the gateway's. A ``+slo`` policy's hedges are Envoy's (docs/configuration.md
+"Deadlines and hedges through Envoy"): the picker arms one as a per-try timeout only when its pick lists
+another endpoint for the copy, which the built-in pipelines' picks do not (every hedge is
+``skipped/no-endpoint``), and a copy would go out only while no response headers have come (the simulated pods
+send a stream's headers at once): the gateway's hedges of a late first token or of a stalled stream have no
+equivalent through Envoy.
 
 Policies are ``slorouter bench``'s built-ins (slorouter.bench.policies), as scheduler configs of the
 gateway: ``heuristic`` (the default profile: queue, KV-cache and prefix-cache scorers), ``heuristic-tuned``,
@@ -37,7 +52,8 @@ for 8 pods (70%: 180 req/s, out of reach); at 50/50 the capacity is about 10 req
     .venv/bin/python benchmarks/bench_quality_realtime.py [--duration 90] [--warmup 30] [--load 0.7]
         [--rate REQ_PER_S] [--seed 0] [--pool "8x llama3-8b-h100"] [--engine-variant SPEC]
         [--long-share 0.5] [--slo-chat 200 25] [--slo-long 600 35]
-        [--policies heuristic,heuristic-tuned,token-aware,predicted-latency[,NAME=PATH]] [--json FILE]
+        [--policies heuristic,heuristic-tuned,token-aware,predicted-latency[,NAME=PATH]]
+        [--front gateway|envoy] [--json FILE]
 """
 
 from __future__ import annotations
@@ -47,6 +63,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -96,6 +113,10 @@ from _loadgen import (
     warm_up,
 )
 
+FRONTS = ("gateway", "envoy")
+ROUTER_CPU = {"gateway": "gw", "envoy": "picker+envoy"}  # the report's CPU column
+# Envoy's own lines at every start and stop (no connection limit configured, SIGTERM caught): not problems.
+ENVOY_ROUTINE = re.compile(r"global_downstream_max_connections|caught ENVOY_SIGTERM")
 MODEL = "sim-llama3-8b"  # every pod of the pool serves this name, whatever its profile
 # The capacity is a property of the workload's distribution: derived with one seed, so that --seed changes the
 # arrival sequence but not the offered rate.
@@ -254,8 +275,8 @@ ANSWER_FIELDS = ("status", "ttft_ms", "e2e_ms", "completion_tokens", "route", "e
 
 async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
     workload = Workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["workload"].items()})
-    base = spec["gateway"]
-    url = f"{base}/v1/chat/completions"
+    url = f"{spec['gateway']}/v1/chat/completions"
+    metrics = spec["metrics"]  # the router's /metrics: the gateway's, or the picker's metrics port
     rate = spec["rate"]
     # The warm-up sequence is long enough to be extended while waiting for the predictor's models.
     extra = spec["max_extra_warmup_s"]
@@ -290,17 +311,17 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
             await sender.send(due, begin)
 
         start = loop.time()
-        ready = (lambda: predictor_ready(session, base)) if spec["wait_ready"] else None
+        ready = (lambda: predictor_ready(session, metrics)) if spec["wait_ready"] else None
         warm_end = await warm_up(warmup, partial(send, "warmup"), start, spec["warmup_s"], extra, ready)
         info["warmup_extended_s"] = round(warm_end - start - spec["warmup_s"], 1)
         if spec["wait_ready"]:
-            info["ready_at_measured_start"] = await predictor_ready(session, base)
+            info["ready_at_measured_start"] = await predictor_ready(session, metrics)
         measured_start = max(loop.time(), warm_end)
         if measured_start > loop.time():
             await asyncio.sleep(measured_start - loop.time())
-        ratios_before = await prediction_ratio_counts(session, base) if spec["wait_ready"] else {}
-        tuning_before = await tuning_counters(session, base)
-        slo_before = await slo_action_counters(session, base)
+        ratios_before = await prediction_ratio_counts(session, metrics) if spec["wait_ready"] else {}
+        tuning_before = await tuning_counters(session, metrics)
+        slo_before = await slo_action_counters(session, metrics)
         cpu = CpuMeter(spec.get("pids", {}))
         for j, request in enumerate(measured):
             await send("measured", j, request, measured_start + request.offset_s)
@@ -310,13 +331,13 @@ async def run_load(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["wait_ready"]:
             # What the gateway measured over the measured phase (the warm-up's last responses included).
             info["router_coverage"] = router_coverage(
-                ratios_before, await prediction_ratio_counts(session, base)
+                ratios_before, await prediction_ratio_counts(session, metrics)
             )
         if tuning_before:  # the self-tuning policy: its tuner over the measured phase
-            after = await tuning_counters(session, base)
+            after = await tuning_counters(session, metrics)
             info["tuning"] = {k: round(v - tuning_before.get(k, 0.0), 3) for k, v in after.items()}
         if slo_before:  # a +slo policy: its hedges and cancellations over the measured phase
-            after = await slo_action_counters(session, base)
+            after = await slo_action_counters(session, metrics)
             info["slo_actions"] = {k: round(v - slo_before.get(k, 0.0), 3) for k, v in after.items()}
     wall = loop.time() - measured_start
     # CPU over the measured phase (its sending and its drain), in cores.
@@ -354,8 +375,18 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
     endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(pods)]
     config_path = tmp / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(gateway_config(gw_port, endpoints, policy, args.seed)))
+    if args.front == "gateway":
+        router = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
+        metrics_port, router_ports = gw_port, [gw_port]
+    else:  # the picker, with its Envoy on the gateway's address (the picker is up before Envoy listens)
+        metrics_port = free_port()
+        router = [*SLOROUTER, "epp", "--config", str(config_path), "--envoy", "--grpc-port", str(free_port()),
+                  "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
+                  "--drain-timeout", "5", "--log-level", "WARNING"]  # fmt: skip
+        router_ports = [metrics_port, gw_port]
     spec = {
         "gateway": f"http://127.0.0.1:{gw_port}",
+        "metrics": f"http://127.0.0.1:{metrics_port}",
         "rate": rate,
         "seed": args.seed,
         "warmup_s": args.warmup,
@@ -370,7 +401,6 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
     }
     spec_path, out_path = tmp / f"{name}-spec.json", tmp / f"{name}-out.json"
     spec_path.write_text(json.dumps(spec))
-    serve = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
     logs = []
     with contextlib.ExitStack() as stack:
         first = 0
@@ -384,8 +414,15 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
             ports = [sim_port + first + j for j in range(count)]
             pids[f"sim{i}"] = stack.enter_context(logged_process(sim, ports, tmp / f"{logs[-1]}.log")).pid
             first += count
-        logs.append(f"{name}-gateway")
-        pids["gateway"] = stack.enter_context(logged_process(serve, [gw_port], tmp / f"{logs[-1]}.log")).pid
+        logs.append(f"{name}-{args.front}")
+        pid = stack.enter_context(logged_process(router, router_ports, tmp / f"{logs[-1]}.log")).pid
+        if args.front == "gateway":
+            pids["gateway"] = pid
+        else:
+            pids["picker"] = pid
+            envoy = envoy_pid(pid)
+            if envoy is not None:  # else its CPU is reported as missing
+                pids["envoy"] = envoy
         spec["pids"] = pids
         spec_path.write_text(json.dumps(spec))
         loadgen = subprocess.run(loadgen_argv(__file__, spec_path, out_path))
@@ -393,13 +430,24 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
             raise SystemExit(f"{name}: the load generator failed ({loadgen.returncode})")
     for log in logs:
         text = (tmp / f"{log}.log").read_text(errors="replace")
-        problems = [line for line in text.splitlines() if PROBLEM.search(line)]
+        lines = text.splitlines()
+        problems = [line for line in lines if PROBLEM.search(line) and not ENVOY_ROUTINE.search(line)]
         if problems:
             print(f"{log} log (last problems):\n" + "\n".join(problems[-5:]), file=sys.stderr)
     output: dict[str, Any] = json.loads(out_path.read_text())
     cpu = output["info"]["cpu"]
     cpu["sim"] = round(sum(v for k, v in cpu.items() if k.startswith("sim")), 2)
     return output
+
+
+def envoy_pid(pid: int) -> int | None:
+    """The child process of ``pid`` that runs Envoy (under `slorouter epp --envoy`), if any."""
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                if Path(f"/proc/{child}/comm").read_text().strip() == "envoy":
+                    return int(child)
+    return None
 
 
 # --- report -----------------------------------------------------------------------------------------------
@@ -482,6 +530,12 @@ def main() -> None:
         default="heuristic,heuristic-tuned,token-aware,predicted-latency",
         help=f"which policies to run, in order: built-ins ({', '.join(POLICIES)}, ...) or NAME=PATH",
     )
+    parser.add_argument(
+        "--front",
+        choices=FRONTS,
+        default="gateway",
+        help="gateway: `slorouter serve`; envoy: Envoy + the ext_proc picker (`slorouter epp --envoy`)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
     from slorouter.bench.policies import PolicyError
@@ -534,7 +588,7 @@ def report(
     headers = ["policy", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p50 ms",
                "TPOT p90 ms",
                "E2E p50 ms", "SLO attainment", "chat TTFT p90", "long TTFT p90", "chat TPOT p50",
-               "long TPOT p50", "CPU cores sim/gw/loadgen"]  # fmt: skip
+               "long TPOT p50", f"CPU cores sim/{ROUTER_CPU[args.front]}/loadgen"]  # fmt: skip
     rows = []
     for name, s in summaries.items():
         cpu = outputs[name]["info"]["cpu"]
@@ -544,7 +598,7 @@ def report(
             f"{s['slo']:.1%}",
             f"{s['chat_ttft_p90']:.0f}", f"{s['long_ttft_p90']:.0f}",
             f"{s['chat_tpot_p50']:.1f}", f"{s['long_tpot_p50']:.1f}",
-            f"{cpu['sim']:.2f}/{cpu['gateway']:.2f}/{cpu['loadgen']:.2f}",
+            f"{cpu['sim']:.2f}/{router_cpu(cpu)}/{cpu['loadgen']:.2f}",
         ])  # fmt: skip
     keys = ["ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "e2e_p50", "slo"]
     keys += ["chat_ttft_p90", "long_ttft_p90", "chat_tpot_p50", "long_tpot_p50"]
@@ -563,6 +617,7 @@ def report(
         f"seed {args.seed}; "
         f"SLOs chat TTFT {args.slo_chat[0]:g} ms / TPOT {args.slo_chat[1]:g} ms, long-context TTFT "
         f"{args.slo_long[0]:g} ms / TPOT {args.slo_long[1]:g} ms."
+        + (" Through Envoy + the ext_proc picker (`slorouter epp --envoy`)." if args.front == "envoy" else "")
     )
     for name, s in summaries.items():
         info = outputs[name]["info"]
@@ -572,7 +627,7 @@ def report(
                 f"prediction coverage TTFT {s['ttft_coverage']:.0%} (chat {s['chat_ttft_coverage']:.0%}, "
                 f"long {s['long_ttft_coverage']:.0%}) TPOT {s['tpot_coverage']:.0%} against the load "
                 f"generator's clock, {_coverage_text(info.get('router_coverage', {}))} against the "
-                "gateway's; "
+                f"{'gateway' if args.front == 'gateway' else 'picker'}'s; "
                 if "ttft_coverage" in s
                 else ""
             )
@@ -583,6 +638,12 @@ def report(
             + (f"; deadlines and hedges: {info['slo_actions']}" if "slo_actions" in info else "")
         )
     return "\n".join(lines)
+
+
+def router_cpu(cpu: dict[str, float]) -> str:
+    """The router's cores: the gateway's, or the picker's and Envoy's ("-" for a figure not taken)."""
+    names = ["gateway"] if "gateway" in cpu else ["picker", "envoy"]
+    return "+".join(f"{cpu[n]:.2f}" if n in cpu else "-" for n in names)
 
 
 def _coverage_text(coverage: dict[str, float]) -> str:
