@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,34 @@ def envoy_process(setup: Any, directory: Path) -> Iterator[subprocess.Popen[byte
     args = [binary, "-c", str(path), "--log-level", "error", "--disable-hot-restart", "--concurrency", "1"]
     with logged_process(args, [setup.listen_port]) as proc:
         yield proc
+
+
+# Envoy's own lines at every start and stop (no connection limit configured, SIGTERM caught): not problems.
+ENVOY_ROUTINE = re.compile(r"global_downstream_max_connections|caught ENVOY_SIGTERM")
+
+
+def router_command(config_path: Path, port: int, envoy: bool) -> tuple[list[str], int, list[int]]:
+    """The router in front of a benchmark's pods, on ``port`` (the config's gateway port): its command line,
+    the port of its /metrics, and the ports that listen once it is up. ``envoy`` False: `slorouter serve`;
+    True: the ext_proc picker with its Envoy on ``port`` (`slorouter epp --envoy`; the picker is up before
+    Envoy listens; ``envoy_pid`` finds Envoy among its children)."""
+    if not envoy:
+        return [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"], port, [port]
+    metrics_port = free_port()
+    argv = [*SLOROUTER, "epp", "--config", str(config_path), "--envoy", "--grpc-port", str(free_port()),
+            "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
+            "--drain-timeout", "5", "--log-level", "WARNING"]  # fmt: skip
+    return argv, metrics_port, [metrics_port, port]
+
+
+def envoy_pid(pid: int) -> int | None:
+    """The child process of ``pid`` that runs Envoy (under `slorouter epp --envoy`), if any."""
+    with suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                if Path(f"/proc/{child}/comm").read_text().strip() == "envoy":
+                    return int(child)
+    return None
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:

@@ -55,7 +55,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -74,14 +73,17 @@ import numpy as np
 import yaml
 
 from _harness import (
+    ENVOY_ROUTINE,
     PROBLEM,
     ROOT,
     SLOROUTER,
+    envoy_pid,
     free_port,
     free_port_range,
     gateway_config,
     logged_process,
     markdown_table,
+    router_command,
     scrape,
 )
 from _loadgen import (
@@ -111,8 +113,6 @@ CAPACITY_SEED = 0  # the capacity is the workload's: --seeds changes the arrival
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 GAUGES = ("slorouter_inflight_requests", "slorouter_flow_control_queue_size")
 FRONT_ENDS = ("gateway", "epp")
-# Envoy's own lines at every start and stop (no connection limit configured, SIGTERM caught): not problems.
-ENVOY_ROUTINE = re.compile(r"global_downstream_max_connections|caught ENVOY_SIGTERM")
 
 
 # --- workload ---------------------------------------------------------------------------------------------
@@ -244,15 +244,6 @@ def router_config(
     return config
 
 
-def child_pid(pid: int) -> int | None:
-    """The first child process of ``pid`` (Envoy, under `slorouter epp --envoy`)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        if children:
-            return int(children[0])
-    return None
-
-
 def gauges(metrics_url: str, settle_s: float = 5.0) -> dict[str, Any]:
     """The in-flight and flow-control queue gauges (summed over their labels), polled until both are 0 or
     ``settle_s`` has passed."""
@@ -280,16 +271,7 @@ def run_one(front_end: str, fc: bool, seed: int, args: argparse.Namespace, tmp: 
     config_path.write_text(yaml.safe_dump(router_config(port, endpoints, args.policy, seed, flow_control)))
     sim = [*SLOROUTER, "sim", "--pods", str(args.pods), "--port", str(sim_port), "--profile", args.profile,
            "--model", MODEL, "--seed", str(seed), "--engine-variant", args.engine_variant]  # fmt: skip
-    if front_end == "gateway":
-        router = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
-        metrics_port = port
-        router_ports = [port]
-    else:
-        metrics_port = free_port()
-        router = [*SLOROUTER, "epp", "--config", str(config_path), "--grpc-port", str(free_port()),
-                  "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port), "--envoy",
-                  "--drain-timeout", "5", "--log-level", "WARNING"]  # fmt: skip
-        router_ports = [metrics_port, port]
+    router, metrics_port, router_ports = router_command(config_path, port, envoy=front_end == "epp")
     spec = {
         "url": f"http://127.0.0.1:{port}",
         "seed": seed,
@@ -305,7 +287,7 @@ def run_one(front_end: str, fc: bool, seed: int, args: argparse.Namespace, tmp: 
                                                           logs["sim"])).pid}  # fmt: skip
         pids["router"] = stack.enter_context(logged_process(router, router_ports, logs["router"])).pid
         if front_end == "epp":
-            envoy = child_pid(pids["router"])
+            envoy = envoy_pid(pids["router"])
             if envoy is not None:
                 pids["envoy"] = envoy
         spec["pids"] = pids

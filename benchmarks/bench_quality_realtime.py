@@ -63,7 +63,6 @@ import asyncio
 import contextlib
 import json
 import math
-import re
 import shlex
 import subprocess
 import sys
@@ -80,8 +79,10 @@ import numpy as np
 import yaml
 
 from _harness import (
+    ENVOY_ROUTINE,
     PROBLEM,
     SLOROUTER,
+    envoy_pid,
     free_port,
     free_port_range,
     gateway_config,
@@ -89,6 +90,7 @@ from _harness import (
     markdown_table,
     objective_header,
     policy_name,
+    router_command,
     uses_predictor,
 )
 from _loadgen import (
@@ -115,8 +117,6 @@ from _loadgen import (
 
 FRONTS = ("gateway", "envoy")
 ROUTER_CPU = {"gateway": "gw", "envoy": "picker+envoy"}  # the report's CPU column
-# Envoy's own lines at every start and stop (no connection limit configured, SIGTERM caught): not problems.
-ENVOY_ROUTINE = re.compile(r"global_downstream_max_connections|caught ENVOY_SIGTERM")
 MODEL = "sim-llama3-8b"  # every pod of the pool serves this name, whatever its profile
 # The capacity is a property of the workload's distribution: derived with one seed, so that --seed changes the
 # arrival sequence but not the offered rate.
@@ -375,15 +375,7 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
     endpoints = [f"127.0.0.1:{sim_port + i}" for i in range(pods)]
     config_path = tmp / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(gateway_config(gw_port, endpoints, policy, args.seed)))
-    if args.front == "gateway":
-        router = [*SLOROUTER, "serve", "--config", str(config_path), "--log-level", "WARNING"]
-        metrics_port, router_ports = gw_port, [gw_port]
-    else:  # the picker, with its Envoy on the gateway's address (the picker is up before Envoy listens)
-        metrics_port = free_port()
-        router = [*SLOROUTER, "epp", "--config", str(config_path), "--envoy", "--grpc-port", str(free_port()),
-                  "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
-                  "--drain-timeout", "5", "--log-level", "WARNING"]  # fmt: skip
-        router_ports = [metrics_port, gw_port]
+    router, metrics_port, router_ports = router_command(config_path, gw_port, envoy=args.front == "envoy")
     spec = {
         "gateway": f"http://127.0.0.1:{gw_port}",
         "metrics": f"http://127.0.0.1:{metrics_port}",
@@ -438,16 +430,6 @@ def run_policy(policy: str, name: str, args: argparse.Namespace, rate: float, tm
     cpu = output["info"]["cpu"]
     cpu["sim"] = round(sum(v for k, v in cpu.items() if k.startswith("sim")), 2)
     return output
-
-
-def envoy_pid(pid: int) -> int | None:
-    """The child process of ``pid`` that runs Envoy (under `slorouter epp --envoy`), if any."""
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                if Path(f"/proc/{child}/comm").read_text().strip() == "envoy":
-                    return int(child)
-    return None
 
 
 # --- report -----------------------------------------------------------------------------------------------
