@@ -409,9 +409,10 @@ class RequestLifecycle:
             return
         response = self.response
         director = self._director
-        now = director.clock.now()
         handle = self._handle
         first = response.first_token_at is None
+        tracker = director.tracker
+        now = director.clock.now() if first or tracker.watches_stalls else 0.0
         if first:
             response.first_token_at = now
             controller = director.flow_control
@@ -421,7 +422,8 @@ class RequestLifecycle:
                 )
             handle.first_token()
             self._room_changed()
-        director.tracker.progressed(handle.address, now)
+        if tracker.watches_stalls:  # hedging around stalls: the endpoint's progress, chunk by chunk
+            tracker.progressed(handle.address, now)
         response.tokens += count
         for plugin in self._director.setup.response_body_processors:
             self._call(

@@ -116,9 +116,7 @@ class SimulationRun:
         self.kv_indexes = [stack.kv_index for stack in simulator.pickers if stack.kv_index is not None]
         self.pickers = simulator.pickers
         # Hedging watches for stalled pods: every step is a token on the pod's streams.
-        self.watch_progress = any(
-            stack.actions is not None and stack.actions.stall_s is not None for stack in self.pickers
-        )
+        self.watch_progress = any(stack.director.tracker.watches_stalls for stack in self.pickers)
         self.board = simulator.board
         self.predictors = list(
             {id(s.predictor): s.predictor for s in self.pickers if s.predictor is not None}.values()

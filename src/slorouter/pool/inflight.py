@@ -100,16 +100,20 @@ class InFlightTracker:
 
     def watch_stalls(self, floor_s: float, factor: float) -> None:
         """Keep each endpoint's progress: stalled after ``factor`` × its longest recent step, at least
-        ``floor_s``, without a token."""
+        ``floor_s``, without a token. Called before requests are dispatched (unwatched, nothing is kept)."""
         self._stall_floor_s = floor_s
         self._stall_factor = factor
+
+    @property
+    def watches_stalls(self) -> bool:
+        return self._stall_floor_s is not None
 
     def progressed(self, address: str, now: float) -> None:
         """``address`` produced a token at ``now`` (ignored unless stalls are watched and requests of this
         router decode there)."""
         progress = self._progress.get(address)
         if progress is None:
-            if self._stall_floor_s is not None and address in self._decoding:
+            if address in self._decoding:
                 self._progress[address] = _Progress(now)
             return
         gap = now - progress.last
@@ -135,14 +139,15 @@ class InFlightTracker:
         return max(floor, self._stall_factor * longest_step_s)
 
     def _decode_started(self, address: str) -> None:
-        self._decoding[address] = self._decoding.get(address, 0) + 1
+        if self._stall_floor_s is not None:
+            self._decoding[address] = self._decoding.get(address, 0) + 1
 
     def _decode_ended(self, address: str) -> None:
-        left = self._decoding[address] - 1
-        if left:
+        left = self._decoding.get(address, 0) - 1
+        if left > 0:
             self._decoding[address] = left
         else:
-            del self._decoding[address]
+            self._decoding.pop(address, None)
             self._progress.pop(address, None)
 
     def outstanding(self) -> int:
