@@ -345,7 +345,7 @@ class SimulationRun:
             rec.predicted_ttft_ms[i] = ttft
             # The point prediction is the model's: without the live-coverage factor of the served quantile.
             point_factor = stack.predictor.predictor.point_factor
-            rec.point_ttft_ms[i] = ttft / prediction.ttft_coverage_factor * point_factor("ttft")
+            rec.point_ttft_ms[i] = prediction.model_ttft_ms * point_factor("ttft")
             if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
                 rec.predicted_tpot_ms[i] = tpot
                 rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")

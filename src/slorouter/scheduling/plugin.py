@@ -190,6 +190,11 @@ class TargetPrediction:
     ttft_coverage_factor: float = 1.0
     tpot_coverage_factor: float = 1.0
 
+    @property
+    def model_ttft_ms(self) -> float:
+        """The model's own TTFT quantile: ``ttft_ms`` without the live-coverage factor."""
+        return self.ttft_ms / self.ttft_coverage_factor
+
 
 @dataclass(frozen=True, slots=True)
 class PreRequestResult:

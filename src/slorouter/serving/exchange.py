@@ -290,7 +290,7 @@ class Exchange:
             lifecycle.response.dispatched_at,
             # The model's own quantile: the live-coverage factor, raised by the very misses a hedge is for,
             # would put the hedge off on a pool that stalls.
-            prediction.ttft_ms / prediction.ttft_coverage_factor if prediction is not None else None,
+            prediction.model_ttft_ms if prediction is not None else None,
         )
 
     async def hedge(self) -> RequestLifecycle | None:
@@ -416,7 +416,7 @@ class Exchange:
             due = actions.copy_due(
                 lifecycle.response.dispatched_at,
                 now,
-                prediction.ttft_ms / prediction.ttft_coverage_factor if prediction is not None else None,
+                prediction.model_ttft_ms if prediction is not None else None,
                 predicted[0] if predicted else None,
             )
             if due > now:
