@@ -106,6 +106,43 @@ async def test_batches_both_replayed_and_published_at_joining_are_applied_once()
         await publisher.close()
 
 
+async def test_a_batch_the_sub_socket_missed_and_nothing_followed_is_fetched_once_settled() -> None:
+    # The SUB socket listens to a publisher that never sends: what the real one publishes after the join
+    # replay reaches the subscriber only through the replay socket, as a batch published before the
+    # subscription reached the publisher does.
+    publisher = await started()
+    silent = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
+    index = KVBlockIndex()
+    endpoint = silent.getsockopt(zmq.LAST_ENDPOINT).decode()
+    address = PublisherAddress(endpoint, publisher.replay_endpoint, "kv@")
+    subscriber = KVEventSubscriber("pod", address, index, replay_timeout_s=0.5, reconnect_s=0.05)
+    replays: list[int] = []
+    replay = subscriber._replay
+
+    async def counted(start: int, upto: int):  # type: ignore[no-untyped-def]
+        replays.append(start)
+        return await replay(start, upto)
+
+    subscriber._replay = counted  # type: ignore[method-assign]
+    try:
+        subscriber.start()
+        await wait_for(lambda: replays == [0])  # joined: the buffer was empty
+        publisher.publish([stored(1)], 0.0)
+        publisher.publish([stored(2)], 0.0)
+        await wait_for(lambda: index.num_blocks("pod") == 2)
+        assert replays == [0, 0]
+        publisher.publish([stored(3)], 0.0)
+        await asyncio.sleep(0.7)  # past another settling time: asked once per connection, not again
+        assert replays == [0, 0] and index.num_blocks("pod") == 2
+        assert index.pod_stats("pod").unrecovered == 0
+        await subscriber.stop()
+    finally:
+        silent.close(linger=0)
+        await publisher.close()
+
+
 async def test_a_gap_is_recovered_through_the_replay_socket() -> None:
     publisher = await started()
     index = KVBlockIndex()

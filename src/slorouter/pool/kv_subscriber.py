@@ -14,7 +14,10 @@ right when the stream is not:
   before (as far as the publisher's buffer reaches) without waiting for their next event (a SUB socket
   drops what was published before it connected). Batches that then also arrive on the PUB socket are
   skipped, for ``replay_timeout_s``. Without a replay answer, the first batch with a sequence number
-  above 0 triggers the same replay from 0.
+  above 0 triggers the same replay from 0. When no batch has come ``replay_timeout_s`` after a connection,
+  the replay socket is asked once more for what follows the last batch applied: a SUB socket also drops
+  what is published before its subscription reaches the publisher, and a batch lost so and followed by no
+  other would otherwise stay unknown.
 - **Restart** (the sequence number goes back): the publisher's engine started over with an empty cache; the
   pod's blocks are cleared.
 - **Malformed** frames or payloads (``KVEventDecodeError``): counted in ``decode_errors`` and treated as an
@@ -123,16 +126,36 @@ class KVEventSubscriber:
             sub.connect(self.publisher.endpoint)
             if self._last_seq is None:
                 await self._join()
+            # A SUB socket drops what is published before its subscription reaches the publisher. A batch
+            # published in that moment and followed by no other (which would show the gap) is fetched by
+            # asking the replay socket again once the subscription has settled, unless a batch came first.
+            loop = asyncio.get_running_loop()
+            settled_at: float | None = loop.time() + self.replay_timeout_s
             while True:
-                await self.receive(await sub.recv_multipart())
+                if settled_at is None:
+                    frames = await sub.recv_multipart()
+                else:
+                    try:
+                        left = max(0.0, settled_at - loop.time())
+                        frames = await asyncio.wait_for(sub.recv_multipart(), left)
+                    except TimeoutError:
+                        settled_at = None
+                        await self._join()
+                        continue
+                    settled_at = None
+                await self.receive(frames)
         finally:
             sub.close(linger=0)
 
     async def _join(self) -> None:
-        """Apply what the publisher's replay buffer holds (nothing without a replay endpoint or answer)."""
-        batches = await self._replay(0, EVERY_SEQ)
+        """Apply what the publisher's replay buffer holds past the last batch applied (nothing without a
+        replay endpoint or answer)."""
+        start = 0 if self._last_seq is None else self._last_seq + 1
+        batches = await self._replay(start, EVERY_SEQ)
         if not batches:
             return
+        if start > 0 and batches[0][0] != start:
+            self._lost(f"batches from {start} missed and not replayed")
         for _, batch in batches:
             self.index.apply(self.address, batch)
         self._last_seq = self._joined_through = batches[-1][0]
