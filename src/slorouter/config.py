@@ -222,6 +222,33 @@ class RemotePredictorConfig(StrictModel):
         return self._tokens
 
 
+class LedgerConfig(StrictModel):
+    """The prediction ledger: each routed request's prediction paired with its outcome, and drift."""
+
+    window_s: float = Field(default=60.0, gt=0, description="outcomes older than this leave the figures")
+    max_entries: int = Field(
+        default=20_000, ge=100, le=1_000_000, description="at most this many outcomes kept"
+    )
+    coverage_band: tuple[float, float] = Field(
+        default=(0.6, 0.99),
+        description="an endpoint whose predicted quantile covers a share of its outcomes outside this band "
+        "is out of band",
+    )
+    drift_after_s: float = Field(default=30.0, gt=0, description="out of band this long: drifting")
+    min_outcomes: int = Field(
+        default=30, ge=1, description="an endpoint is judged once its window holds this many"
+    )
+
+    @model_validator(mode="after")
+    def _band_ordered(self) -> LedgerConfig:
+        low, high = self.coverage_band
+        if not 0.0 <= low < high <= 1.0:
+            raise ValueError(
+                f"coverage_band must be [low, high] with 0 <= low < high <= 1, got [{low}, {high}]"
+            )
+        return self
+
+
 class PredictorConfig(StrictModel):
     mode: Literal["embedded", "remote", "off"] = "embedded"
     prediction_by_default: bool = Field(
@@ -230,6 +257,7 @@ class PredictorConfig(StrictModel):
     )
     embedded: EmbeddedPredictorConfig = Field(default_factory=EmbeddedPredictorConfig)
     remote: RemotePredictorConfig | None = None
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
 
     @model_validator(mode="after")
     def _remote_needs_urls(self) -> PredictorConfig:

@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
+from slorouter.serving.status import STATUS_PATH, decode_status
 from tests.gateway.conftest import eventually, start_router
 
 FAST_TRAINING = {"min_samples": 30, "retrain_interval_s": 0.2, "n_estimators": 30, "max_depth": 4}
@@ -140,5 +141,37 @@ async def test_streaming_mode_trains_ttft_and_tpot(cluster, http, streaming_mode
                     in router.metrics.render().decode()
                 )
             )
+    finally:
+        await router.stop()
+
+
+async def test_the_ledger_pairs_predictions_with_outcomes_on_the_status_page_and_metrics(cluster, http):
+    router = await start_router(
+        list(cluster.addresses), predictor=_predictor(), objectives={"chat": {"priority": 1}}
+    )
+    try:
+        await _warm_up(http, router, cluster.model)
+        headers = {"x-gateway-inference-objective": "chat"}
+        for i in range(12):
+            body = {
+                "model": cluster.model,
+                "prompt": f"ledger {i} " + "words " * (10 * (i % 4)),
+                "max_tokens": 3,
+            }
+            async with http.post(f"http://{router.address}/v1/completions", json=body, headers=headers) as r:
+                assert r.status == 200 and r.headers["x-slorouter-route"] in ("predicted", "explore")
+                await r.read()
+        async with http.get(f"http://{router.address}{STATUS_PATH}") as resp:
+            status = decode_status(await resp.read())
+        ledger = status.ledger
+        assert ledger is not None and ledger.quantile == 0.9
+        chat = ledger.objectives["chat"]["ttft"]
+        assert chat.outcomes == 12 and 0.0 <= chat.coverage <= 1.0
+        assert chat.mape is not None and chat.bias is not None  # the embedded predictor's point predictions
+        assert set(ledger.endpoints) <= set(cluster.addresses)
+        assert sum(k["ttft"].outcomes for k in ledger.endpoints.values()) >= 12
+        metrics = router.metrics.render().decode()
+        assert 'slorouter_prediction_ledger_objective_coverage{kind="ttft",objective="chat"}' in metrics
+        assert "slorouter_prediction_drifts_total 0.0" in metrics
     finally:
         await router.stop()

@@ -81,3 +81,14 @@ class LatencyPredictorBackend(Protocol):
     def add_sample(self, kind: ModelKind, row: Mapping[str, float] | np.ndarray, latency_ms: float) -> None:
         """Record an observed latency with the features seen at scheduling time (``kind``'s columns)."""
         ...
+
+    def point_factor(self, kind: ModelKind) -> float:
+        """From ``kind``'s predictions to its point (median-like) predictions; NaN where the backend does not
+        know it (the remote one)."""
+        ...
+
+    def retrain_soon(self, kind: ModelKind) -> None:
+        """Train ``kind`` at the next chance, without waiting for its retrain interval (the prediction ledger
+        saw it drift); nothing where the backend does not train (the remote one: the training server keeps
+        its own cadence)."""
+        ...

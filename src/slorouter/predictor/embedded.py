@@ -107,6 +107,12 @@ class EmbeddedPredictor:
         """The model version served per kind (None before its first training)."""
         return self.predictor.versions
 
+    def point_factor(self, kind: ModelKind) -> float:
+        return self.predictor.point_factor(kind)
+
+    def retrain_soon(self, kind: ModelKind) -> None:
+        self.trainer.expedite(kind)
+
     @property
     def warm_start_report(self) -> WarmStartReport | None:
         """What the start took over and refused, and the live checks (None without a state directory)."""

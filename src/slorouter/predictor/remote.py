@@ -3,6 +3,7 @@ server."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,12 @@ class RemotePredictor:
     @property
     def versions(self) -> dict[str, str | None]:
         return {}
+
+    def point_factor(self, kind: ModelKind) -> float:
+        return math.nan  # the prediction servers answer the served quantile only
+
+    def retrain_soon(self, kind: ModelKind) -> None:
+        return None
 
     @property
     def warm_start_report(self) -> None:

@@ -21,6 +21,8 @@ import msgspec
 from slorouter.clock import Clock
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
+from slorouter.predictor.features import ModelKind
+from slorouter.predictor.ledger import Accuracy, LedgerSummary
 from slorouter.predictor.warm_start import WarmStartReport
 
 STATUS_PATH = "/v1/router/status"
@@ -68,6 +70,46 @@ class PredictorStatus(msgspec.Struct, frozen=True, kw_only=True):
     warm_start: WarmStartReport | None = None
 
 
+class AccuracyStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """How one endpoint's or objective's predictions of one kind met their outcomes (``predictor.ledger``)."""
+
+    outcomes: int
+    coverage: float  # share of outcomes at or under the predicted quantile routing used
+    mape: float | None  # of the point predictions; None where the predictor does not give them (remote)
+    bias: float | None  # median point prediction over outcome, minus 1: > 0, predictions run high
+
+
+class LedgerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The prediction ledger over its window: per endpoint and per objective, per model kind (ttft, tpot)."""
+
+    window_s: float
+    quantile: float  # the models' quantile: the coverage to expect
+    endpoints: dict[str, dict[str, AccuracyStatus]]
+    objectives: dict[str, dict[str, AccuracyStatus]]
+    drifting: dict[str, list[str]]  # endpoint → the kinds whose predictions drift there now
+    drifts: int  # drifts that began since the start
+
+    @classmethod
+    def of(cls, summary: LedgerSummary) -> LedgerStatus:
+        def groups(by: Mapping[str, Mapping[ModelKind, Accuracy]]) -> dict[str, dict[str, AccuracyStatus]]:
+            return {
+                name: {
+                    kind: AccuracyStatus(outcomes=a.outcomes, coverage=a.coverage, mape=a.mape, bias=a.bias)
+                    for kind, a in kinds.items()
+                }
+                for name, kinds in by.items()
+            }
+
+        return cls(
+            window_s=summary.window_s,
+            quantile=summary.quantile,
+            endpoints=groups(summary.endpoints),
+            objectives=groups(summary.objectives),
+            drifting={endpoint: list(kinds) for endpoint, kinds in summary.drifting.items()},
+            drifts=summary.drifts,
+        )
+
+
 class TuningStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The status page's ``tuning`` section."""
 
@@ -113,6 +155,7 @@ class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: list[EndpointStatus]
     tuning: TuningStatus | None = None  # None: the router does not tune itself
     deadlines: SloActionsStatus | None = None  # None: no objective has a deadline
+    ledger: LedgerStatus | None = None  # None: no predictor
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -204,6 +247,7 @@ class RouterStats:
         queued: int | None,
         tuning: TuningStatus | None = None,
         deadlines: SloActionsStatus | None = None,
+        ledger: LedgerStatus | None = None,
     ) -> RouterStatus:
         """The page now: the pool's current endpoints (an endpoint that left is no longer shown)."""
         now = self.clock.now()
@@ -249,4 +293,5 @@ class RouterStats:
             endpoints=endpoints,
             tuning=tuning,
             deadlines=deadlines,
+            ledger=ledger,
         )

@@ -42,6 +42,7 @@ from slorouter.predictor.features import (
     columns_to_union_matrix,
     pod_class_code,
 )
+from slorouter.predictor.ledger import NO_OBJECTIVE
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
@@ -431,6 +432,17 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         served = self._served_prediction(state, kind)
         if served is not None and served > 0 and self.coverage is not None:
             self.coverage.observe(kind, latency_ms, served)
+        ledger = self.ctx.ledger
+        if ledger is not None and count_slo:  # not a cancelled request's wait: a lower bound, not an outcome
+            routed = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
+            if routed is not None and (kind == "ttft" or self.params.streaming_mode):
+                ledger.add(
+                    state.target_address,
+                    request.objective or NO_OBJECTIVE,
+                    kind,
+                    float(routed[i]),
+                    latency_ms,
+                )
         metrics = self.ctx.metrics
         if metrics is None:
             return
