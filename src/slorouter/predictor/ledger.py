@@ -274,6 +274,15 @@ def _accuracy(predicted: np.ndarray, point: np.ndarray, actual: np.ndarray) -> A
     return Accuracy(len(actual), coverage, mape, bias)
 
 
+# The figures of an ``Accuracy`` exported, with their help text.
+FIGURES = {
+    "outcomes": "Outcomes in the prediction ledger's window",
+    "coverage": "Share of outcomes at or under the predicted quantile routing used (nominal: its quantile)",
+    "mape": "Mean absolute percentage error of the point predictions",
+    "bias": "Median point prediction over outcome, minus 1 (> 0: predictions run high)",
+}
+
+
 class LedgerCollector(Collector):
     """The ledger's figures at each scrape: per endpoint and per objective, per kind; the drifts."""
 
@@ -282,39 +291,22 @@ class LedgerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         summary = self.ledger.summary()
-        prefix = "slorouter_prediction_ledger"
         for scope, groups in (("endpoint", summary.endpoints), ("objective", summary.objectives)):
             infix = "" if scope == "endpoint" else "_objective"
-            outcomes = GaugeMetricFamily(
-                f"{prefix}{infix}_outcomes",
-                f"Outcomes in the ledger's window, per {scope} and model kind.",
-                labels=[scope, "kind"],
-            )
-            coverage = GaugeMetricFamily(
-                f"{prefix}{infix}_coverage",
-                f"Share of outcomes at or under the predicted quantile routing used, per {scope} and kind "
-                f"(nominal: the model's quantile).",
-                labels=[scope, "kind"],
-            )
-            mape = GaugeMetricFamily(
-                f"{prefix}{infix}_mape",
-                f"Mean absolute percentage error of the point predictions, per {scope} and kind.",
-                labels=[scope, "kind"],
-            )
-            bias = GaugeMetricFamily(
-                f"{prefix}{infix}_bias",
-                f"Median point prediction over outcome, minus 1 (> 0: predictions run high), per {scope} and "
-                f"kind.",
-                labels=[scope, "kind"],
-            )
+            families = {
+                figure: GaugeMetricFamily(
+                    f"slorouter_prediction_ledger{infix}_{figure}", f"{meaning}, per {scope} and model kind.",
+                    labels=[scope, "kind"],
+                )
+                for figure, meaning in FIGURES.items()
+            }  # fmt: skip
             for name, kinds in groups.items():
                 for kind, accuracy in kinds.items():
-                    outcomes.add_metric([name, kind], accuracy.outcomes)
-                    coverage.add_metric([name, kind], accuracy.coverage)
-                    if accuracy.mape is not None and accuracy.bias is not None:
-                        mape.add_metric([name, kind], accuracy.mape)
-                        bias.add_metric([name, kind], accuracy.bias)
-            yield from (outcomes, coverage, mape, bias)
+                    for figure, family in families.items():
+                        value = getattr(accuracy, figure)
+                        if value is not None:
+                            family.add_metric([name, kind], value)
+            yield from families.values()
         drifting = GaugeMetricFamily(
             "slorouter_prediction_drifting",
             "1 while an endpoint's predictions of a kind drift (coverage out of band for drift_after_s).",
