@@ -55,7 +55,7 @@ NEEDS_OTHER_COMPONENTS = {
     ("Hold-out MAPE", "{{model}}"): "the training-server sidecar",
     ("Hold-out coverage", "{{model}}"): "the training-server sidecar",
     ("Oldest queued request", "{{fairness_id}} {{priority}}"): "listed only while requests are queued",
-    ("Prediction drifts", "drifting {{endpoint}} {{kind}}"): "listed only while an endpoint's predictions drift",
+    ("Prediction drifts", "drifting {{endpoint}} {{kind}}"): "only while an endpoint's predictions drift",
 }
 
 # Grafana's variables, as a query would see them over a short range.
