@@ -201,6 +201,12 @@ class RemotePredictorConfig(StrictModel):
         default=None, min_length=1, description="or the environment variable of this name holds it"
     )
     breaker: PredictionBreakerConfig = Field(default_factory=PredictionBreakerConfig)
+    stale_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a prediction server serving other model versions than the training server publishes "
+        "for this long is stale: predictions go to the others while any is ready",
+    )
     _tokens: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")

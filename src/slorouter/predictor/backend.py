@@ -53,6 +53,12 @@ class LatencyPredictorBackend(Protocol):
         ...
 
     @property
+    def stale_servers(self) -> Mapping[str, Mapping[str, str]]:
+        """Prediction servers serving other model versions than the training server publishes, for too
+        long, with the versions they serve (empty for the embedded predictor, which has none)."""
+        ...
+
+    @property
     def warm_start_report(self) -> WarmStartReport | None:
         """What the start took over from the previous run, what it refused, and the live checks; None where
         the backend keeps no state (a temporary directory; the remote one: the training server reports its

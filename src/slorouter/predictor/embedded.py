@@ -107,6 +107,10 @@ class EmbeddedPredictor:
         """The model version served per kind (None before its first training)."""
         return self.predictor.versions
 
+    @property
+    def stale_servers(self) -> dict[str, dict[str, str]]:
+        return {}
+
     def point_factor(self, kind: ModelKind) -> float:
         return self.predictor.point_factor(kind)
 

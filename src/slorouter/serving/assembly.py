@@ -325,6 +325,7 @@ def _build_predictor(
             coalesce_window_s=remote.coalesce_window_ms / 1000,
             tokens=remote.tokens,
             breaker=_breaker_config(remote),
+            stale_after_s=remote.stale_after_s,
         )
         sink = TrainingSampleSink(
             remote.training_server,

@@ -64,10 +64,13 @@ class SloStatus(msgspec.Struct, frozen=True, kw_only=True):
 class PredictorStatus(msgspec.Struct, frozen=True, kw_only=True):
     mode: str  # embedded, remote, off
     ready: bool  # a trained model serves predictions
-    versions: dict[str, str | None]  # model version per kind (empty for the remote predictor)
+    # Model version per kind: served (embedded), or published by the training server (remote).
+    versions: dict[str, str | None]
     # What the embedded predictor took over at start, refused, and how the live checks went; None without a
     # state directory and for the remote predictor (its training server's /v1/status has it).
     warm_start: WarmStartReport | None = None
+    # Remote: prediction servers serving other versions than the published ones for too long, and theirs.
+    stale_servers: dict[str, dict[str, str]] = msgspec.field(default_factory=dict)
 
 
 class AccuracyStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -288,6 +291,9 @@ class RouterStats:
                 ready=bool(predictor is not None and predictor.ready),
                 versions=dict(versions),
                 warm_start=None if predictor is None else predictor.warm_start_report,
+                stale_servers={}
+                if predictor is None
+                else {url: dict(v) for url, v in predictor.stale_servers.items()},
             ),
             queued=queued,
             endpoints=endpoints,
