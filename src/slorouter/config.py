@@ -342,8 +342,12 @@ class HedgingConfig(StrictModel):
         gt=0,
         description="the hedge delay: the chosen endpoint's predicted TTFT times this ...",
     )
-    max_slo_share: float = Field(
-        default=0.6, gt=0, le=1, description="... or, without a prediction, this share of the TTFT SLO"
+    max_slo_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="without a prediction, hedge this share of the TTFT SLO after the arrival; none: a "
+        "request without a prediction is hedged only when its endpoint stalls",
     )
     max_delay_slo_factor: float | None = Field(
         default=None,
