@@ -241,6 +241,12 @@ class LedgerConfig(StrictModel):
         "is out of band",
     )
     drift_after_s: float = Field(default=30.0, gt=0, description="out of band this long: drifting")
+    fallback_after_s: float | None = Field(
+        default=60.0,
+        ge=0,
+        description="drifting this long (after the retrain it asked for): requests with the endpoint among "
+        "their candidates are routed by the heuristic profile until it is back in band; null: never",
+    )
     min_outcomes: int = Field(
         default=30, ge=1, description="an endpoint is judged once its window holds this many"
     )

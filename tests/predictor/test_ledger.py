@@ -172,3 +172,28 @@ def test_the_collector_exports_the_figures_and_the_drifts():
     assert 'slorouter_prediction_ledger_bias{endpoint="a",kind="ttft"} -0.9' in text
     assert 'slorouter_prediction_drifting{endpoint="a",kind="ttft"} 1.0' in text
     assert "slorouter_prediction_drifts_total 1.0" in text
+
+
+def test_a_drift_that_outlasts_fallback_after_s_distrusts_the_endpoint_until_back_in_band(caplog):
+    clock = ManualClock()
+    settings = LedgerSettings(min_outcomes=10, drift_after_s=30.0, fallback_after_s=60.0, coverage_high=1.0)
+    book = PredictionLedger(clock, settings)
+    feed(book, clock, 60, 500.0)  # drifting from about 40 s
+    assert book.summary().drifting and not book.distrusts(["a", "b"])
+    feed(book, clock, 60, 500.0)
+    assert book.distrusts(["a", "b"]) and not book.distrusts(["b"])
+    assert book.summary().distrusted == ["a"]
+    assert "requests with it among their candidates are routed by the heuristic profile" in caplog.text
+    feed(book, clock, 90, 50.0)  # the retrained model covers again
+    assert not book.distrusts(["a"]) and book.summary().distrusted == []
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(book))
+    assert "slorouter_prediction_distrusted{" not in generate_latest(registry).decode()
+
+
+def test_without_fallback_after_s_a_drift_never_changes_routing():
+    clock = ManualClock()
+    settings = LedgerSettings(min_outcomes=10, drift_after_s=30.0, fallback_after_s=None, coverage_high=1.0)
+    book = PredictionLedger(clock, settings)
+    feed(book, clock, 600, 500.0)
+    assert book.summary().drifting and not book.distrusts(["a"])

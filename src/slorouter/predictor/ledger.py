@@ -53,6 +53,7 @@ class LedgerSettings:
     coverage_high: float = 0.99
     min_outcomes: int = 30
     drift_after_s: float = 30.0
+    fallback_after_s: float | None = 60.0  # drifting this long more: routed by heuristics; None: never
     check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -65,6 +66,8 @@ class LedgerSettings:
             )
         if min(self.window_s, self.drift_after_s, self.check_interval_s) <= 0:
             raise ValueError("window_s, drift_after_s and check_interval_s must be > 0")
+        if self.fallback_after_s is not None and self.fallback_after_s < 0:
+            raise ValueError(f"fallback_after_s must be >= 0 or None, got {self.fallback_after_s}")
         if self.max_entries < 1 or self.min_outcomes < 1:
             raise ValueError("max_entries and min_outcomes must be >= 1")
 
@@ -89,12 +92,14 @@ class LedgerSummary:
     objectives: dict[str, dict[ModelKind, Accuracy]]
     drifting: dict[str, list[ModelKind]]  # endpoint → the kinds it drifts on now
     drifts: int  # drifts that began since the start
+    distrusted: list[str]  # endpoints drifting past fallback_after_s: requests with them route by heuristics
 
 
 @dataclass(slots=True)
 class _Drift:
     out_since: float | None = None  # when the coverage left the band (None: in band)
     drifting: bool = False
+    since: float = 0.0  # when it began drifting
 
 
 @dataclass(slots=True)
@@ -123,6 +128,7 @@ class PredictionLedger:
         self._drift: dict[tuple[str, ModelKind], _Drift] = {}
         self._next_check = -math.inf
         self.drifts = 0
+        self.distrusted: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self._entries.rows)
@@ -186,6 +192,7 @@ class PredictionLedger:
             objectives=by_objective,
             drifting=drifting,
             drifts=self.drifts,
+            distrusted=sorted(self.distrusted),
         )
 
     def check(self, now: float) -> None:
@@ -225,7 +232,7 @@ class PredictionLedger:
             if drift.out_since is None:
                 drift.out_since = now
             if not drift.drifting and now - drift.out_since >= s.drift_after_s:
-                drift.drifting = True
+                drift.drifting, drift.since = True, now
                 self.drifts += 1
                 endpoint, kind = key
                 log.warning(
@@ -245,6 +252,30 @@ class PredictionLedger:
                         self.on_drift(endpoint, kind)
                     except Exception:  # a failed retrain request must not stop the ledger
                         log.exception("asking for a retrain after a drift failed")
+        self._update_distrust(now)
+
+    def _update_distrust(self, now: float) -> None:
+        after = self.settings.fallback_after_s
+        distrusted = frozenset(
+            endpoint
+            for (endpoint, _), drift in self._drift.items()
+            if after is not None and drift.drifting and now - drift.since >= after
+        )
+        for endpoint in sorted(distrusted - self.distrusted):
+            log.warning(
+                "prediction drift on %s outlasted the retrain by %g s: requests with it among their "
+                "candidates are routed by the heuristic profile until its predictions cover again",
+                endpoint,
+                after,
+            )
+        for endpoint in sorted(self.distrusted - distrusted):
+            log.info("predictions for %s are trusted again: routing by prediction", endpoint)
+        self.distrusted = distrusted
+
+    def distrusts(self, endpoints: Iterable[str]) -> bool:
+        """Whether any of ``endpoints`` is distrusted (the request path: nothing is allocated while none
+        is)."""
+        return bool(self.distrusted) and not self.distrusted.isdisjoint(endpoints)
 
 
 def _grouped(
@@ -316,6 +347,15 @@ class LedgerCollector(Collector):
             for kind in drifting_kinds:
                 drifting.add_metric([endpoint, kind], 1.0)
         yield drifting
+        distrusted = GaugeMetricFamily(
+            "slorouter_prediction_distrusted",
+            "1 while requests with this endpoint among their candidates are routed by the heuristic profile "
+            "(its drift outlasted fallback_after_s).",
+            labels=["endpoint"],
+        )
+        for endpoint in summary.distrusted:
+            distrusted.add_metric([endpoint], 1.0)
+        yield distrusted
         drifts = CounterMetricFamily(
             "slorouter_prediction_drifts", "Drifts that began (each asked for a retrain).", labels=[]
         )

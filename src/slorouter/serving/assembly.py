@@ -302,6 +302,8 @@ def build_ledger(
         coverage_high=high,
         min_outcomes=ledger.min_outcomes,
         drift_after_s=ledger.drift_after_s,
+        fallback_after_s=ledger.fallback_after_s,
+        check_interval_s=min(5.0, ledger.drift_after_s / 2),
     )
     return PredictionLedger(
         clock,

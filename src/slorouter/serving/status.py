@@ -91,6 +91,7 @@ class LedgerStatus(msgspec.Struct, frozen=True, kw_only=True):
     objectives: dict[str, dict[str, AccuracyStatus]]
     drifting: dict[str, list[str]]  # endpoint → the kinds whose predictions drift there now
     drifts: int  # drifts that began since the start
+    distrusted: list[str] = msgspec.field(default_factory=list)  # routed by heuristics while they drift
 
     @classmethod
     def of(cls, summary: LedgerSummary) -> LedgerStatus:
@@ -110,6 +111,7 @@ class LedgerStatus(msgspec.Struct, frozen=True, kw_only=True):
             objectives=groups(summary.objectives),
             drifting={endpoint: list(kinds) for endpoint, kinds in summary.drifting.items()},
             drifts=summary.drifts,
+            distrusted=summary.distrusted,
         )
 
 

@@ -100,6 +100,8 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
     drift = ""
     if ledger is not None and ledger.drifting:
         drift = f" · drifting on {len(ledger.drifting)} endpoint{'s' if len(ledger.drifting) > 1 else ''}"
+        if ledger.distrusted:
+            drift += f", {len(ledger.distrusted)} routed by heuristics"
     predictor_line = Text.assemble(("predictor ", "bold"), state, (drift, "red"))
     lines = [title, requests, slo_line, routes, predictor_line]
     if status.tuning is not None:

@@ -284,6 +284,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             state.ttft_coverage_factor = self.coverage.factor("ttft")
             if self.params.streaming_mode:
                 state.tpot_coverage_factor = self.coverage.factor("tpot")
+        ledger = self.ctx.ledger
+        if ledger is not None and ledger.distrusts(state.addresses):
+            # Kept for the ledger, which judges the model on the outcomes it predicted, but not routed by.
+            self._fallback(request, "drift")
+            return
         strictest = None
         if self.params.streaming_mode and self._running_tpot_slos:
             running = self._running_tpot_slos
@@ -329,9 +334,10 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             state.target = state.addresses.index(address)
         except ValueError:
             return None
-        prediction = None
-        served_ttft = self._served_prediction(state, "ttft")
-        served_tpot = self._served_prediction(state, "tpot")
+        prediction = served_ttft = served_tpot = None
+        if request.prediction_unavailable is None:  # a fallback's predictions (distrusted) are not served
+            served_ttft = self._served_prediction(state, "ttft")
+            served_tpot = self._served_prediction(state, "tpot")
         if served_ttft is not None and state.corrected_tpot is not None:
             prediction = TargetPrediction(
                 served_ttft,
