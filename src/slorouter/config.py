@@ -236,9 +236,10 @@ class LedgerConfig(StrictModel):
         default=20_000, ge=100, le=1_000_000, description="at most this many outcomes kept"
     )
     coverage_band: tuple[float, float] = Field(
-        default=(0.6, 0.99),
+        default=(0.5, 1.0),
         description="an endpoint whose predicted quantile covers a share of its outcomes outside this band "
-        "is out of band",
+        "is out of band (the default judges under-prediction only: predictions uniformly too high still "
+        "rank the endpoints)",
     )
     drift_after_s: float = Field(default=30.0, gt=0, description="out of band this long: drifting")
     fallback_after_s: float | None = Field(

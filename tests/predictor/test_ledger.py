@@ -81,7 +81,7 @@ def feed(
 def test_an_endpoint_out_of_band_for_drift_after_s_drifts_once_and_recovers(caplog):
     clock = ManualClock()
     asked: list[tuple[str, str]] = []
-    book = drift_ledger(clock, asked)
+    book = drift_ledger(clock, asked, coverage_low=0.6, coverage_high=0.99)
     feed(book, clock, 60, 50.0)  # covered: 1.0 > 0.99, out of band from the first check with 10 outcomes
     assert asked == [("a", "ttft")] and book.drifts == 1
     assert book.summary().drifting == {"a": ["ttft"]}

@@ -49,8 +49,8 @@ class LedgerSettings:
     window_s: float = 60.0
     max_entries: int = 20_000
     quantile: float = DEFAULT_QUANTILE
-    coverage_low: float = 0.6
-    coverage_high: float = 0.99
+    coverage_low: float = 0.5
+    coverage_high: float = 1.0
     min_outcomes: int = 30
     drift_after_s: float = 30.0
     fallback_after_s: float | None = 60.0  # drifting this long more: routed by heuristics; None: never
