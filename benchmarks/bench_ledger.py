@@ -7,10 +7,11 @@ TTFT coverage and MAPE over the ledger's window, the TTFT p90 of the requests th
 whether an endpoint drifts, and the trainings so far. Read whether the ledger moves before TTFT p90 does,
 and comes back after the retrain.
 
-``broken``: the predictor serves a model trained on another pool and never trains (a trainer that is
-down, a prediction server left on the wrong models): the pool's own model (trained in a run before), the
-other pool's model with the ledger's fallback (``fallback_after_s``), and without it; the heuristic
-profile alone for reference. TTFT p90 of the whole run, per seed and the median; when the fallback began.
+``broken``: the predictor serves models it did not learn on this traffic and never trains (a trainer that
+is down, a prediction server left on the wrong models): the pool's own model (trained in a run before), a
+slower pool's, and one of this pool in a quiet hour (``--quiet-qps``: it never saw a queue) with the
+ledger's fallback (``fallback_after_s``) and without it; the heuristic profile alone for reference. TTFT
+p90 of the whole run, per seed and the median; when the quiet hour's model was distrusted.
 
     .venv/bin/python benchmarks/bench_ledger.py change --seeds 0,1,2
     .venv/bin/python benchmarks/bench_ledger.py broken --seeds 0,1,2
@@ -34,7 +35,9 @@ from slorouter.predictor.ledger import LedgerSettings, PredictionLedger
 from slorouter.predictor.model_store import ModelMetadata, ModelStore
 
 POOL = "4x llama3-8b-h100"
-OTHER_POOL = "4x llama3-8b-a100"  # where the foreign model was trained
+# The foreign model: trained on a pool of slower GPUs (over-predicts every endpoint alike, so it still ranks
+# them), or on this pool in a quiet hour (it never saw a queue: it under-predicts the busy endpoints).
+OTHER_POOL = "4x llama3-8b-a100"
 POLICY = resolve_policy("predicted-latency")
 HEURISTIC = resolve_policy("token-aware")
 LEDGER = LedgerSettings()  # the router's defaults
@@ -131,44 +134,50 @@ def _models(
         return [m for m in (store.load("ttft"), store.load("tpot")) if m is not None]
 
 
-def broken(seeds: Sequence[int], qps: float, duration_s: float, other_qps: float) -> None:
+def broken(seeds: Sequence[int], qps: float, duration_s: float, quiet_qps: float) -> None:
     profiles = parse_pool(POOL)
     print(f"new-user at {qps:g} req/s on {POOL} for {duration_s:g} s; models served without training")
-    cases = ("own model", "other pool's model, fallback", "other pool's model, no fallback", HEURISTIC.name)
+    cases = (
+        "own model",
+        f"{OTHER_POOL}'s model",
+        f"quiet hour's model ({quiet_qps:g} req/s), fallback",
+        f"quiet hour's model ({quiet_qps:g} req/s), no fallback",
+        HEURISTIC.name,
+    )
     p90: dict[str, list[float]] = {case: [] for case in cases}
     began: list[float] = []
     for seed in seeds:
-        own = _models(POOL, qps, 120.0, seed)
-        other = _models(OTHER_POOL, other_qps, 120.0, seed)
+        models = {
+            cases[0]: _models(POOL, qps, 120.0, seed),
+            cases[1]: _models(OTHER_POOL, qps * 0.6, 120.0, seed),
+            cases[2]: _models(POOL, quiet_qps, 120.0, seed),
+        }
+        models[cases[3]] = models[cases[2]]
         requests = generate("new-user", qps=qps, duration_s=duration_s, seed=seed)
         for case in cases:
             if case == HEURISTIC.name:
                 with ClusterSimulator.of_policy(profiles, HEURISTIC, seed=seed) as sim:
                     rec = sim.run(requests)
             else:
-                ledger = (
-                    LEDGER
-                    if "no fallback" not in case
-                    else dataclasses.replace(LEDGER, fallback_after_s=None)
-                )
+                fallback = None if case.endswith("no fallback") else LEDGER.fallback_after_s
+                ledger = dataclasses.replace(LEDGER, fallback_after_s=fallback)
                 settings = ClusterSettings(ledger=ledger, training=False)
-                policy = POLICY
-                with ClusterSimulator.of_policy(profiles, policy, settings=settings, seed=seed) as sim:
-                    sim.load_models(own if case == "own model" else other)
+                with ClusterSimulator.of_policy(profiles, POLICY, settings=settings, seed=seed) as sim:
+                    sim.load_models(models[case])
                     stack = sim.pickers[0]
                     assert stack.ledger is not None
                     timeline = Timeline(stack.ledger)
                     rec = sim.run(requests)
-                if case.endswith(", fallback"):
+                if case == cases[2]:
                     fallen = [p[0] for p in timeline.points if p[4]]
                     began.append(fallen[0] if fallen else float("nan"))
             p90[case].append(float(np.nanpercentile(rec.ttft_s * 1000, 90)))
-    print("\n| case | TTFT p90 ms (median) | per seed |")
+    print("\n| models served | TTFT p90 ms (median) | per seed |")
     print("|---|---:|---|")
     for case in cases:
         values = p90[case]
         print(f"| {case} | {statistics.median(values):,.0f} | {', '.join(f'{v:,.0f}' for v in values)} |")
-    print(f"\nfallback began at {', '.join(f'{b:.0f}' for b in began)} s (per seed)")
+    print(f"\nthe quiet hour's model distrusted from {', '.join(f'{b:.0f}' for b in began)} s (per seed)")
 
 
 def _ttft_version(predictor: EmbeddedPredictor) -> Callable[[], str | None]:
@@ -202,14 +211,14 @@ def main() -> None:
     broken_parser = sub.add_parser("broken")
     broken_parser.add_argument("--seeds", default="0,1,2")
     broken_parser.add_argument("--qps", type=float, default=25.0)
-    broken_parser.add_argument("--other-qps", type=float, default=10.0)
+    broken_parser.add_argument("--quiet-qps", type=float, default=3.0)
     broken_parser.add_argument("--duration-s", type=float, default=240.0)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.what == "change":
         change(seeds, args.qps, args.qps_after, args.switch_s, args.duration_s, args.step_s)
     else:
-        broken(seeds, args.qps, args.duration_s, args.other_qps)
+        broken(seeds, args.qps, args.duration_s, args.quiet_qps)
 
 
 if __name__ == "__main__":
