@@ -367,6 +367,7 @@ class KVEventsCollector(Collector):
         ("unrecovered", "Sequence gaps the replay could not fill (the endpoint's blocks were cleared)."),
         ("decode_errors", "KV event messages or batches that did not follow the protocol."),
         ("restarts", "Times the publisher's sequence numbers went back (its engine restarted)."),
+        ("late", "Batches that came after a later one (out of order) and were skipped."),
         ("reconnects", "Subscriber sessions that failed and were reopened."),
         ("overflows", "Clears because the endpoint claimed more blocks than kv_events_max_blocks_per_pod."),
     )
