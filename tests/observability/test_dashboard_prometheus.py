@@ -55,6 +55,8 @@ NEEDS_OTHER_COMPONENTS = {
     ("Hold-out MAPE", "{{model}}"): "the training-server sidecar",
     ("Hold-out coverage", "{{model}}"): "the training-server sidecar",
     ("Oldest queued request", "{{fairness_id}} {{priority}}"): "listed only while requests are queued",
+    ("KV index trust", "{{state}}"): "pods that publish KV events (pool.endpoints[].kv_events)",
+    ("KV index trust", "{{reason}} /min"): "pods that publish KV events, and one that is not exact",
 }
 
 # Grafana's variables, as a query would see them over a short range.

@@ -9,12 +9,15 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import msgspec
 import pytest
 from rich.console import Console, RenderableType
 
+from slorouter.pool.kv_trust import TrustReason, TrustState
 from slorouter.serving.status import (
     STATUS_SCHEMA,
     EndpointStatus,
+    KVIndexStatus,
     PredictorStatus,
     RouterStatus,
     SloStatus,
@@ -115,6 +118,26 @@ def test_the_frame_shows_the_router_and_every_endpoint():
         "0.0%",
     ]
     assert "mean over each endpoint's last 64 requests" in text
+
+
+def test_the_prefix_index_column_shows_each_subscribed_endpoints_trust_and_only_then():
+    exact = KVIndexStatus(state=TrustState.EXACT, reason=TrustReason.NONE, for_s=600)
+    degraded = KVIndexStatus(state=TrustState.DEGRADED, reason=TrustReason.LAG, for_s=75)
+    endpoints = [
+        _endpoint("10.0.0.1:8000", kv_index=exact),
+        _endpoint("10.0.0.2:8000", kv_index=degraded),
+        _endpoint("10.0.0.3:8000"),
+    ]
+    text = text_of(render(_reading(msgspec.structs.replace(SAMPLE, endpoints=endpoints))), width=160)
+    assert "prefix index" in next(line for line in text.splitlines() if "endpoint" in line)
+    cells = {
+        line.split("│")[1].strip(): line.split("│")[-2].strip()
+        for line in text.splitlines()
+        if "10.0.0." in line
+    }
+    assert cells == {"10.0.0.1:8000": "exact", "10.0.0.2:8000": "degraded lag 1m15s", "10.0.0.3:8000": "—"}
+    assert "not exact: routed on the approximate estimate" in text
+    assert "prefix index" not in text_of(render(_reading()))
 
 
 def test_rates_come_from_the_reading_before():

@@ -226,3 +226,6 @@ class KVTrustBoard:
     @property
     def addresses(self) -> frozenset[str]:
         return frozenset(self._pods)
+
+    def views(self) -> dict[str, TrustView]:
+        return {address: trust.view() for address, trust in self._pods.items()}

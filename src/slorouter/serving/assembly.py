@@ -190,6 +190,7 @@ class RouterCore:
             queued=None if flow_control is None else len(flow_control),
             tuning=None if self.tuning is None else self.tuning.status(),
             deadlines=None if self.actions is None else self.actions.status(),
+            kv_trust=None if self.kv_index is None else self.kv_index.trust.views(),
         )
 
     async def start(self) -> None:
