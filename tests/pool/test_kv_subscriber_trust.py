@@ -162,3 +162,41 @@ async def test_another_pod_at_the_same_address_starts_rebuilding_for_its_identit
         assert view is not None and (view.state, view.reason) == (TrustState.REBUILDING, TrustReason.IDENTITY)
     finally:
         await subscribers.stop()
+
+
+async def test_after_a_sequence_restart_the_new_publishers_earlier_batches_are_replayed() -> None:
+    old = await started()
+    try:
+        sub = subscriber(old)
+        for seq in range(6):
+            await sub.receive(frames(seq, 100 + seq, ts=WALL - 1))
+    finally:
+        await old.close()
+    new = await started()
+    try:
+        sub.publisher = PublisherAddress(new.endpoint, new.replay_endpoint, "kv")
+        for hashes in ([1], [2], [3]):
+            new.publish([stored(*hashes)], WALL)
+        await sub.receive(frames(2, 3))  # the SUB socket missed 0 and 1 while it reconnected
+        assert state(sub) == (TrustState.REBUILDING, TrustReason.SEQUENCE_RESTART)
+        assert sub.index.match([1, 2, 3], ["pod"]) == {"pod": 3}
+        assert sub.index.num_blocks("pod") == 3
+    finally:
+        await new.close()
+
+
+async def test_a_restart_the_scrape_saw_replays_the_stream_from_its_start_at_the_next_batch() -> None:
+    publisher = await started()
+    try:
+        for hashes in ([1], [2], [3]):
+            publisher.publish([stored(*hashes)], WALL)
+        sub = subscriber(publisher)
+        await sub.receive(frames(0, 1))
+        await sub.receive(frames(1, 2))
+        sub.index.clear_pod("pod", TrustReason.PROCESS_RESTART)  # what KVTrustMonitor does
+        assert sub.index.num_blocks("pod") == 0
+        await sub.receive(frames(2, 3))  # in sequence, but the batches before it are learnt again
+        assert sub.index.num_blocks("pod") == 3
+        assert sub.stats.gaps == 0 and sub.stats.restarts == 0
+    finally:
+        await publisher.close()

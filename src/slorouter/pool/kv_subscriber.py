@@ -19,9 +19,12 @@ right when the stream is not:
   what is published before its subscription reaches the publisher, and a batch lost so and followed by no
   other would otherwise stay unknown.
 - **Restart** (the sequence number goes back): the publisher's engine started over with an empty cache; the
-  pod's blocks are cleared. A batch whose number is not above the last one's and whose timestamp is older
-  than the last one's is no restart but a late copy (delivered out of order, after its gap was replayed):
-  skipped, counted as ``late``.
+  pod's blocks are cleared and the new publisher's batches before this one are asked of the replay socket
+  (a SUB socket reconnecting to it drops those). A restart the scrape shows (``KVTrustMonitor``: the
+  pod's blocks cleared for ``process-restart``) is handled alike at the next batch: the publisher's
+  batches from 0 are replayed first, whatever of them was applied before the clear. A batch whose number
+  is not above the last one's and whose timestamp is older than the last one's is no restart but a late
+  copy (delivered out of order, after its gap was replayed): skipped, counted as ``late``.
 - **Malformed** frames or payloads (``KVEventDecodeError``): counted in ``decode_errors`` and treated as an
   unrecoverable gap; nothing a publisher sends can stop the subscriber.
 - **Failure** of the session (a ZMQ error): the sockets are closed and reopened after ``reconnect_s``.
@@ -95,6 +98,7 @@ class KVEventSubscriber:
         self._ctx = zmq.asyncio.Context.instance()
         self._last_seq: int | None = None
         self._last_ts = float("-inf")  # of the last live batch applied
+        self._process_restarts = 0  # the pod's clears for a process restart already followed
         # After joining: PUB batches up to this sequence number are the replay's again, until the deadline.
         self._joined_through: int | None = None
         self._joined_deadline = 0.0
@@ -185,6 +189,9 @@ class KVEventSubscriber:
         except KVEventDecodeError as exc:
             self._lost(f"unreadable message: {exc}", TrustReason.DECODE_ERROR)
             return
+        if self.trust.clears[TrustReason.PROCESS_RESTART] != self._process_restarts:
+            self._process_restarts = self.trust.clears[TrustReason.PROCESS_RESTART]
+            self._last_seq = self._joined_through = None  # learn the new process's stream from its start
         if self._joined_through is not None:
             if seq <= self._joined_through and asyncio.get_running_loop().time() < self._joined_deadline:
                 return  # published while the replay was read: already applied
@@ -199,6 +206,8 @@ class KVEventSubscriber:
                 return
             self.stats.restarts += 1
             self.index.clear_pod(self.address, TrustReason.SEQUENCE_RESTART)
+            if seq > 0:
+                await self._recover(0, seq, gap=False)
         elif seq > last + 1:
             await self._recover(last + 1, seq, gap=True)
         self._last_seq = seq

@@ -112,8 +112,9 @@ class PodTrust:
     _cleared_at: float = 0.0
     _events_since_clear: int = 0
     last_batch_at: float | None = None
-    # Transitions into (state, reason), counted since the pod was first seen.
+    # Transitions into (state, reason), and clears by reason, counted since the pod was first seen.
     transitions: Counter[tuple[TrustState, TrustReason]] = field(default_factory=Counter)
+    clears: Counter[TrustReason] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.since = self.created
@@ -158,6 +159,7 @@ class PodTrust:
         """The pod's blocks were cleared because of ``reason`` (one of ``CLEAR_REASONS``)."""
         if reason not in CLEAR_REASONS:
             raise ValueError(f"{reason.value!r} does not clear a pod's blocks")
+        self.clears[reason] += 1
         self._conditions.pop(TrustReason.GAP, None)
         self._cleared, self._cleared_at, self._events_since_clear = reason, now, 0
         self._update(now, again=True)
