@@ -26,9 +26,12 @@ def frames(seq: int, *hashes: int, ts: float = WALL) -> list[bytes]:
     return [b"kv", seq_frame(seq), encode_batch(KVEventBatch(ts, [stored(*hashes)]))]
 
 
-async def started() -> ZmqEventPublisher:
+async def started(*published: int) -> ZmqEventPublisher:
+    """A publisher with a replay socket that has published one batch per hash of ``published``."""
     publisher = ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv")
     publisher.start()
+    for block_hash in published:
+        publisher.publish([stored(block_hash)], WALL)
     return publisher
 
 
@@ -49,10 +52,8 @@ def state(sub: KVEventSubscriber) -> tuple[TrustState, TrustReason]:
 
 
 async def test_a_gap_the_replay_fills_leaves_the_pod_exact() -> None:
-    publisher = await started()
+    publisher = await started(1, 2, 3)
     try:
-        for hashes in ([1], [2], [3]):
-            publisher.publish([stored(*hashes)], WALL)
         sub = subscriber(publisher)
         await sub.receive(frames(0, 1))
         await sub.receive(frames(2, 3))  # 1 comes from the replay
@@ -119,9 +120,8 @@ async def test_an_unreadable_batch_rebuilds() -> None:
 
 
 async def test_a_failed_session_degrades_until_the_next_one_hears_the_publisher() -> None:
-    publisher = await started()
+    publisher = await started(1)
     try:
-        publisher.publish([stored(1)], WALL)
         sub = subscriber(publisher)
         session = sub._session
         calls = 0
@@ -172,11 +172,9 @@ async def test_after_a_sequence_restart_the_new_publishers_earlier_batches_are_r
             await sub.receive(frames(seq, 100 + seq, ts=WALL - 1))
     finally:
         await old.close()
-    new = await started()
+    new = await started(1, 2, 3)
     try:
         sub.publisher = PublisherAddress(new.endpoint, new.replay_endpoint, "kv")
-        for hashes in ([1], [2], [3]):
-            new.publish([stored(*hashes)], WALL)
         await sub.receive(frames(2, 3))  # the SUB socket missed 0 and 1 while it reconnected
         assert state(sub) == (TrustState.REBUILDING, TrustReason.SEQUENCE_RESTART)
         assert sub.index.match([1, 2, 3], ["pod"]) == {"pod": 3}
@@ -186,10 +184,8 @@ async def test_after_a_sequence_restart_the_new_publishers_earlier_batches_are_r
 
 
 async def test_a_restart_the_scrape_saw_replays_the_stream_from_its_start_at_the_next_batch() -> None:
-    publisher = await started()
+    publisher = await started(1, 2, 3)
     try:
-        for hashes in ([1], [2], [3]):
-            publisher.publish([stored(*hashes)], WALL)
         sub = subscriber(publisher)
         await sub.receive(frames(0, 1))
         await sub.receive(frames(1, 2))
