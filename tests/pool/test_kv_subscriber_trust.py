@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,13 +28,17 @@ def frames(seq: int, *hashes: int, ts: float = WALL) -> list[bytes]:
     return [b"kv", seq_frame(seq), encode_batch(KVEventBatch(ts, [stored(*hashes)]))]
 
 
-async def started(*published: int) -> ZmqEventPublisher:
+@contextlib.asynccontextmanager
+async def publishing(*published: int) -> AsyncIterator[ZmqEventPublisher]:
     """A publisher with a replay socket that has published one batch per hash of ``published``."""
     publisher = ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv")
     publisher.start()
-    for block_hash in published:
-        publisher.publish([stored(block_hash)], WALL)
-    return publisher
+    try:
+        for block_hash in published:
+            publisher.publish([stored(block_hash)], WALL)
+        yield publisher
+    finally:
+        await publisher.close()
 
 
 def subscriber(publisher: ZmqEventPublisher | None, *, rebuild_events: int = 3) -> KVEventSubscriber:
@@ -52,21 +58,17 @@ def state(sub: KVEventSubscriber) -> tuple[TrustState, TrustReason]:
 
 
 async def test_a_gap_the_replay_fills_leaves_the_pod_exact() -> None:
-    publisher = await started(1, 2, 3)
-    try:
+    async with publishing(1, 2, 3) as publisher:
         sub = subscriber(publisher)
         await sub.receive(frames(0, 1))
         await sub.receive(frames(2, 3))  # 1 comes from the replay
         assert state(sub) == (TrustState.EXACT, TrustReason.NONE)
         assert sub.trust.transitions[(TrustState.DEGRADED, TrustReason.GAP)] == 1
         assert sub.index.trusted("pod") and sub.index.num_blocks("pod") == 3
-    finally:
-        await publisher.close()
 
 
 async def test_a_gap_seen_while_its_replay_is_awaited_degrades_the_pod() -> None:
-    publisher = await started()
-    try:
+    async with publishing() as publisher:
         sub = subscriber(publisher)
         await sub.receive(frames(0, 1))
         seen: list[tuple[TrustState, TrustReason]] = []
@@ -84,8 +86,6 @@ async def test_a_gap_seen_while_its_replay_is_awaited_degrades_the_pod() -> None
         for seq in (6, 7):
             await sub.receive(frames(seq, seq))
         assert state(sub) == (TrustState.EXACT, TrustReason.NONE)  # 3 events since the clear
-    finally:
-        await publisher.close()
 
 
 async def test_a_sequence_that_goes_back_rebuilds_and_a_late_copy_does_not() -> None:
@@ -120,8 +120,7 @@ async def test_an_unreadable_batch_rebuilds() -> None:
 
 
 async def test_a_failed_session_degrades_until_the_next_one_hears_the_publisher() -> None:
-    publisher = await started(1)
-    try:
+    async with publishing(1) as publisher:
         sub = subscriber(publisher)
         session = sub._session
         calls = 0
@@ -144,8 +143,6 @@ async def test_a_failed_session_degrades_until_the_next_one_hears_the_publisher(
             await asyncio.sleep(0.005)
         assert sub.stats.reconnects == 1 and sub.index.num_blocks("pod") == 1
         await sub.stop()
-    finally:
-        await publisher.close()
 
 
 async def test_another_pod_at_the_same_address_starts_rebuilding_for_its_identity() -> None:
@@ -165,27 +162,20 @@ async def test_another_pod_at_the_same_address_starts_rebuilding_for_its_identit
 
 
 async def test_after_a_sequence_restart_the_new_publishers_earlier_batches_are_replayed() -> None:
-    old = await started()
-    try:
+    async with publishing() as old:
         sub = subscriber(old)
         for seq in range(6):
             await sub.receive(frames(seq, 100 + seq, ts=WALL - 1))
-    finally:
-        await old.close()
-    new = await started(1, 2, 3)
-    try:
+    async with publishing(1, 2, 3) as new:
         sub.publisher = PublisherAddress(new.endpoint, new.replay_endpoint, "kv")
         await sub.receive(frames(2, 3))  # the SUB socket missed 0 and 1 while it reconnected
         assert state(sub) == (TrustState.REBUILDING, TrustReason.SEQUENCE_RESTART)
         assert sub.index.match([1, 2, 3], ["pod"]) == {"pod": 3}
         assert sub.index.num_blocks("pod") == 3
-    finally:
-        await new.close()
 
 
 async def test_a_restart_the_scrape_saw_replays_the_stream_from_its_start_at_the_next_batch() -> None:
-    publisher = await started(1, 2, 3)
-    try:
+    async with publishing(1, 2, 3) as publisher:
         sub = subscriber(publisher)
         await sub.receive(frames(0, 1))
         await sub.receive(frames(1, 2))
@@ -194,5 +184,3 @@ async def test_a_restart_the_scrape_saw_replays_the_stream_from_its_start_at_the
         await sub.receive(frames(2, 3))  # in sequence, but the batches before it are learnt again
         assert sub.index.num_blocks("pod") == 3
         assert sub.stats.gaps == 0 and sub.stats.restarts == 0
-    finally:
-        await publisher.close()
