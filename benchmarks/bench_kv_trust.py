@@ -95,7 +95,7 @@ def main() -> int:
         arms += [(f"with, rebuilt after {t.rebuild_events} events or {t.rebuild_s:g} s", t) for t in rebuilds]
         for label, trust in arms:
             runs = arm(f"drop {drop} {label}", precise, drop, trust)
-            rows.append([f"{precise}, {drop:.0%} dropped", label, *(cell(runs, k) for k in FIGURES)])
+            rows.append([f"{precise}, {drop:.1%} dropped", label, *(cell(runs, k) for k in FIGURES)])
     headers = ["policy", "trust states", "TTFT p90 ms (seeds)", "TTFT p99 ms (seeds)", "prefix hit"]
     print(f"{args.workload} at {args.qps:g} QPS on `{args.pool}`, medians of seeds {args.seeds}\n")
     print(markdown_table(headers, rows))
