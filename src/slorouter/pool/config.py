@@ -387,10 +387,10 @@ class PoolConfig(StrictModel):
         description="no batch for this long while the pod's scrape shows it serving: degraded (silent)",
     )
     kv_events_rebuild_events: int = Field(
-        default=1000, ge=1, description="after a clear, exact again once this many events were applied"
+        default=100_000, ge=1, description="after a clear, exact again once this many events were applied"
     )
     kv_events_rebuild_ms: float = Field(
-        default=30_000, gt=0, allow_inf_nan=False, description="... or once this long has passed"
+        default=300_000, gt=0, allow_inf_nan=False, description="... or once this long has passed"
     )
     model_server_type: str = Field(
         default=AUTO, description="metric dialect of the pool's servers; auto: detected from the first scrape"

@@ -72,8 +72,8 @@ class TrustThresholds:
 
     lag_s: float = 2.0  # a batch this far behind the router's wall clock: degraded (lag)
     silent_after_s: float = 5.0  # no batch for this long while the scrape shows the pod serving: silent
-    rebuild_events: int = 1000  # after a clear: exact again once this many events were applied,
-    rebuild_s: float = 30.0  # or once this long has passed
+    rebuild_events: int = 100_000  # after a clear: exact again once this many events were applied,
+    rebuild_s: float = 300.0  # or once this long has passed (docs/design/kv-index-trust.md)
 
     def __post_init__(self) -> None:
         for name in ("lag_s", "silent_after_s", "rebuild_s"):
