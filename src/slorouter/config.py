@@ -201,6 +201,12 @@ class RemotePredictorConfig(StrictModel):
         default=None, min_length=1, description="or the environment variable of this name holds it"
     )
     breaker: PredictionBreakerConfig = Field(default_factory=PredictionBreakerConfig)
+    stale_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a prediction server serving other model versions than the training server publishes "
+        "for this long is stale: predictions go to the others while any is ready",
+    )
     _tokens: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
@@ -222,6 +228,40 @@ class RemotePredictorConfig(StrictModel):
         return self._tokens
 
 
+class LedgerConfig(StrictModel):
+    """The prediction ledger: each routed request's prediction paired with its outcome, and drift."""
+
+    window_s: float = Field(default=60.0, gt=0, description="outcomes older than this leave the figures")
+    max_entries: int = Field(
+        default=20_000, ge=100, le=1_000_000, description="at most this many outcomes kept"
+    )
+    coverage_band: tuple[float, float] = Field(
+        default=(0.5, 1.0),
+        description="an endpoint whose predicted quantile covers a share of its outcomes outside this band "
+        "is out of band (the default judges under-prediction only: predictions uniformly too high still "
+        "rank the endpoints)",
+    )
+    drift_after_s: float = Field(default=30.0, gt=0, description="out of band this long: drifting")
+    fallback_after_s: float | None = Field(
+        default=60.0,
+        ge=0,
+        description="drifting this long (after the retrain it asked for): requests with the endpoint among "
+        "their candidates are routed by the heuristic profile until it is back in band; null: never",
+    )
+    min_outcomes: int = Field(
+        default=30, ge=1, description="an endpoint is judged once its window holds this many"
+    )
+
+    @model_validator(mode="after")
+    def _band_ordered(self) -> LedgerConfig:
+        low, high = self.coverage_band
+        if not 0.0 <= low < high <= 1.0:
+            raise ValueError(
+                f"coverage_band must be [low, high] with 0 <= low < high <= 1, got [{low}, {high}]"
+            )
+        return self
+
+
 class PredictorConfig(StrictModel):
     mode: Literal["embedded", "remote", "off"] = "embedded"
     prediction_by_default: bool = Field(
@@ -230,6 +270,7 @@ class PredictorConfig(StrictModel):
     )
     embedded: EmbeddedPredictorConfig = Field(default_factory=EmbeddedPredictorConfig)
     remote: RemotePredictorConfig | None = None
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
 
     @model_validator(mode="after")
     def _remote_needs_urls(self) -> PredictorConfig:
@@ -308,8 +349,12 @@ class HedgingConfig(StrictModel):
         gt=0,
         description="the hedge delay: the chosen endpoint's predicted TTFT times this ...",
     )
-    max_slo_share: float = Field(
-        default=0.6, gt=0, le=1, description="... or, without a prediction, this share of the TTFT SLO"
+    max_slo_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="without a prediction, hedge this share of the TTFT SLO after the arrival; none: a "
+        "request without a prediction is hedged only when its endpoint stalls",
     )
     max_delay_slo_factor: float | None = Field(
         default=None,

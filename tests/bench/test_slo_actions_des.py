@@ -3,6 +3,8 @@ on the simulated engines (the loser of a race and a cancelled request are aborte
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -26,12 +28,17 @@ def _idle(sim: ClusterSimulator) -> bool:
     return all(not engine.has_work() for engine in sim.engines) and sim.tracker.outstanding() == 0
 
 
+# Without predictions, a request is hedged for lateness only with hedging.max_slo_share (by default only a
+# stall hedges it; a pod ten times slower keeps producing tokens).
+LATENESS = dataclasses.replace(DEFAULT_DEADLINES, hedging=HedgingConfig(max_slo_share=0.6))
+
+
 def test_a_slow_pod_is_hedged_around_and_every_request_ends_once():
     # Two fast pods and one ten times slower: with a 50 ms SLO, requests stuck on the slow pod get a copy.
     requests = chat_requests(600, qps=30, seed=5, slo_ttft_ms=50.0)
     pool = parse_pool("2x llama3-8b-h100 + 1x llama3-8b-h100@time=10")
     policy = BUILTIN_POLICIES["round-robin"]
-    with ClusterSimulator(pool, policy, use_predictor=False, deadlines=DEFAULT_DEADLINES) as sim:
+    with ClusterSimulator(pool, policy, use_predictor=False, deadlines=LATENESS) as sim:
         rec = sim.run(requests)
         assert _idle(sim)
         assert np.all(sim.pool.columns["inflight_requests"] == 0)
@@ -39,7 +46,7 @@ def test_a_slow_pod_is_hedged_around_and_every_request_ends_once():
     hedges = actions["hedges"]
     assert hedges["sent"] > 0 and hedges["won"] > 0
     assert hedges["sent"] == hedges.get("won", 0) + hedges.get("lost", 0) + hedges.get("failed", 0)
-    budget = DEFAULT_DEADLINES.hedging
+    budget = LATENESS.hedging
     assert hedges["sent"] <= budget.max_share * len(requests) + budget.burst  # the budget
     assert np.all(rec.status == OK)
     assert np.array_equal(rec.output_tokens, [r.max_tokens for r in requests])  # the winner's whole answer
@@ -51,7 +58,7 @@ def test_hedging_the_slow_pods_requests_improves_their_tail():
     pool = parse_pool("2x llama3-8b-h100 + 1x llama3-8b-h100@time=10")
     policy = BUILTIN_POLICIES["round-robin"]
     p99 = {}
-    for deadlines in (None, DEFAULT_DEADLINES):
+    for deadlines in (None, LATENESS):
         with ClusterSimulator(pool, policy, use_predictor=False, deadlines=deadlines) as sim:
             rec = sim.run(requests)
         p99[deadlines is not None] = float(np.percentile(rec.ttft_s, 99))

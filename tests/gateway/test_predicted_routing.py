@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG
+from slorouter.serving.status import STATUS_PATH, decode_status
 from tests.gateway.conftest import eventually, start_router
 
 FAST_TRAINING = {"min_samples": 30, "retrain_interval_s": 0.2, "n_estimators": 30, "max_depth": 4}
@@ -140,5 +141,74 @@ async def test_streaming_mode_trains_ttft_and_tpot(cluster, http, streaming_mode
                     in router.metrics.render().decode()
                 )
             )
+    finally:
+        await router.stop()
+
+
+async def test_the_ledger_pairs_predictions_with_outcomes_on_the_status_page_and_metrics(cluster, http):
+    router = await start_router(
+        list(cluster.addresses), predictor=_predictor(), objectives={"chat": {"priority": 1}}
+    )
+    try:
+        await _warm_up(http, router, cluster.model)
+        headers = {"x-gateway-inference-objective": "chat"}
+        for i in range(12):
+            body = {
+                "model": cluster.model,
+                "prompt": f"ledger {i} " + "words " * (10 * (i % 4)),
+                "max_tokens": 3,
+            }
+            async with http.post(f"http://{router.address}/v1/completions", json=body, headers=headers) as r:
+                assert r.status == 200 and r.headers["x-slorouter-route"] in ("predicted", "explore")
+                await r.read()
+        async with http.get(f"http://{router.address}{STATUS_PATH}") as resp:
+            status = decode_status(await resp.read())
+        ledger = status.ledger
+        assert ledger is not None and ledger.quantile == 0.9
+        chat = ledger.objectives["chat"]["ttft"]
+        assert chat.outcomes == 12 and 0.0 <= chat.coverage <= 1.0
+        assert chat.mape is not None and chat.bias is not None  # the embedded predictor's point predictions
+        assert set(ledger.endpoints) <= set(cluster.addresses)
+        assert sum(k["ttft"].outcomes for k in ledger.endpoints.values()) >= 12
+        metrics = router.metrics.render().decode()
+        assert 'slorouter_prediction_ledger_objective_coverage{kind="ttft",objective="chat"}' in metrics
+        assert "slorouter_prediction_drifts_total 0.0" in metrics
+    finally:
+        await router.stop()
+
+
+async def test_a_drift_past_fallback_after_s_routes_by_the_heuristic_profile(cluster, http):
+    # A band no model meets: the endpoints drift as soon as they have outcomes, and are distrusted at once.
+    ledger = {"coverage_band": [0.0, 0.01], "drift_after_s": 0.2, "fallback_after_s": 0, "min_outcomes": 5}
+    router = await start_router(list(cluster.addresses), predictor={**_predictor(), "ledger": ledger})
+    try:
+        await _warm_up(http, router, cluster.model)
+
+        async def routes(n: int) -> list[tuple[str, str | None]]:
+            got = []
+            for i in range(n):
+                body = {"model": cluster.model, "prompt": f"drift {i} " + "words " * (i % 9), "max_tokens": 2}
+                async with http.post(f"http://{router.address}/v1/completions", json=body) as r:
+                    assert r.status == 200
+                    await r.read()
+                    got.append((r.headers["x-slorouter-route"], r.headers.get("x-slorouter-fallback-reason")))
+                    if got[-1][0] == "fallback":  # distrusted predictions are not served
+                        assert "x-slorouter-predicted-ttft-ms" not in r.headers
+            return got
+
+        async def distrusted() -> bool:
+            await routes(4)
+            return bool(router.core.ledger.distrusted)
+
+        await eventually(distrusted, timeout=30)
+        after = await routes(6)
+        assert after == [("fallback", "drift")] * 6
+        async with http.get(f"http://{router.address}{STATUS_PATH}") as resp:
+            status = decode_status(await resp.read())
+        assert status.ledger is not None and set(status.ledger.distrusted) <= set(cluster.addresses)
+        assert status.ledger.distrusted and status.ledger.drifting
+        metrics = router.metrics.render().decode()
+        assert 'slorouter_prediction_fallbacks_total{reason="drift"}' in metrics
+        assert "slorouter_prediction_distrusted{endpoint=" in metrics
     finally:
         await router.stop()

@@ -10,6 +10,7 @@ not speed claims.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from slorouter.gateway.runtime import Router
 from slorouter.predictor.store import StoreConfig
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.predictor.training_server import TrainingServer
+from slorouter.serving.status import STATUS_PATH, decode_status
 from slorouter.sim.server import SimCluster
 from tests.gateway.conftest import eventually, start_router
 from tests.helpers.processes import free_port
@@ -46,6 +48,7 @@ class PredictionServerProcess:
         self.training_url = training_url
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.model_dir: Path | None = None  # set: models from this directory, not the training server
 
     @property
     def url(self) -> str:
@@ -53,8 +56,13 @@ class PredictionServerProcess:
 
     def spawn(self) -> None:
         assert self.proc is None, "already running"
+        source = (
+            ["--training-server", self.training_url]
+            if self.model_dir is None
+            else ["--model-dir", str(self.model_dir)]
+        )
         args = [sys.executable, "-m", "slorouter.cli", "predictor", "prediction-server",
-                "--host", "127.0.0.1", "--port", str(self.port), "--training-server", self.training_url,
+                "--host", "127.0.0.1", "--port", str(self.port), *source,
                 "--poll-interval-s", "0.1", "--log-level", "WARNING"]  # fmt: skip
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -307,5 +315,48 @@ async def test_opting_out_routes_by_the_heuristic_profile(
         assert not any("x-slorouter-predicted-ttft-ms" in h for h in opted_out)
         default = await _send(http, router, cluster.model, 6, first=600)
         assert set(_routes(default)) <= set(PREDICTED_ROUTES)
+    finally:
+        await router.stop()
+
+
+async def test_a_prediction_server_left_on_an_old_model_is_reported_and_passed_over(
+    cluster: SimCluster, http: aiohttp.ClientSession, sidecars: Sidecars, tmp_path: Path
+) -> None:
+    config = sidecars.predictor_config()
+    config["remote"]["stale_after_s"] = 1.0
+    router = await start_router(list(cluster.addresses), predictor=config)
+    try:
+        await _until_predicted(http, router, cluster.model)
+        client = router.predictor.client
+        await eventually(lambda: all(s.ready and s.versions for s in client.servers), timeout=10)
+        # The second server restarts on a copy of the models as they are now, and never sees another.
+        frozen = tmp_path / "frozen-models"
+        shutil.copytree(sidecars.training.model_dir, frozen)
+        stuck = sidecars.prediction[1]
+        await stuck.kill()
+        stuck.model_dir = frozen
+        stuck.spawn()
+        await stuck.wait_listening(http)
+        sent = 2000
+
+        async def reported() -> bool:
+            nonlocal sent
+            await _send(http, router, cluster.model, CONCURRENCY, first=sent)  # new models get trained
+            sent += CONCURRENCY
+            return stuck.url in router.predictor.stale_servers
+
+        await eventually(reported, timeout=60)
+        assert not client.servers[0].stale
+        metrics = router.metrics.render().decode()
+        assert f'slorouter_prediction_server_stale{{server="{stuck.url}"}} 1.0' in metrics
+        async with http.get(f"http://{router.address}{STATUS_PATH}") as resp:
+            status = decode_status(await resp.read())
+        assert set(status.predictor.stale_servers) == {stuck.url}
+        assert status.predictor.versions == router.predictor.sink.published_versions
+        # Predictions go to the current server while it is ready.
+        stale_requests = client.servers[1].requests
+        routes = _routes(await _send(http, router, cluster.model, 12, first=5000))
+        assert set(routes) <= set(PREDICTED_ROUTES), routes
+        assert client.servers[1].requests == stale_requests
     finally:
         await router.stop()

@@ -55,6 +55,8 @@ NEEDS_OTHER_COMPONENTS = {
     ("Hold-out MAPE", "{{model}}"): "the training-server sidecar",
     ("Hold-out coverage", "{{model}}"): "the training-server sidecar",
     ("Oldest queued request", "{{fairness_id}} {{priority}}"): "listed only while requests are queued",
+    ("Prediction drifts", "drifting {{endpoint}} {{kind}}"): "only while an endpoint's predictions drift",
+    ("Stale prediction servers", "{{server}}"): "the prediction-server sidecars (predictor.mode: remote)",
 }
 
 # Grafana's variables, as a query would see them over a short range.

@@ -12,6 +12,8 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from slorouter.http.running import RunningServer, listen
@@ -19,11 +21,11 @@ from slorouter.predictor.backend import LatencyPredictorBackend, PredictionUnava
 from slorouter.predictor.features import FeatureError
 from slorouter.predictor.model_sources import make_source
 from slorouter.predictor.model_store import ModelStore
-from slorouter.predictor.prediction_client import PredictionClient, ServerState
+from slorouter.predictor.prediction_client import PredictionClient, ServerState, served_versions
 from slorouter.predictor.prediction_server import PredictionServer
 from slorouter.predictor.predictor import Predictor
 from slorouter.predictor.remote import RemotePredictor
-from slorouter.predictor.sample_sink import TrainingSampleSink, encode_sample
+from slorouter.predictor.sample_sink import TrainingSampleSink, encode_sample, published_versions_in
 from slorouter.predictor.training_server import TrainingServer
 from slorouter.predictor.wire import RowEncoder
 from tests.helpers import predictor_models as common
@@ -558,3 +560,71 @@ async def test_client_can_share_a_session(servers: list[PredictionServer]) -> No
         await client.predict(union(2))
         await client.stop()
         assert not session.closed
+
+
+def test_a_server_serving_a_superseded_model_is_stale_and_passed_over(caplog: pytest.LogCaptureFixture):
+    registry = CollectorRegistry()
+    client = PredictionClient(["http://a", "http://b"], registry=registry, stale_after_s=30.0)
+    now = [0.0]
+    client._now = lambda: now[0]  # type: ignore[method-assign]
+    published = {"ttft": "v1"}
+    client.published_versions = lambda: published
+    a, b = client.servers
+    for server in (a, b):
+        server.ready, server.versions = True, {"ttft": "v1"}
+
+    def step(seconds: float) -> None:
+        now[0] += seconds
+        client.check_versions()
+
+    step(1.0)
+    published["ttft"] = "v2"  # a reloads within the grace, b never does
+    step(1.0)
+    a.versions = {"ttft": "v2"}
+    step(28.0)
+    assert not a.stale and not b.stale  # v1 was published 29 s ago
+    step(2.0)
+    assert b.stale and not a.stale
+    assert "prediction server http://b serves models {'ttft': 'v1'}, superseded" in caplog.text
+    assert registry.get_sample_value("slorouter_prediction_server_stale", {"server": "http://b"}) == 1.0
+    b.outstanding, a.outstanding = 0, 5
+    assert client._pick(set()) is a  # a current server first, however busy
+    a.ready = False
+    assert client._pick(set()) is b  # the stale one still answers when no current one is ready
+    b.versions = {"ttft": "v2"}
+    step(1.0)
+    assert not b.stale
+    assert registry.get_sample_value("slorouter_prediction_server_stale", {"server": "http://b"}) == 0.0
+
+
+def test_a_version_never_seen_published_counts_from_when_the_client_started_watching():
+    client = PredictionClient(["http://a"], stale_after_s=10.0)
+    now = [100.0]
+    client._now = lambda: now[0]  # type: ignore[method-assign]
+    client.published_versions = lambda: {"ttft": "v9"}
+    server = client.servers[0]
+    server.ready, server.versions = True, {"ttft": "v3"}
+    client.check_versions()
+    now[0] += 9.0
+    client.check_versions()
+    assert not server.stale
+    now[0] += 1.0
+    client.check_versions()
+    assert server.stale
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.one_of(st.binary(max_size=200), st.builds(lambda o: json.dumps(o).encode(), JSON_VALUES)))
+def test_version_answers_of_any_shape_give_a_mapping_of_strings(payload: bytes):
+    for parsed in (served_versions(payload), published_versions_in(payload, {"ttft": "before"})):
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.items())
+    assert served_versions(b'{"status": "ready", "model_versions": {"ttft": "v1", "tpot": 3}}') == {
+        "ttft": "v1"
+    }
+    assert published_versions_in(b"not json", {"ttft": "before"}) == {"ttft": "before"}

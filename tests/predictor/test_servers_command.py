@@ -213,7 +213,7 @@ def test_both_servers_as_separate_processes(tmp_path: Path) -> None:
         _wait(lambda: _get(prediction_url + "/healthz")[0] == 200)
         assert _get(prediction_url + "/readyz")[0] == 503
         status, body = _post(training_url + "/v1/samples", samples_request(samples_body(300)))
-        assert (status, body) == (202, {"accepted": 600})
+        assert (status, body) == (202, {"accepted": 600, "model_versions": {}})
         _wait(lambda: _get(prediction_url + "/readyz")[0] == 200)
         rows = feature_rows(*synthetic(3, seed=4)[::2])
         _wait(

@@ -55,10 +55,10 @@ async def post_samples(http: aiohttp.ClientSession, url: str, body: Any) -> tupl
 async def test_accepts_samples_of_both_models(server: TrainingServer, http: aiohttp.ClientSession) -> None:
     samples = samples_body(10)
     status, body = await post_samples(http, server.url, samples_request(samples))
-    assert (status, body) == (202, {"accepted": 20})
+    assert (status, body) == (202, {"accepted": 20, "model_versions": {}})  # none published yet
     assert server.store.count("ttft") == 10 and server.store.count("tpot") == 10
     status, body = await post_samples(http, server.url, samples_request([], extra="ignored"))
-    assert (status, body) == (202, {"accepted": 0})
+    assert (status, body) == (202, {"accepted": 0, "model_versions": {}})
     async with http.get(server.url + "/v1/status") as r:
         status_body = await r.json()
     assert status_body["models"]["ttft"]["samples"] == 10
@@ -213,7 +213,7 @@ async def test_the_schema_of_the_status_is_accepted_back(
     assert schema == FULL_SCHEMA and set(schema) > set(SAMPLES_SCHEMA)
     for claimed in (schema, SAMPLES_SCHEMA):
         status, body = await post_samples(http, server.url, {"schema": claimed, "samples": _valid()})
-        assert (status, body) == (202, {"accepted": 4})
+        assert (status, body) == (202, {"accepted": 4, "model_versions": {}})
     assert server.store.count("ttft") == 4
 
 

@@ -78,6 +78,16 @@ def test_gating_by_min_samples_and_cadence(trainer: Trainer, clock: ManualClock)
     assert trainer.maybe_train() == []
 
 
+def test_an_expedited_kind_is_due_without_its_interval(trainer: Trainer) -> None:
+    x, y, _, _ = synthetic(400)
+    trainer.store.add("ttft", x, y)
+    trainer.maybe_train()
+    trainer.expedite("ttft")
+    assert not trainer.due("ttft")  # nothing new to learn from yet
+    trainer.store.add("ttft", x[:10], y[:10])
+    assert trainer.due("ttft")  # the interval has not passed
+
+
 def test_training_saves_model_with_metadata(trainer: Trainer) -> None:
     x, y, _, _ = synthetic(2000)
     trainer.store.add("ttft", x, y)

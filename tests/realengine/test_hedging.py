@@ -22,7 +22,7 @@ ROUND_ROBIN = {
     "plugins": [{"type": "round-robin-picker"}],
     "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "round-robin-picker"}]}],
 }
-SLO_MS = 10_000  # no prediction: the hedge delay is max_slo_share (0.6) of it, 6 s
+SLO_MS = 10_000  # no prediction: the hedge delay is max_slo_share (0.6, set below) of it, 6 s
 
 
 def test_a_request_on_a_stopped_llama_server_is_hedged_to_another_at_once(
@@ -34,7 +34,7 @@ def test_a_request_on_a_stopped_llama_server_is_hedged_to_another_at_once(
         servers,
         scheduler=ROUND_ROBIN,
         objectives={"interactive": {"priority": 1, "deadline": {"action": "hedge"}}},
-        hedging={"stall_ms": 300, "max_share": 1.0},
+        hedging={"stall_ms": 300, "max_share": 1.0, "max_slo_share": 0.6},
     ).start()
     stopped: LlamaServer | None = None
     decoding = threading.Event()

@@ -15,7 +15,7 @@ from slorouter.director import Director
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.loader import build_scheduler_setup
-from slorouter.scheduling.plugin import PluginContext
+from slorouter.scheduling.plugin import PluginContext, TargetPrediction
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.keyed_hash import siphash24
 from slorouter.serving.record_file import RecordFile
@@ -96,12 +96,33 @@ def test_a_record_holds_the_fields_and_hashes_but_no_text(
         "route": "heuristic",
         "ttft_ms": pytest.approx(250.0),
         "tpot_ms": pytest.approx(10.0),
+        "predicted_ttft_ms": None,
+        "predicted_tpot_ms": None,
         "block_hashes": answered["block_hashes"],
     }
     assert len(answered["block_hashes"]) == blocks and len(set(answered["block_hashes"])) == blocks
     assert shed["status"] == 429 and shed["endpoint"] is None and shed["ttft_ms"] is None
     assert shed["api"] == "completions" and shed["block_hashes"] == []  # shorter than one block
     assert abs(answered["arrival"] - header["started"]) < 60  # wall-clock seconds
+
+
+def test_the_prediction_routing_used_is_recorded_beside_the_outcome(
+    director: Director, clock: ManualClock, tmp_path: Path
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    recorder = TrafficRecorder(RecordSettings(path), clock, interval_s=0.01)
+    recorder.open()
+    request = _request("predicted " * 40, clock)
+    lifecycle = director.dispatch(request, director.schedule(request))
+    # Served with the live-coverage factors in (2 and 1.5): recorded without them.
+    lifecycle.prediction = TargetPrediction(300.0, 15.0, ttft_coverage_factor=2.0, tpot_coverage_factor=1.5)
+    lifecycle.on_headers(200, False)
+    lifecycle.on_tokens(1)
+    lifecycle.end()
+    recorder.answered(lifecycle, "/v1/completions")
+    recorder.close()
+    _, answered = _lines(path)
+    assert answered["predicted_ttft_ms"] == 150.0 and answered["predicted_tpot_ms"] == 10.0
 
 
 def test_hashes_follow_shared_prefixes_model_and_salt_within_one_recording(clock: ManualClock) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -68,7 +70,7 @@ def test_a_cancel_plan_has_its_deadline_from_arrival_and_its_tpot_limit():
     [
         (100.0, 10.1 + 0.15),  # 1.5 × the prediction after the dispatch at 10.1 s
         (400.0, 10.1 + 0.6),  # a slow prediction: late against it, not against the 500 ms SLO
-        (None, 10.0 + 0.3),  # no prediction: 0.6 × the SLO after the arrival
+        (None, math.inf),  # no prediction: late cannot be told from slow, only a stall hedges
         (1.0, 10.1 + 0.02),  # never before min_delay_ms after the dispatch
     ],
 )
@@ -77,6 +79,13 @@ def test_the_hedge_delay_rule(predicted_ms, expected_s):
     plan = actions.plan(_request("chat"))
     assert plan is not None
     assert actions.hedge_at(plan, 10.0, 10.1, predicted_ms) == pytest.approx(expected_s)
+
+
+def test_without_a_prediction_the_delay_may_be_a_share_of_the_slo():
+    actions = _actions(max_slo_share=0.6)
+    plan = actions.plan(_request("chat"))
+    assert plan is not None
+    assert actions.hedge_at(plan, 10.0, 10.1, None) == pytest.approx(10.0 + 0.3)  # 0.6 × the 500 ms SLO
 
 
 def test_the_hedge_delay_may_be_capped_at_a_multiple_of_the_slo():

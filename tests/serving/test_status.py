@@ -119,6 +119,7 @@ class _Backend:
         self.ready = False
         self.versions = {"ttft": None, "tpot": "v2"}
         self.warm_start_report = report
+        self.stale_servers: dict[str, dict[str, str]] = {}
 
 
 def test_the_page_says_what_the_warm_start_took_over_and_how_its_live_check_went():

@@ -34,12 +34,13 @@ def test_one_frame_of_a_running_gateway(watched_router: WatchedRouter):
     for pod in watched_router.pods:
         row = next(line for line in lines if pod in line)
         cells = [cell.strip() for cell in row.split("│")[1:-1]]
-        endpoint, up, inflight, _queue, _running, kv, predicted, observed, picks = cells
+        endpoint, up, inflight, _queue, _running, kv, predicted, observed, coverage, picks = cells
         assert (endpoint, up, inflight) == (pod, "●", "0")
         assert kv.endswith("%") and picks.endswith("%")
         shares.append(float(picks.rstrip("%")))
         if shares[-1] > 0:
             assert predicted.endswith(" ms") and observed.endswith(" ms"), row
+        assert coverage == "—" or coverage.endswith("%"), row
     assert abs(sum(shares) - 100.0) < 0.2
 
 

@@ -134,10 +134,11 @@ def test_top_draws_the_router_redraws_every_second_and_quits_on_ctrl_c(
     assert any(line.startswith("SLO attainment 100.0%") for line in lines)
     assert any(line.startswith("routes predicted ") for line in lines)
     header = next(line for line in lines if "endpoint" in line)
-    assert re.search(r"in-flight .* queue .* running .* KV .* TTFT pred .* TTFT obs .* picks", header)
+    columns = r"in-flight .* queue .* running .* KV .* TTFT pred .* TTFT obs .* TTFT cov .* picks"
+    assert re.search(columns, header)
     for pod in watched_router.pods:
         row = next(line for line in lines if pod in line)
-        assert row.count("%") == 2  # KV and the share of picks
+        assert row.count("%") in (2, 3)  # KV, the share of picks, the TTFT coverage once it has outcomes
     # Redrawn every second: the clock in the first line moves on.
     first = CLOCK.search(lines[0])
     assert first is not None

@@ -16,8 +16,10 @@ from rich.console import Console, RenderableType
 from slorouter.pool.kv_trust import TrustReason, TrustState
 from slorouter.serving.status import (
     STATUS_SCHEMA,
+    AccuracyStatus,
     EndpointStatus,
     KVIndexStatus,
+    LedgerStatus,
     PredictorStatus,
     RouterStatus,
     SloStatus,
@@ -100,11 +102,11 @@ def test_the_frame_shows_the_router_and_every_endpoint():
     assert lines[3] == "routes predicted 75.0% · explore 5.0% · heuristic 15.0% · fallback 5.0%"
     assert lines[4] == "predictor embedded, ready · models ttft v7"
     header = next(line for line in lines if "endpoint" in line)
-    for column in ("up", "in-flight", "queue", "running", "KV", "TTFT pred", "TTFT obs", "picks"):
+    for column in ("up", "in-flight", "queue", "running", "KV", "TTFT pred", "TTFT obs", "TTFT cov", "picks"):
         assert column in header
     row = next(line for line in lines if "10.0.0.1:8000" in line).split("│")
     cells = [cell.strip() for cell in row[1:-1]]
-    assert cells == ["10.0.0.1:8000", "●", "7", "3", "12", "62%", "210 ms", "199 ms", "75.0%"]
+    assert cells == ["10.0.0.1:8000", "●", "7", "3", "12", "62%", "210 ms", "199 ms", "—", "75.0%"]
     row = next(line for line in lines if "10.0.0.3:8000" in line).split("│")
     assert [cell.strip() for cell in row[1:-1]] == [
         "10.0.0.3:8000",
@@ -115,9 +117,26 @@ def test_the_frame_shows_the_router_and_every_endpoint():
         "0%",
         "—",
         "—",
+        "—",
         "0.0%",
     ]
     assert "mean over each endpoint's last 64 requests" in text
+
+
+def test_the_ledgers_coverage_per_endpoint_and_its_drifts():
+    accuracy = AccuracyStatus(outcomes=80, coverage=0.412, mape=0.5, bias=-0.3)
+    ledger = LedgerStatus(
+        window_s=60,
+        quantile=0.9,
+        endpoints={"10.0.0.1:8000": {"ttft": accuracy}},
+        objectives={},
+        drifting={"10.0.0.1:8000": ["ttft"]},
+        drifts=1,
+    )
+    text = text_of(render(_reading(msgspec.structs.replace(SAMPLE, ledger=ledger))))
+    assert text.splitlines()[4] == "predictor embedded, ready · models ttft v7 · drifting on 1 endpoint"
+    row = next(line for line in text.splitlines() if "10.0.0.1:8000" in line).split("│")
+    assert [cell.strip() for cell in row[1:-1]][8] == "41%"
 
 
 def test_the_prefix_index_column_shows_each_subscribed_endpoints_trust_and_only_then():

@@ -53,6 +53,12 @@ class LatencyPredictorBackend(Protocol):
         ...
 
     @property
+    def stale_servers(self) -> Mapping[str, Mapping[str, str]]:
+        """Prediction servers serving other model versions than the training server publishes, for too
+        long, with the versions they serve (empty for the embedded predictor, which has none)."""
+        ...
+
+    @property
     def warm_start_report(self) -> WarmStartReport | None:
         """What the start took over from the previous run, what it refused, and the live checks; None where
         the backend keeps no state (a temporary directory; the remote one: the training server reports its
@@ -80,4 +86,15 @@ class LatencyPredictorBackend(Protocol):
 
     def add_sample(self, kind: ModelKind, row: Mapping[str, float] | np.ndarray, latency_ms: float) -> None:
         """Record an observed latency with the features seen at scheduling time (``kind``'s columns)."""
+        ...
+
+    def point_factor(self, kind: ModelKind) -> float:
+        """From ``kind``'s predictions to its point (median-like) predictions; NaN where the backend does not
+        know it (the remote one)."""
+        ...
+
+    def retrain_soon(self, kind: ModelKind) -> None:
+        """Train ``kind`` at the next chance, without waiting for its retrain interval (the prediction ledger
+        saw it drift); nothing where the backend does not train (the remote one: the training server keeps
+        its own cadence)."""
         ...

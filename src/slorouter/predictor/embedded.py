@@ -108,6 +108,16 @@ class EmbeddedPredictor:
         return self.predictor.versions
 
     @property
+    def stale_servers(self) -> dict[str, dict[str, str]]:
+        return {}
+
+    def point_factor(self, kind: ModelKind) -> float:
+        return self.predictor.point_factor(kind)
+
+    def retrain_soon(self, kind: ModelKind) -> None:
+        self.trainer.expedite(kind)
+
+    @property
     def warm_start_report(self) -> WarmStartReport | None:
         """What the start took over and refused, and the live checks (None without a state directory)."""
         return None if self.persistence is None else self.persistence.report.snapshot()

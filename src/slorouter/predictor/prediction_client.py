@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import aiohttp
@@ -54,6 +55,8 @@ class ServerState:
     errors: int = 0
     last_error: str | None = None
     refused_token: bool = False  # it answered 401/403 (warned once)
+    versions: dict[str, str] = field(default_factory=dict)  # the model versions its /readyz says it serves
+    stale: bool = False  # serves a model superseded stale_after_s ago: predictions go to current servers
 
 
 @dataclass(eq=False, slots=True)
@@ -92,6 +95,13 @@ class _ClientMetrics:
             ["state"],
             registry=registry,
         )
+        self.stale = Gauge(
+            "slorouter_prediction_server_stale",
+            "1 while a prediction server serves other model versions than the training server publishes "
+            "(for longer than the client's stale_after_s).",
+            ["server"],
+            registry=registry,
+        )
         self.breaker_transitions = Counter(
             "slorouter_prediction_breaker_transitions",
             "Circuit-breaker transitions, by the state entered.",
@@ -122,6 +132,7 @@ class PredictionClient:
         binary: bool = True,
         tokens: Sequence[str] = (),
         breaker: BreakerConfig | None = None,
+        stale_after_s: float = 30.0,
     ) -> None:
         if not urls:
             raise ValueError("at least one prediction-server URL is required")
@@ -145,6 +156,12 @@ class PredictionClient:
         self.timeout_s = timeout_s
         self.max_rows_per_bulk = max_rows_per_bulk
         self.health_check_interval_s = health_check_interval_s
+        # The model versions the training server publishes (``RemotePredictor`` gives its sink's); a server
+        # serving others for stale_after_s is stale (``check_versions``).
+        self.published_versions: Callable[[], Mapping[str, str]] = dict
+        self.stale_after_s = stale_after_s
+        self._current_at: dict[tuple[str, str], float] = {}  # (kind, version): last seen published
+        self._watching_since: float | None = None
         self.stats = ClientStats()
         self._metrics = _ClientMetrics(registry) if registry is not None else None
         self._session = session
@@ -317,6 +334,7 @@ class PredictionClient:
             offset = end
 
     def _pick(self, exclude: set[ServerState]) -> ServerState | None:
+        """The least-outstanding ready server not tried yet, a current one before a stale one."""
         best: ServerState | None = None
         count = len(self.servers)
         self._rotation = (self._rotation + 1) % count
@@ -324,7 +342,7 @@ class PredictionClient:
             server = self.servers[(self._rotation + i) % count]
             if server.ready is False or server in exclude:
                 continue
-            if best is None or server.outstanding < best.outstanding:
+            if best is None or (server.stale, server.outstanding) < (best.stale, best.outstanding):
                 best = server
         return best
 
@@ -425,17 +443,72 @@ class PredictionClient:
     async def probe(self) -> None:
         """Probe every server's ``/readyz`` once and update its state."""
         await asyncio.gather(*(self._probe(server) for server in self.servers))
+        self.check_versions()
+
+    def check_versions(self) -> None:
+        """Compare each ready server's model versions with the training server's (``published_versions``):
+        a server serving a model the training server superseded ``stale_after_s`` ago or longer (one this
+        client never saw published counts from when it started watching) is stale: logged once,
+        ``slorouter_prediction_server_stale``, and it gets predictions only when no current server is ready,
+        until it catches up. A server that reloads within ``stale_after_s`` of each publication never is."""
+        published = self.published_versions()
+        now = self._now()
+        if self._watching_since is None:
+            self._watching_since = now
+        current_at = self._current_at
+        for kind, version in published.items():
+            current_at[kind, version] = now
+        for server in self.servers:
+            superseded = [
+                kind
+                for kind, version in published.items()
+                if server.ready
+                and server.versions.get(kind) != version
+                and now - current_at.get((kind, server.versions.get(kind, "")), self._watching_since)
+                >= self.stale_after_s
+            ]
+            if not superseded:
+                if server.stale:
+                    log.info("prediction server %s serves the published models again", server.url)
+                server.stale = False
+            elif not server.stale:
+                server.stale = True
+                log.warning(
+                    "prediction server %s serves models %s, superseded by the published %s over %.0f s ago: "
+                    "predictions go to the servers that serve them",
+                    server.url,
+                    server.versions,
+                    published,
+                    self.stale_after_s,
+                )
+            if self._metrics is not None:
+                self._metrics.stale.labels(server.url).set(1 if server.stale else 0)
+        if now - self._watching_since >= self.stale_after_s:  # older entries say what an absent one says
+            for key in [k for k, at in current_at.items() if now - at > self.stale_after_s]:
+                del current_at[key]
 
     async def _probe(self, server: ServerState) -> None:
         assert self._transport is not None
         try:
-            status, _ = await self._transport.request(
+            status, payload = await self._transport.request(
                 "GET", server.url + "/readyz", b"", min(1.0, self.health_check_interval_s), self._auth or None
             )
         except (TransportError, TimeoutError) as exc:
             server.ready = False
             server.last_error = f"/readyz: {type(exc).__name__}: {exc}"
             return
+        server.versions = served_versions(payload)
         server.ready = status == 200
         if not server.ready:
             server.last_error = f"/readyz: HTTP {status}"
+
+
+def served_versions(payload: bytes) -> dict[str, str]:
+    """The model versions a prediction server's ``/readyz`` answer names (none when it names none)."""
+    try:
+        versions = json.loads(payload).get("model_versions")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(versions, dict):
+        return {}
+    return {str(kind): version for kind, version in versions.items() if isinstance(version, str)}

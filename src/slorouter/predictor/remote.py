@@ -3,6 +3,7 @@ server."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ class RemotePredictor:
     def __init__(self, client: PredictionClient, sink: TrainingSampleSink) -> None:
         self.client = client
         self.sink = sink
+        client.published_versions = lambda: sink.published_versions
 
     @classmethod
     def from_urls(
@@ -44,7 +46,21 @@ class RemotePredictor:
 
     @property
     def versions(self) -> dict[str, str | None]:
-        return {}
+        """The versions the training server publishes (as of its last answer to the samples); each
+        prediction server's own are in ``stale_servers`` when they differ for long."""
+        return dict(self.sink.published_versions)
+
+    @property
+    def stale_servers(self) -> dict[str, dict[str, str]]:
+        """The prediction servers that serve other versions than the published ones for too long, with
+        the versions they serve."""
+        return {server.url: dict(server.versions) for server in self.client.servers if server.stale}
+
+    def point_factor(self, kind: ModelKind) -> float:
+        return math.nan  # the prediction servers answer the served quantile only
+
+    def retrain_soon(self, kind: ModelKind) -> None:
+        return None
 
     @property
     def warm_start_report(self) -> None:

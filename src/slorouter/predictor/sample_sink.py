@@ -112,6 +112,7 @@ class TrainingSampleSink:
         self._flush_lock = asyncio.Lock()
         self._posting = 0  # samples of the batch being posted (out of the queue, not yet delivered)
         self.last_error: str | None = None
+        self.published_versions: dict[str, str] = {}  # per kind, the training server's latest answer
 
     @property
     def dropped(self) -> int:
@@ -218,6 +219,7 @@ class TrainingSampleSink:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return self._failed(f"{type(exc).__name__}: {exc}")
         if status == 202:
+            self.published_versions = published_versions_in(payload, self.published_versions)
             self.stats.sent += len(batch)
             if self._metrics:
                 self._metrics.samples.labels("sent").inc(len(batch))
@@ -240,3 +242,15 @@ class TrainingSampleSink:
         self.last_error = error
         log.debug("training-sample flush failed: %s", error)
         return False
+
+
+def published_versions_in(payload: bytes, before: dict[str, str]) -> dict[str, str]:
+    """The model versions the training server says it publishes (its answer to a batch of samples); the
+    ones known ``before`` when the answer does not say (an older training server)."""
+    try:
+        versions = json.loads(payload).get("model_versions")
+    except (ValueError, AttributeError):
+        return before
+    if not isinstance(versions, dict):
+        return before
+    return {str(kind): version for kind, version in versions.items() if isinstance(version, str)}

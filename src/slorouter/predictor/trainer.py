@@ -350,6 +350,10 @@ class Trainer:
         last = state.last_attempt
         return last is None or self.clock.now() - last >= self.config.retrain_interval_s
 
+    def expedite(self, kind: ModelKind) -> None:
+        """Make ``kind`` due as soon as a sample arrives, whatever its retrain interval."""
+        self._state[check_kind(kind)].last_attempt = None
+
     def maybe_train(self) -> list[TrainingReport]:
         """Train every kind that is due; the reports of those trainings."""
         reports = []

@@ -425,7 +425,9 @@ class TrainingServer:
         for kind, count in accepted.items():
             self.metrics.received.labels(kind).inc(count)
             self.metrics.stored.labels(kind).set(self.store.count(kind))
-        return json_response({"accepted": sum(accepted.values())}, status=202)
+        # The published versions ride along, so a router can tell a prediction server serving an older one.
+        answer = {"accepted": sum(accepted.values()), "model_versions": self._model_versions}
+        return json_response(answer, status=202)
 
     async def _observe_pool_shape(self, shape: PoolShape) -> None:
         if self._pool_check is None:  # the first router to say checks the state taken over at start

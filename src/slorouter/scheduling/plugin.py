@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from slorouter.pool.kv_index import KVBlockIndex
     from slorouter.pool.state import Endpoint, PoolState
     from slorouter.predictor.backend import LatencyPredictorBackend
+    from slorouter.predictor.ledger import PredictionLedger
     from slorouter.scheduling.types import (
         Candidates,
         CycleState,
@@ -42,7 +43,7 @@ class PluginParams(StrictModel):
 @dataclass
 class PluginContext:
     """What the framework hands every plugin: time, randomness, the pool, the latency predictor, metrics, the
-    pods' KV-event index."""
+    pods' KV-event index, the prediction ledger."""
 
     clock: Clock = field(default_factory=MonotonicClock)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng())
@@ -50,6 +51,7 @@ class PluginContext:
     predictor: LatencyPredictorBackend | None = None
     metrics: LatencyMetrics | None = None
     kv_index: KVBlockIndex | None = None  # the pods' KV events, where subscribed (precise prefix plugins)
+    ledger: PredictionLedger | None = None  # each routed request's prediction and outcome (latency plugins)
 
 
 class Plugin:

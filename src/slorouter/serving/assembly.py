@@ -34,6 +34,7 @@ from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.breaker import BreakerConfig
 from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.ledger import DEFAULT_QUANTILE, LedgerCollector, LedgerSettings, PredictionLedger
 from slorouter.predictor.pool_shape import PoolShape
 from slorouter.predictor.prediction_client import PredictionClient
 from slorouter.predictor.remote import RemotePredictor
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from slorouter.tracing.tracer import Tracing
-from slorouter.serving.status import RouterStats, RouterStatus
+from slorouter.serving.status import LedgerStatus, RouterStats, RouterStatus
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class RouterCore:
     tuning: SelfTuning | None = None  # tuning.enabled: the tuner's link and the window it reads
     actions: SloActions | None = None  # an objective has a deadline: the plans and their counts
     engine_priority: EnginePriority | None = None  # pool.engine_priority: what the model servers are sent
+    ledger: PredictionLedger | None = None  # a predictor: each routed request's prediction and outcome
 
     @classmethod
     def build(
@@ -128,6 +130,8 @@ class RouterCore:
             ctx.predictor = predictor
             ctx.metrics = LatencyMetrics(metrics.registry, metrics.model_labels)
             metrics.registry.register(PredictorCollector(predictor))
+            ctx.ledger = build_ledger(config.predictor, clock, predictor, pool)
+            metrics.registry.register(LedgerCollector(ctx.ledger))
             if scheduler_config is None and not config.tuning.enabled:
                 scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
         if scheduler_config is None and config.tuning.enabled:
@@ -167,6 +171,7 @@ class RouterCore:
             tuning=tuning,
             actions=actions if actions.enabled else None,
             engine_priority=EnginePriority.from_config(config),
+            ledger=ctx.ledger,
         )
 
     @property
@@ -190,6 +195,7 @@ class RouterCore:
             queued=None if flow_control is None else len(flow_control),
             tuning=None if self.tuning is None else self.tuning.status(),
             deadlines=None if self.actions is None else self.actions.status(),
+            ledger=None if self.ledger is None else LedgerStatus.of(self.ledger.summary()),
             kv_trust=None if self.kv_index is None else self.kv_index.trust.views(),
         )
 
@@ -292,6 +298,32 @@ def predictor_state_dir(config: Config, state_name: str, config_path: str | Path
     return default_state_dir(state_name, state_key(config_path))
 
 
+def build_ledger(
+    config: PredictorConfig, clock: Clock, predictor: LatencyPredictorBackend, pool: PoolState
+) -> PredictionLedger:
+    """The prediction ledger of ``config.ledger``; a drift asks ``predictor`` for a retrain."""
+    ledger = config.ledger
+    low, high = ledger.coverage_band
+    settings = LedgerSettings(
+        window_s=ledger.window_s,
+        max_entries=ledger.max_entries,
+        quantile=config.embedded.quantile if config.mode == "embedded" else DEFAULT_QUANTILE,
+        coverage_low=low,
+        coverage_high=high,
+        min_outcomes=ledger.min_outcomes,
+        drift_after_s=ledger.drift_after_s,
+        fallback_after_s=ledger.fallback_after_s,
+        check_interval_s=min(5.0, ledger.drift_after_s / 2),
+    )
+    return PredictionLedger(
+        clock,
+        settings,
+        point_factor=predictor.point_factor,
+        on_drift=lambda _endpoint, kind: predictor.retrain_soon(kind),
+        members=lambda: (e.address for e in pool.endpoints),
+    )
+
+
 def _build_predictor(
     config: PredictorConfig, clock: Clock, metrics: GatewayMetrics, pool: PoolState, state_dir: Path | None
 ) -> LatencyPredictorBackend:
@@ -305,6 +337,7 @@ def _build_predictor(
             coalesce_window_s=remote.coalesce_window_ms / 1000,
             tokens=remote.tokens,
             breaker=_breaker_config(remote),
+            stale_after_s=remote.stale_after_s,
         )
         sink = TrainingSampleSink(
             remote.training_server,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -277,6 +278,8 @@ class Exchange:
             assert actions is not None
             self._copy_due = self._delay_due()
             self._hedge_next = actions.next_check(lifecycle.response.dispatched_at, self._copy_due)
+        if self._hedge_next is not None and math.isinf(self._hedge_next):
+            return None  # no delay (no prediction) and no stall check: never
         return self._hedge_next
 
     def _delay_due(self) -> float:
@@ -331,6 +334,8 @@ class Exchange:
         if self.hedge_at() is None:
             return None
         due = self._delay_due()
+        if math.isinf(due):  # no prediction: only a stall would hedge it, which Envoy cannot see
+            return None
         if alternatives < 1:
             self._no_hedge_endpoint()
             return None

@@ -35,6 +35,7 @@ from slorouter.api.routing_headers import OBJECTIVE_HEADERS
 from slorouter.clock import Clock
 from slorouter.config import ConfigError
 from slorouter.director import RequestLifecycle
+from slorouter.scheduling.plugin import TargetPrediction
 from slorouter.scheduling.prefix_blocks import prefix_block_hashes, prefix_seed
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.keyed_hash import siphash24
@@ -76,6 +77,7 @@ class _Pending(NamedTuple):
     tpot_ms: float | None
     output_tokens: int | None
     body: bytes | None  # a whole response body, read for its usage on the writer's thread, never written
+    prediction: TargetPrediction | None = None  # on the endpoint that served it, when routed by prediction
 
 
 class TrafficRecorder:
@@ -131,6 +133,7 @@ class TrafficRecorder:
                 tpot_ms,
                 completion,
                 body if completion is None else None,
+                lifecycle.prediction,
             )
         )
 
@@ -219,7 +222,20 @@ def _record(pending: _Pending, hashes: list[int]) -> dict[str, Any]:
         "route": pending.route,
         "ttft_ms": None if pending.ttft_ms is None else round(pending.ttft_ms, 3),
         "tpot_ms": None if pending.tpot_ms is None else round(pending.tpot_ms, 3),
+        **_predicted(pending.prediction),
         "block_hashes": hashes,
+    }
+
+
+def _predicted(prediction: TargetPrediction | None) -> dict[str, float | None]:
+    """The prediction routing used for the endpoint (the models' quantile, from the dispatch, without the
+    live-coverage factor of the served figures): what the prediction ledger pairs with the outcome."""
+    if prediction is None:
+        return {"predicted_ttft_ms": None, "predicted_tpot_ms": None}
+    tpot = prediction.tpot_ms / prediction.tpot_coverage_factor if prediction.tpot_ms else None
+    return {
+        "predicted_ttft_ms": round(prediction.model_ttft_ms, 3),
+        "predicted_tpot_ms": None if tpot is None else round(tpot, 3),
     }
 
 

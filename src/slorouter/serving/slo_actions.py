@@ -9,8 +9,9 @@ Per objective (``objectives.NAME.deadline``), a request that carries a TTFT SLO 
 - ``hedge`` (other objectives): no first token by the hedge delay → the same request goes to the best other
   endpoint as well; the first to answer wins and the other is cancelled at once. The delay is the chosen
   endpoint's predicted TTFT times ``hedging.delay_factor`` (without a prediction, ``hedging.max_slo_share``
-  of the SLO), never before ``hedging.min_delay_ms``. Then the copy is picked; if it is predicted to
-  answer after the request itself (``copy_due``), it is held back once, until it would not be. A request
+  of the SLO when set, else no delay: only a stall hedges), never before ``hedging.min_delay_ms``. Then the
+  copy is picked; if it is predicted to answer after the request itself (``copy_due``), it is held back
+  once, until it would not be. A request
   whose endpoint stalls (no token for ``hedging.stall_ms`` and ``stall_step_factor`` × its longest recent
   step while requests decode there; ``InFlightTracker.stalled``) is hedged at once,
   whatever the delay. A request is hedged once at most, only while the budget (``HedgeBudget``) has room
@@ -23,6 +24,7 @@ pick: the budget is taken then, and given back when the response shows that no c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -176,14 +178,17 @@ class SloActions:
         """When the hedge is due if no token has come: the predicted TTFT times ``delay_factor`` after the
         dispatch (a request late against its own prediction: a long prompt predicted slow is not hedged for
         being slow), at the latest ``max_delay_slo_factor`` × the SLO after the arrival when set; without a
-        prediction ``max_slo_share`` of the SLO after the arrival. Never before ``min_slo_share`` of the SLO
-        after the arrival when set, nor sooner than ``min_delay_ms`` after the dispatch."""
+        prediction ``max_slo_share`` of the SLO after the arrival, or never (inf) when it is None. Never
+        before ``min_slo_share`` of the SLO after the arrival when set, nor sooner than ``min_delay_ms``
+        after the dispatch."""
         hedging = self.hedging
         if predicted_ttft_ms is not None and predicted_ttft_ms > 0:
             due = dispatched_at + predicted_ttft_ms * hedging.delay_factor / 1000.0
             cap = hedging.max_delay_slo_factor
             if cap is not None:
                 due = min(due, received_at + plan.slo_ttft_ms * cap / 1000.0)
+        elif hedging.max_slo_share is None:
+            return math.inf  # without a prediction, late cannot be told from slow: only a stall hedges
         else:
             due = received_at + plan.slo_ttft_ms * hedging.max_slo_share / 1000.0
         floor = hedging.min_slo_share

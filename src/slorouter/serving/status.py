@@ -22,6 +22,8 @@ from slorouter.clock import Clock
 from slorouter.pool.kv_trust import TrustReason, TrustState, TrustView
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
+from slorouter.predictor.features import ModelKind
+from slorouter.predictor.ledger import Accuracy, LedgerSummary
 from slorouter.predictor.warm_start import WarmStartReport
 
 STATUS_PATH = "/v1/router/status"
@@ -72,10 +74,55 @@ class SloStatus(msgspec.Struct, frozen=True, kw_only=True):
 class PredictorStatus(msgspec.Struct, frozen=True, kw_only=True):
     mode: str  # embedded, remote, off
     ready: bool  # a trained model serves predictions
-    versions: dict[str, str | None]  # model version per kind (empty for the remote predictor)
+    # Model version per kind: served (embedded), or published by the training server (remote).
+    versions: dict[str, str | None]
     # What the embedded predictor took over at start, refused, and how the live checks went; None without a
     # state directory and for the remote predictor (its training server's /v1/status has it).
     warm_start: WarmStartReport | None = None
+    # Remote: prediction servers serving other versions than the published ones for too long, and theirs.
+    stale_servers: dict[str, dict[str, str]] = msgspec.field(default_factory=dict)
+
+
+class AccuracyStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """How one endpoint's or objective's predictions of one kind met their outcomes (``predictor.ledger``)."""
+
+    outcomes: int
+    coverage: float  # share of outcomes at or under the predicted quantile routing used
+    mape: float | None  # of the point predictions; None where the predictor does not give them (remote)
+    bias: float | None  # median point prediction over outcome, minus 1: > 0, predictions run high
+
+
+class LedgerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The prediction ledger over its window: per endpoint and per objective, per model kind (ttft, tpot)."""
+
+    window_s: float
+    quantile: float  # the models' quantile: the coverage to expect
+    endpoints: dict[str, dict[str, AccuracyStatus]]
+    objectives: dict[str, dict[str, AccuracyStatus]]
+    drifting: dict[str, list[str]]  # endpoint → the kinds whose predictions drift there now
+    drifts: int  # drifts that began since the start
+    distrusted: list[str] = msgspec.field(default_factory=list)  # routed by heuristics while they drift
+
+    @classmethod
+    def of(cls, summary: LedgerSummary) -> LedgerStatus:
+        def groups(by: Mapping[str, Mapping[ModelKind, Accuracy]]) -> dict[str, dict[str, AccuracyStatus]]:
+            return {
+                name: {
+                    kind: AccuracyStatus(outcomes=a.outcomes, coverage=a.coverage, mape=a.mape, bias=a.bias)
+                    for kind, a in kinds.items()
+                }
+                for name, kinds in by.items()
+            }
+
+        return cls(
+            window_s=summary.window_s,
+            quantile=summary.quantile,
+            endpoints=groups(summary.endpoints),
+            objectives=groups(summary.objectives),
+            drifting={endpoint: list(kinds) for endpoint, kinds in summary.drifting.items()},
+            drifts=summary.drifts,
+            distrusted=summary.distrusted,
+        )
 
 
 class TuningStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +170,7 @@ class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: list[EndpointStatus]
     tuning: TuningStatus | None = None  # None: the router does not tune itself
     deadlines: SloActionsStatus | None = None  # None: no objective has a deadline
+    ledger: LedgerStatus | None = None  # None: no predictor
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -214,6 +262,7 @@ class RouterStats:
         queued: int | None,
         tuning: TuningStatus | None = None,
         deadlines: SloActionsStatus | None = None,
+        ledger: LedgerStatus | None = None,
         kv_trust: Mapping[str, TrustView] | None = None,
     ) -> RouterStatus:
         """The page now: the pool's current endpoints (an endpoint that left is no longer shown);
@@ -262,9 +311,13 @@ class RouterStats:
                 ready=bool(predictor is not None and predictor.ready),
                 versions=dict(versions),
                 warm_start=None if predictor is None else predictor.warm_start_report,
+                stale_servers={}
+                if predictor is None
+                else {url: dict(v) for url, v in predictor.stale_servers.items()},
             ),
             queued=queued,
             endpoints=endpoints,
             tuning=tuning,
             deadlines=deadlines,
+            ledger=ledger,
         )

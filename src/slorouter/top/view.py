@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slorouter.pool.kv_trust import TrustState
-from slorouter.serving.status import KVIndexStatus, TuningStatus
+from slorouter.serving.status import KVIndexStatus, LedgerStatus, TuningStatus
 from slorouter.top.source import Reading
 
 ROUTES = ("predicted", "explore", "heuristic", "fallback")  # the x-slorouter-route values, in this order
@@ -110,7 +110,13 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
         versions = [f"{kind} {version}" for kind, version in sorted(predictor.versions.items()) if version]
         if versions:
             state += " · models " + ", ".join(versions)
-    predictor_line = Text.assemble(("predictor ", "bold"), state)
+    ledger = status.ledger
+    drift = ""
+    if ledger is not None and ledger.drifting:
+        drift = f" · drifting on {len(ledger.drifting)} endpoint{'s' if len(ledger.drifting) > 1 else ''}"
+        if ledger.distrusted:
+            drift += f", {len(ledger.distrusted)} routed by heuristics"
+    predictor_line = Text.assemble(("predictor ", "bold"), state, (drift, "red"))
     lines = [title, requests, slo_line, routes, predictor_line]
     if status.tuning is not None:
         lines.append(Text.assemble(("tuning ", "bold"), tuning_summary(status.tuning)))
@@ -124,6 +130,7 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
     table.add_column("KV", justify="right")
     table.add_column("TTFT pred", justify="right")
     table.add_column("TTFT obs", justify="right")
+    table.add_column("TTFT cov", justify="right")
     table.add_column("picks", justify="right")
     kv_events = any(e.kv_index is not None for e in status.endpoints)
     if kv_events:
@@ -141,17 +148,27 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
             Text(f"{100 * endpoint.kv_usage:.0f}%", "dim" if stale else ""),
             _ms(endpoint.predicted_ttft_ms),
             _ms(endpoint.observed_ttft_ms),
+            _coverage(ledger, endpoint.address),
             _share(endpoint.picks, total_picks),
             *extra,
         )
     notes = "queue, running, KV: the last scrape (dim: older than 5 s)\n"
     notes += (
-        f"TTFT: mean over each endpoint's last {status.window} requests · picks: since the router started"
+        f"TTFT: mean over each endpoint's last {status.window} requests · picks: since the router started\n"
+        "TTFT cov: share of the TTFTs of the ledger's window under their predicted quantile (red: drifting)"
     )
     if kv_events:
         notes += "\nprefix index: its KV-event index's trust; not exact: routed on the approximate estimate"
     caption = Text(notes, "dim")
     return Group(*lines, table, caption)
+
+
+def _coverage(ledger: LedgerStatus | None, address: str) -> Text:
+    accuracy = None if ledger is None else ledger.endpoints.get(address, {}).get("ttft")
+    if ledger is None or accuracy is None:
+        return Text("—")
+    drifting = "ttft" in ledger.drifting.get(address, ())
+    return Text(f"{100 * accuracy.coverage:.0f}%", "red" if drifting else "")
 
 
 def render_error(url: str, message: str, retry_s: float) -> RenderableType:

@@ -42,6 +42,7 @@ from slorouter.predictor.features import (
     columns_to_union_matrix,
     pod_class_code,
 )
+from slorouter.predictor.ledger import NO_OBJECTIVE
 from slorouter.scheduling.datakeys import (
     PREDICTED_TPOT_MS,
     PREDICTED_TTFT_MS,
@@ -283,6 +284,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             state.ttft_coverage_factor = self.coverage.factor("ttft")
             if self.params.streaming_mode:
                 state.tpot_coverage_factor = self.coverage.factor("tpot")
+        ledger = self.ctx.ledger
+        if ledger is not None and ledger.distrusts(state.addresses):
+            # Kept for the ledger, which judges the model on the outcomes it predicted, but not routed by.
+            self._fallback(request, "drift")
+            return
         strictest = None
         if self.params.streaming_mode and self._running_tpot_slos:
             running = self._running_tpot_slos
@@ -328,9 +334,10 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
             state.target = state.addresses.index(address)
         except ValueError:
             return None
-        prediction = None
-        served_ttft = self._served_prediction(state, "ttft")
-        served_tpot = self._served_prediction(state, "tpot")
+        prediction = served_ttft = served_tpot = None
+        if request.prediction_unavailable is None:  # a fallback's predictions (distrusted) are not served
+            served_ttft = self._served_prediction(state, "ttft")
+            served_tpot = self._served_prediction(state, "tpot")
         if served_ttft is not None and state.corrected_tpot is not None:
             prediction = TargetPrediction(
                 served_ttft,
@@ -431,6 +438,17 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
         served = self._served_prediction(state, kind)
         if served is not None and served > 0 and self.coverage is not None:
             self.coverage.observe(kind, latency_ms, served)
+        ledger = self.ctx.ledger
+        if ledger is not None and count_slo:  # not a cancelled request's wait: a lower bound, not an outcome
+            routed = state.corrected_ttft if kind == "ttft" else state.corrected_tpot
+            if routed is not None and (kind == "ttft" or self.params.streaming_mode):
+                ledger.add(
+                    state.target_address,
+                    request.objective or NO_OBJECTIVE,
+                    kind,
+                    float(routed[i]),
+                    latency_ms,
+                )
         metrics = self.ctx.metrics
         if metrics is None:
             return
