@@ -7,7 +7,9 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from slorouter.pool.config import PoolConfig
 from slorouter.pool.kv_trust import (
     CLEAR_REASONS,
     DEGRADED_REASONS,
@@ -241,3 +243,27 @@ def test_any_history_keeps_the_state_and_reason_consistent(history: list[tuple[f
     trust.batch(now, lag_s=0.0, events=0)
     trust.tick(now + T.rebuild_s + 1)
     assert state(trust) == (S.EXACT, R.NONE)
+
+
+def test_the_pool_config_keys_become_the_thresholds_and_bad_ones_are_named() -> None:
+    config = PoolConfig.model_validate(
+        {
+            "endpoints": ["10.0.0.1:8000"],
+            "kv_events_lag_threshold_ms": 500,
+            "kv_events_silent_after_ms": 8000,
+            "kv_events_rebuild_events": 50,
+            "kv_events_rebuild_ms": 60_000,
+        }
+    )
+    assert config.kv_trust_thresholds() == TrustThresholds(
+        lag_s=0.5, silent_after_s=8.0, rebuild_events=50, rebuild_s=60.0
+    )
+    assert PoolConfig.model_validate({"endpoints": ["a:1"]}).kv_trust_thresholds() == TrustThresholds()
+    for key, value in (
+        ("kv_events_lag_threshold_ms", 0),
+        ("kv_events_silent_after_ms", float("inf")),
+        ("kv_events_rebuild_events", 0),
+        ("kv_events_rebuild_ms", -1),
+    ):
+        with pytest.raises(ValidationError, match=key):
+            PoolConfig.model_validate({"endpoints": ["a:1"], key: value})
