@@ -12,6 +12,7 @@ from slorouter.bench.policies import BUILTIN_POLICIES
 from slorouter.bench.pool import parse_pool
 from slorouter.bench.records import OK, SHED, UNFINISHED
 from slorouter.bench.workloads import BenchRequest
+from slorouter.predictor.ledger import LedgerSettings
 from slorouter.sim.engine import Engine
 from slorouter.sim.profiles import get_profile
 from tests.helpers.bench_requests import chat_requests
@@ -104,6 +105,25 @@ def test_predicted_latency_trains_online_and_then_routes_by_prediction() -> None
     actual = rec.ttft_s[served] * 1000
     assert np.all(rec.point_ttft_ms[served] < rec.predicted_ttft_ms[served])  # point below its p90
     assert 0.6 <= float(np.mean(actual <= rec.predicted_ttft_ms[served])) <= 1.0
+    assert np.all(rec.status == OK)
+
+
+def test_the_ledger_pairs_the_simulated_outcomes_and_a_distrusted_pool_routes_by_heuristics() -> None:
+    requests = chat_requests(1500, qps=50, seed=3)
+    # A band no model meets, and a fallback at once: the pool is distrusted soon after the first model.
+    ledger = LedgerSettings(coverage_low=0.0, coverage_high=0.01, min_outcomes=20, drift_after_s=2.0,
+                            fallback_after_s=0.0, check_interval_s=0.5)  # fmt: skip
+    settings = ClusterSettings(min_samples=100, retrain_interval_s=2.0, train_poll_s=0.5, ledger=ledger)
+    policy = BUILTIN_POLICIES["predicted-latency"]
+    with ClusterSimulator(parse_pool("4"), policy, use_predictor=True, settings=settings) as sim:
+        rec = sim.run(requests)
+        book = sim.pickers[0].ledger
+        assert book is not None
+        summary = book.summary()
+    assert summary.drifts >= 1 and summary.distrusted
+    assert sum(kinds["ttft"].outcomes for kinds in summary.endpoints.values()) > 0
+    late = rec.arrival > rec.arrival[-1] * 0.8
+    assert not rec.predicted[late].any()  # routed by the heuristic profile, not by the distrusted model
     assert np.all(rec.status == OK)
 
 

@@ -267,6 +267,8 @@ async def test_predicted_latency_routing_and_shedding_through_envoy(
     metrics = await metrics_page(http, world.epp.metrics_url)
     assert metric_sum(metrics, "slorouter_requests_shed_total{") >= 1
     assert metric_sum(metrics, 'slorouter_requests_total{code="429",endpoint="none"}') >= 1
+    # The picker's prediction ledger paired the predicted requests with their outcomes.
+    assert metric_sum(metrics, "slorouter_prediction_ledger_outcomes{") >= 1
 
 
 @pytest.mark.parametrize("mode", ["fail-closed", "fail-closed-in-band"])

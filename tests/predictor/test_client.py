@@ -628,3 +628,25 @@ def test_version_answers_of_any_shape_give_a_mapping_of_strings(payload: bytes):
         "ttft": "v1"
     }
     assert published_versions_in(b"not json", {"ttft": "before"}) == {"ttft": "before"}
+
+
+async def test_the_sink_asks_a_retrain_with_its_next_batch_once(tmp_path: Path) -> None:
+    training = TrainingServer(tmp_path / "models", trainer_config=FAST_TRAINING)
+    await training.start(port=0)
+    asked: list[str] = []
+    training.trainer.expedite = asked.append  # type: ignore[method-assign]
+    sink = TrainingSampleSink(training.url, flush_interval_s=0.02)
+    sink.start()
+    try:
+        x_ttft, _, _, _ = synthetic(10, seed=5)
+        sink.request_retrain("ttft")
+        for i in range(5):
+            sink.add("ttft", x_ttft[i], 10.0 + i)
+        await eventually(lambda: sink.stats.sent == 5)
+        for i in range(5, 10):
+            sink.add("ttft", x_ttft[i], 10.0 + i)
+        await eventually(lambda: sink.stats.sent == 10)
+        assert asked == ["ttft"]  # asked with the first batch only
+    finally:
+        await sink.stop()
+        await training.stop()

@@ -52,6 +52,29 @@ async def post_samples(http: aiohttp.ClientSession, url: str, body: Any) -> tupl
         return r.status, await r.json()
 
 
+async def test_a_router_may_ask_a_retrain_with_its_samples(tmp_path: Path, http: aiohttp.ClientSession):
+    # An hour between trainings: only the router's ask brings the second one.
+    slow = replace(FAST_TRAINING, retrain_interval_s=3600.0)
+    training = TrainingServer(tmp_path / "models", trainer_config=slow, train_poll_interval_s=0.02)
+    await training.start()
+    try:
+        for seed in range(10):
+            status, _ = await post_samples(http, training.url, samples_request(samples_body(20, seed)))
+            assert status == 202
+
+        def trainings(kind: str) -> int:
+            return int(training.trainer.status()["models"][kind]["trainings"])
+
+        await eventually(lambda: trainings("ttft") == 1)
+        body = {**samples_request(samples_body(20, 99)), "retrain": ["ttft"]}
+        status, _ = await post_samples(http, training.url, body)
+        assert status == 202
+        await eventually(lambda: trainings("ttft") == 2)
+        assert trainings("tpot") == 1
+    finally:
+        await training.stop()
+
+
 async def test_accepts_samples_of_both_models(server: TrainingServer, http: aiohttp.ClientSession) -> None:
     samples = samples_body(10)
     status, body = await post_samples(http, server.url, samples_request(samples))
@@ -152,6 +175,16 @@ BAD_BODIES = [
         samples_request(_with(0, ("features", "num_request_running"), -2)),
         "samples[0].features.num_request_running: must be >= 0",
         id="negative-feature",
+    ),
+    pytest.param(
+        {**samples_request(samples_body(2)), "retrain": ["ttft", "e2e"]},
+        '"retrain": must be a list of model kinds (ttft, tpot)',
+        id="retrain-kind",
+    ),
+    pytest.param(
+        {**samples_request(samples_body(2)), "retrain": "ttft"},
+        '"retrain": must be a list of model kinds',
+        id="retrain-not-a-list",
     ),
 ]
 

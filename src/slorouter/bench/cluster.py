@@ -68,6 +68,8 @@ from slorouter.pool.kv_trust import TrustThresholds
 from slorouter.pool.shared_inflight import SharedInFlightBoard, SharedInFlightView
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
+from slorouter.predictor.features import ModelKind
+from slorouter.predictor.ledger import LedgerSettings, PredictionLedger
 from slorouter.predictor.model_store import ModelMetadata, ModelStore
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
@@ -114,6 +116,9 @@ class ClusterSettings:
     shared_inflight_ttl_s: float = 0.5  # a picker's slot not refreshed for this long is dropped
     shared_predictor: bool = False  # pickers use one predictor, trained on all their samples
     training: bool = True  # False: the predictor serves the models it was given and never trains
+    # The prediction ledger of each picker with a predictor, as the router keeps it (its drift asks for a
+    # retrain and, past fallback_after_s, routes by the heuristic profile); None: none is kept.
+    ledger: LedgerSettings | None = None
 
     def __post_init__(self) -> None:
         if self.scrape_interval_s <= 0 or self.train_poll_s <= 0:
@@ -154,6 +159,7 @@ class RouterStack:
     kv_index: KVBlockIndex | None
     shared: SharedInFlightView | None = None
     actions: SloActions | None = None  # +slo policies: deadlines and hedges
+    ledger: PredictionLedger | None = None  # settings.ledger: its predictions paired with their outcomes
     front: FrontEnd = field(init=False)
 
     def __post_init__(self) -> None:
@@ -310,12 +316,21 @@ class ClusterSimulator:
             )
         kv_trust = self.settings.kv_trust
         kv_index = KVBlockIndex(trust=kv_trust, clock=self.clock) if kv_events else None
+        ledger = None
+        if predictor is not None and self.settings.ledger is not None:
+            ledger = PredictionLedger(
+                self.clock,
+                self.settings.ledger,
+                point_factor=predictor.point_factor,
+                on_drift=_retrain_on_drift(predictor),
+            )
         ctx = PluginContext(
             clock=self.clock,
             rng=np.random.default_rng(seed if k == 0 else [seed, k]),
             pool=pool,
             predictor=predictor,
             kv_index=kv_index,
+            ledger=ledger,
         )
         setup = build_scheduler_setup(dict(scheduler_config) if scheduler_config else None, ctx)
         tracker = InFlightTracker(pool)
@@ -324,7 +339,7 @@ class ClusterSimulator:
         director = Director(pool, setup, tracker, self.clock, flow_control=controller)
         deadlines = self._deadlines
         actions = None if deadlines is None else SloActions(deadlines.objectives, deadlines.hedging)
-        return RouterStack(pool, tracker, director, predictor, kv_index, actions=actions)
+        return RouterStack(pool, tracker, director, predictor, kv_index, actions=actions, ledger=ledger)
 
     def tune(self, now: float) -> TuningRound:
         """One round of the tuner on the pickers' windows; a switch applies to every picker."""
@@ -478,3 +493,12 @@ class ClusterSimulator:
                 for kind, status in self.predictor.trainer.status()["models"].items()
             }
         return facts
+
+
+def _retrain_on_drift(predictor: EmbeddedPredictor) -> Callable[[str, ModelKind], None]:
+    """The ledger's ``on_drift``: the drifting kind is retrained at the predictor's next chance."""
+
+    def retrain(_endpoint: str, kind: ModelKind) -> None:
+        predictor.retrain_soon(kind)
+
+    return retrain

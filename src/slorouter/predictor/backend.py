@@ -95,6 +95,5 @@ class LatencyPredictorBackend(Protocol):
 
     def retrain_soon(self, kind: ModelKind) -> None:
         """Train ``kind`` at the next chance, without waiting for its retrain interval (the prediction ledger
-        saw it drift); nothing where the backend does not train (the remote one: the training server keeps
-        its own cadence)."""
+        saw it drift); the remote one asks the training server with its next batch of samples."""
         ...

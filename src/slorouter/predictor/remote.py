@@ -60,7 +60,7 @@ class RemotePredictor:
         return math.nan  # the prediction servers answer the served quantile only
 
     def retrain_soon(self, kind: ModelKind) -> None:
-        return None
+        self.sink.request_retrain(kind)
 
     @property
     def warm_start_report(self) -> None:

@@ -15,6 +15,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -113,6 +114,7 @@ class TrainingSampleSink:
         self._posting = 0  # samples of the batch being posted (out of the queue, not yet delivered)
         self.last_error: str | None = None
         self.published_versions: dict[str, str] = {}  # per kind, the training server's latest answer
+        self._retrain: set[ModelKind] = set()  # kinds to ask a retrain of with the next batch
 
     @property
     def dropped(self) -> int:
@@ -191,6 +193,10 @@ class TrainingSampleSink:
                     return False
             return True
 
+    def request_retrain(self, kind: ModelKind) -> None:
+        """Ask the training server to retrain ``kind`` at once, with the next batch of samples."""
+        self._retrain.add(kind)
+
     def _requeue(self, batch: list[str]) -> None:
         # Samples added while the post was in flight are newer: keep them, drop the oldest of the batch.
         room = self.max_buffer - len(self._buffer)
@@ -201,9 +207,12 @@ class TrainingSampleSink:
 
     async def _post(self, batch: list[str]) -> bool:
         assert self.session is not None
-        head = {"schema": self.schema.key()}
+        head: dict[str, Any] = {"schema": self.schema.key()}
         if self.pool_shape is not None:
             head["pool_shape"] = self.pool_shape().to_dict()
+        retrain = sorted(self._retrain)
+        if retrain:
+            head["retrain"] = retrain
         body = (
             json.dumps(head, separators=(",", ":"))[:-1] + ',"samples":[' + ",".join(batch) + "]}"
         ).encode()
@@ -219,6 +228,7 @@ class TrainingSampleSink:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return self._failed(f"{type(exc).__name__}: {exc}")
         if status == 202:
+            self._retrain.difference_update(retrain)
             self.published_versions = published_versions_in(payload, self.published_versions)
             self.stats.sent += len(batch)
             if self._metrics:

@@ -61,6 +61,7 @@ Parsed = dict[ModelKind, tuple[np.ndarray, np.ndarray]]
 class SampleBatch:
     rows: Parsed  # per model kind, its feature matrix and latencies (ms)
     pool_shape: PoolShape | None  # the pool the samples come from, when the sender says
+    retrain: tuple[ModelKind, ...] = ()  # kinds the sender asks to retrain at once (its ledger saw drift)
 
 
 def parse_samples(
@@ -82,6 +83,12 @@ def parse_samples(
             pool_shape = PoolShape.from_dict(shape if isinstance(shape, dict) else {})
         except ValueError as exc:
             raise RequestError(f'"pool_shape": {exc}', param="pool_shape") from None
+    retrain = data.get("retrain", [])
+    if not isinstance(retrain, list) or not all(isinstance(k, str) and k in MODEL_KINDS for k in retrain):
+        raise RequestError(
+            f'"retrain": must be a list of model kinds ({", ".join(MODEL_KINDS)}), got {retrain!r:.100}',
+            param="retrain",
+        )
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise RequestError('"samples" must be a list', param="samples")
@@ -131,7 +138,7 @@ def parse_samples(
             param = f"samples[{exc.index}].features" if exc.index is not None else "samples"
             raise RequestError(str(exc), param=param) from None
         parsed[kind] = (matrix, np.asarray(latencies[kind], dtype=np.float64))
-    return SampleBatch(parsed, pool_shape)
+    return SampleBatch(parsed, pool_shape, tuple(retrain))
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +421,8 @@ class TrainingServer:
                 kind: self.store.add(kind, matrix, latencies)
                 for kind, (matrix, latencies) in batch.rows.items()
             }
+            for kind in batch.retrain:
+                self.trainer.expedite(kind)
         except (RequestError, FeatureError) as exc:
             self.metrics.rejected_requests.labels(str(getattr(exc, "status", 400))).inc()
             samples = data.get("samples") if isinstance(data, dict) else None
