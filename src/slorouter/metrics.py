@@ -17,6 +17,7 @@ from prometheus_client.utils import floatToGoString as _untyped_float_to_go_stri
 
 from slorouter.discovery.observer import DiscoveryObserver
 from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_trust import TrustState
 from slorouter.pool.state import MISSING_BITS, PoolState
 
 if TYPE_CHECKING:
@@ -367,6 +368,7 @@ class KVEventsCollector(Collector):
         ("unrecovered", "Sequence gaps the replay could not fill (the endpoint's blocks were cleared)."),
         ("decode_errors", "KV event messages or batches that did not follow the protocol."),
         ("restarts", "Times the publisher's sequence numbers went back (its engine restarted)."),
+        ("late", "Batches that came after a later one (out of order) and were skipped."),
         ("reconnects", "Subscriber sessions that failed and were reopened."),
         ("overflows", "Clears because the endpoint claimed more blocks than kv_events_max_blocks_per_pod."),
     )
@@ -403,6 +405,30 @@ class KVEventsCollector(Collector):
             "Endpoints from which no KV event was received.",
             value=silent,
         )
+        yield from self._trust(addresses)
+
+    def _trust(self, addresses: list[str]) -> Iterator[Metric]:
+        trust = GaugeMetricFamily(
+            "slorouter_kv_index_trust",
+            "1 for the state the endpoint's KV-event index is in (exact, degraded, rebuilding); not exact: "
+            "the precise prefix producer uses the approximate index's estimate for it.",
+            labels=["endpoint", "state"],
+        )
+        transitions = CounterMetricFamily(
+            "slorouter_kv_index_trust_transitions",
+            "Changes of the endpoint's KV-event index trust, by the state entered and why.",
+            labels=["endpoint", "state", "reason"],
+        )
+        for address in addresses:
+            pod = self.index.trust.get(address)
+            if pod is None:  # not subscribed
+                continue
+            for state in TrustState:
+                trust.add_metric([address, state.value], float(pod.state is state))
+            for (state, reason), count in pod.transitions.items():
+                transitions.add_metric([address, state.value, reason.value], float(count))
+        yield trust
+        yield transitions
 
 
 # Actual latency over the served prediction of the chosen pod: the share at or below 1.0 is the prediction's

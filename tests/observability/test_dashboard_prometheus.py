@@ -4,7 +4,7 @@ Prometheus comes from Debian's ``prometheus`` package (2.42, with promtool), whi
 installs (``make test`` runs it; as root); without it these tests are skipped.
 
 The end-to-end test starts two simulated pods (``slorouter sim``, a small KV cache so that sheddable
-requests find no cold pod, a few answers 503 or cut mid-stream), a
+requests find no cold pod, a few answers 503 or cut mid-stream, KV events of which a few are lost), a
 gateway (``slorouter serve``) with the embedded predictor (trained after a few dozen requests) and flow
 control on, and a Prometheus on 127.0.0.1 scraping the gateway every second. It sends load (streamed and
 not, with SLO headers, some sheddable, some for an unknown model), waits until Prometheus has scraped the
@@ -171,18 +171,25 @@ def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
     try:
         sim = _spawn(
             [sys.executable, "-m", "slorouter.cli", "sim", "--pods", "2", "--port", "0",
-             "--engine-variant", "kv-blocks=2048",
+             "--engine-variant", "kv-blocks=2048", "--kv-events-port", "0",
              "--fault", "status,status=503,probability=0.03",
-             "--fault", "kill-mid-stream,after_tokens=2,probability=0.03"],
+             "--fault", "kill-mid-stream,after_tokens=2,probability=0.03",
+             "--fault", "kv-events-drop,replayable=0,probability=0.05"],
             tmp_path / "sim.log",
         )  # fmt: skip
         processes.append(sim)
         lines = wait_for_lines(sim, ["slorouter sim:", "http://", "http://"])
-        pods = [line.split("http://")[1].strip() for line, _ in lines[1:]]
+        # "  sim-PORT http://ADDRESS kv-events ENDPOINT replay ENDPOINT": the pods publish KV events, some
+        # lost for good, so that the KV index trust panel has endpoints in more than one state.
+        fields = [line.split("http://")[1].split() for line, _ in lines[1:]]
+        pods = [f[0] for f in fields]
+        endpoints = [
+            {"address": f[0], "kv_events": {"endpoint": f[2], "replay_endpoint": f[4]}} for f in fields
+        ]
         gateway_port = free_port()
         config = {
             "gateway": {"host": "127.0.0.1", "port": gateway_port},
-            "pool": {"endpoints": pods},
+            "pool": {"endpoints": endpoints},
             "predictor": {
                 "mode": "embedded",
                 "prediction_by_default": True,

@@ -12,6 +12,7 @@ from slorouter.clock import ManualClock
 from slorouter.kvevents.sim_hash import block_hashes
 from slorouter.kvevents.wire import BlockStored, KVEventBatch
 from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_trust import TrustReason
 from slorouter.pool.state import MetricsSnapshot, PoolState
 from slorouter.scheduling.datakeys import (
     PREFIX_BLOCK_SIZE_TOKENS,
@@ -82,6 +83,25 @@ def test_pods_that_publish_nothing_keep_the_approximate_estimate() -> None:
     assert attrs[PREFIX_MATCH_BLOCKS].tolist() == [0, 0, approx_total]  # a[0]: the real figure wins
     assert attrs[PREFIX_TOTAL_BLOCKS].tolist() == [8, approx_total, approx_total]
     assert attrs[PREFIX_MATCH_FROM_EVENTS].tolist() == [True, False, False]
+
+
+def test_pods_whose_index_is_not_exact_keep_the_approximate_estimate_until_it_is() -> None:
+    producer, pool, index, _ = setup()
+    a = addresses(3)
+    hashes = block_hashes(encode_bytes(PROMPT), 16)
+    for address in a:
+        store(index, address, hashes[:3])
+    request = make_request(PROMPT)
+    approx = producer._request_state(request, 16).hashes
+    producer.index.insert(a[1], approx, 100)
+    producer.index.insert(a[2], approx, 100)
+    index.pod_trust(a[1]).gap_opened(0.0)  # degraded: a gap not yet replayed
+    index.clear_pod(a[2], TrustReason.UNRECOVERED_GAP)  # rebuilding
+    attrs = produce(producer, pool, request).attrs
+    assert attrs[PREFIX_MATCH_FROM_EVENTS].tolist() == [True, False, False]
+    assert attrs[PREFIX_MATCH_BLOCKS].tolist() == [3, len(approx), len(approx)]
+    index.pod_trust(a[1]).gap_closed(0.1)
+    assert produce(producer, pool, request).attrs[PREFIX_MATCH_FROM_EVENTS].tolist() == [True, True, False]
 
 
 def test_without_an_index_everything_is_approximate() -> None:

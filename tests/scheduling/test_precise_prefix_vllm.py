@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -176,9 +177,10 @@ async def test_a_vllm_pods_events_over_zmq_make_the_scorer_prefer_it() -> None:
     pods = addresses(3)
     # Pod 0 sends vLLM's default int hashes for the whole prompt; pod 1 the digests' bytes
     # (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) for its first two blocks; pod 2 publishes nothing of it.
+    # Stamped with the wall clock, as vLLM does: an older timestamp would make the pods' events late.
     payloads = [
-        vllm_batch(vllm.event_hashes, case.token_ids[: total * 16], 1.0),
-        vllm_batch(vllm.digests[:2], case.token_ids[:32], 1.0),
+        vllm_batch(vllm.event_hashes, case.token_ids[: total * 16], time.time()),
+        vllm_batch(vllm.digests[:2], case.token_ids[:32], time.time()),
     ]
     context = zmq.asyncio.Context()
     sockets = []

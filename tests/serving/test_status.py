@@ -8,11 +8,13 @@ import json
 import pytest
 
 from slorouter.clock import ManualClock
+from slorouter.pool.kv_trust import KVTrustBoard, TrustReason, TrustState
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.live_check import LiveCheck
 from slorouter.predictor.warm_start import Refusal, WarmStartReport
 from slorouter.serving.status import (
     STATUS_SCHEMA,
+    KVIndexStatus,
     NotAStatusPageError,
     RouterStats,
     decode_status,
@@ -60,6 +62,25 @@ def test_the_payload_holds_the_pool_and_the_finished_requests():
     # Without predictions, the observed TTFT of all of them.
     assert (third.healthy, third.picks) == (False, 2)
     assert (third.predicted_ttft_ms, third.observed_ttft_ms) == (None, 80)
+
+
+def test_each_subscribed_endpoint_shows_its_kv_index_trust_and_it_round_trips():
+    clock = ManualClock(100.0)
+    pool = _pool(clock)
+    trust = KVTrustBoard()
+    trust.pod("10.0.0.1:8000", 100.0)
+    trust.pod("10.0.0.2:8000", 100.0).gap_opened(101.0)
+    clock.advance(5.0)
+    status = RouterStats(clock).status(
+        "gateway", pool, predictor_mode="off", predictor=None, queued=None, kv_trust=trust.views()
+    )
+    first, second, third = status.endpoints
+    assert first.kv_index == KVIndexStatus(state=TrustState.EXACT, reason=TrustReason.NONE, for_s=5.0)
+    assert second.kv_index == KVIndexStatus(state=TrustState.DEGRADED, reason=TrustReason.GAP, for_s=4.0)
+    assert third.kv_index is None  # not subscribed
+    page = json.loads(encode_status(status))
+    assert page["endpoints"][1]["kv_index"] == {"state": "degraded", "reason": "gap", "for_s": 4.0}
+    assert decode_status(encode_status(status)) == status
 
 
 def test_predicted_and_observed_ttft_are_of_the_same_requests():

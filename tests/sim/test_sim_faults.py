@@ -57,6 +57,10 @@ async def inject(http, pod, **fault):
         ({"fault": "refuse"}, "needs 'duration_s'"),
         ({"fault": "refuse", "duration_s": 1, "count": 2}, "no probability or count"),
         ({"fault": "metrics-flap", "period_s": float("nan")}, "'period_s' must be in"),
+        ({"fault": "kv-events-drop", "replayable": 2}, "'replayable' must be in 0..1"),
+        ({"fault": "kv-events-delay"}, "needs 'delay_s'"),
+        ({"fault": "kv-events-delay", "delay_s": 0}, "'delay_s' must be in 0.001..3600"),
+        ({"fault": "kv-events-reorder", "delay_s": 1}, "no parameter 'delay_s'"),
     ],
 )
 def test_bad_faults_are_refused_with_a_message_naming_the_key(data, needle):
@@ -75,6 +79,7 @@ def test_defaults_and_flag_forms():
         "hits": 0,
     }
     assert parse_fault_flag('{"fault": "status", "status": 503}', FAULTS).params == {"status": 503}
+    assert parse_fault_flag("kv-events-drop,probability=0.1", FAULTS).params == {"replayable": 1}
     with pytest.raises(FaultError, match="not key=value"):
         parse_fault_flag("hang,after_tokens", FAULTS)
 

@@ -13,10 +13,12 @@ import msgspec
 import pytest
 from rich.console import Console, RenderableType
 
+from slorouter.pool.kv_trust import TrustReason, TrustState
 from slorouter.serving.status import (
     STATUS_SCHEMA,
     AccuracyStatus,
     EndpointStatus,
+    KVIndexStatus,
     LedgerStatus,
     PredictorStatus,
     RouterStatus,
@@ -135,6 +137,26 @@ def test_the_ledgers_coverage_per_endpoint_and_its_drifts():
     assert text.splitlines()[4] == "predictor embedded, ready · models ttft v7 · drifting on 1 endpoint"
     row = next(line for line in text.splitlines() if "10.0.0.1:8000" in line).split("│")
     assert [cell.strip() for cell in row[1:-1]][8] == "41%"
+
+
+def test_the_prefix_index_column_shows_each_subscribed_endpoints_trust_and_only_then():
+    exact = KVIndexStatus(state=TrustState.EXACT, reason=TrustReason.NONE, for_s=600)
+    degraded = KVIndexStatus(state=TrustState.DEGRADED, reason=TrustReason.LAG, for_s=75)
+    endpoints = [
+        _endpoint("10.0.0.1:8000", kv_index=exact),
+        _endpoint("10.0.0.2:8000", kv_index=degraded),
+        _endpoint("10.0.0.3:8000"),
+    ]
+    text = text_of(render(_reading(msgspec.structs.replace(SAMPLE, endpoints=endpoints))), width=160)
+    assert "prefix index" in next(line for line in text.splitlines() if "endpoint" in line)
+    cells = {
+        line.split("│")[1].strip(): line.split("│")[-2].strip()
+        for line in text.splitlines()
+        if "10.0.0." in line
+    }
+    assert cells == {"10.0.0.1:8000": "exact", "10.0.0.2:8000": "degraded lag 1m15s", "10.0.0.3:8000": "—"}
+    assert "not exact: routed on the approximate estimate" in text
+    assert "prefix index" not in text_of(render(_reading()))
 
 
 def test_rates_come_from_the_reading_before():

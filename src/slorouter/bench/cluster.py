@@ -17,7 +17,11 @@ what the network and the clock would do:
   signals are as stale as in production; router-local in-flight counts are always fresh.
 - **KV events** (policies with the precise prefix plugins): each engine's prefix-cache changes of a step are
   one event batch, applied to the router's ``KVBlockIndex`` ``kv_event_delay_s`` after the step ended (the
-  publisher → subscriber path of the gateway, without the encoding).
+  publisher → subscriber path of the gateway, without the encoding). With ``kv_event_drop`` that share of
+  the batches is lost for good (drawn per batch, seeded): the pod's next batch shows the gap, and the
+  pod's blocks are cleared before it is applied, as the subscriber does when the replay cannot fill a gap.
+  With ``kv_trust`` the cleared pod is then ``rebuilding`` (``slorouter.pool.kv_trust``) and routed on the
+  approximate estimate until rebuilt; without it its index is used at once, as before the trust states.
 - **Training**: every ``train_poll_s`` the embedded predictor trains what is due on its own cadence
   (``retrain_interval_s``), synchronously, so a run is deterministic; the model is used from the next
   request on (a real training takes ~0.1–3 s of wall time, small next to the 5 s cadence).
@@ -44,6 +48,7 @@ The event loop and its handlers, one per kind of event, are ``bench/events.py``;
 
 from __future__ import annotations
 
+import random
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +64,7 @@ from slorouter.director import Director
 from slorouter.flowcontrol.config import FlowControlConfig
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_trust import TrustThresholds
 from slorouter.pool.shared_inflight import SharedInFlightBoard, SharedInFlightView
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
@@ -96,6 +102,9 @@ class ClusterSettings:
     jitter_sigma: float | None = None  # engine step-time jitter; None: the engine's default
     model: str = "sim-model"
     kv_event_delay_s: float = 0.005  # step end → its KV events in the router's index (with kv_events)
+    kv_event_drop: float = 0.0  # share of KV-event batches lost for good (each gap clears the pod's blocks)
+    # A pod cleared by a gap rebuilds on the approximate estimate, by these thresholds; None: used at once.
+    kv_trust: TrustThresholds | None = field(default_factory=TrustThresholds)
     pickers: int = 1  # independent router stacks over the same pods
     picker_assignment: str = "random"  # how requests are spread over the pickers: PICKER_ASSIGNMENTS
     shared_inflight: bool = False  # pickers publish their in-flight counts to each other
@@ -118,6 +127,8 @@ class ClusterSettings:
             raise ValueError("network_s, drain_s, retrain_interval_s and kv_event_delay_s must be >= 0")
         if self.pickers < 1:
             raise ValueError(f"pickers must be >= 1 (got {self.pickers})")
+        if not 0 <= self.kv_event_drop < 1:
+            raise ValueError(f"kv_event_drop must be in [0, 1) (got {self.kv_event_drop})")
         if self.picker_assignment not in PICKER_ASSIGNMENTS:
             raise ValueError(
                 f"picker_assignment must be one of {', '.join(PICKER_ASSIGNMENTS)} "
@@ -205,6 +216,7 @@ class ClusterSimulator:
         self.kv_recorders: list[KVEventRecorder] = []
         if kv_events:
             self.kv_recorders = [KVEventRecorder.attach(e.kv_blocks, token_ids=False) for e in self.engines]
+        self.kv_drops = random.Random(f"slorouter-bench-kv-drop-{seed}")  # which batches kv_event_drop loses
         self.pickers: list[RouterStack] = []
         for k in range(self.settings.pickers):
             self.pickers.append(
@@ -302,7 +314,8 @@ class ClusterSimulator:
             predictor = EmbeddedPredictor(
                 model_dir, trainer_config=config, clock=self.clock, background=False
             )
-        kv_index = KVBlockIndex() if kv_events else None
+        kv_trust = self.settings.kv_trust
+        kv_index = KVBlockIndex(trust=kv_trust, clock=self.clock) if kv_events else None
         ledger = None
         if predictor is not None and self.settings.ledger is not None:
             ledger = PredictionLedger(

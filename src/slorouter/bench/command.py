@@ -25,6 +25,7 @@ from slorouter.bench.workloads import workload_defaults, workload_names
 from slorouter.bench.workloads.trace import Replay, replay
 from slorouter.bench.workloads.trace_formats import FORMATS, read_trace
 from slorouter.extras import has_module, install_hint
+from slorouter.pool.kv_trust import TrustThresholds
 from slorouter.scheduling.config_schema import SchedulerConfigError
 from slorouter.sim.variants import VariantError, parse_variant
 
@@ -55,6 +56,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value >= 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _fraction_below_one(text: str) -> float:
+    value = _non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1 (a share of the batches), got {text!r}")
     return value
 
 
@@ -202,6 +210,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="engine step end → its KV events in the router's index, for precise-prefix policies",
     )
     parser.add_argument(
+        "--kv-event-drop",
+        type=_fraction_below_one,
+        default=0.0,
+        help="for precise-prefix policies: the share of KV-event batches lost for good (0..1, below 1); each "
+        "gap clears the pod's blocks",
+    )
+    parser.add_argument(
+        "--no-kv-trust",
+        dest="kv_trust",
+        action="store_false",
+        help="use a pod's KV-event index at once after a clear, instead of the approximate estimate until "
+        "it is rebuilt",
+    )
+    parser.add_argument(
         "--drain", type=_non_negative_float, default=300.0, help="seconds after the last arrival"
     )
     parser.add_argument(
@@ -333,6 +355,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
             network_s=args.network_ms / 1000,
             drain_s=args.drain,
             kv_event_delay_s=args.kv_event_delay_ms / 1000,
+            kv_event_drop=args.kv_event_drop,
+            kv_trust=TrustThresholds() if args.kv_trust else None,
             pickers=args.pickers,
             picker_assignment=args.picker_assignment,
             shared_inflight=args.shared_inflight,

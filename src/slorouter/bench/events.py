@@ -26,6 +26,7 @@ from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
 from slorouter.flowcontrol.controller import Ticket
 from slorouter.kvevents.wire import KVEventBatch
 from slorouter.pool.config import LOWER_FIRST
+from slorouter.pool.kv_trust import TrustReason
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.engine_priority import engine_value
@@ -113,6 +114,9 @@ class SimulationRun:
         self.arrivals_left = n
         self.steps = self.events = self.trainings = 0
         self.recorders = simulator.kv_recorders
+        self.kv_event_drop = settings.kv_event_drop
+        self.kv_gap = [False] * len(self.engines)  # a batch of the pod was lost since its last one
+        self.gap_clears = None if settings.kv_trust is None else TrustReason.UNRECOVERED_GAP
         self.kv_indexes = [stack.kv_index for stack in simulator.pickers if stack.kv_index is not None]
         self.pickers = simulator.pickers
         # Hedging watches for stalled pods: every step is a token on the pod's streams.
@@ -230,8 +234,13 @@ class SimulationRun:
         if self.recorders:
             kv_events = self.recorders[pod].drain()
             if kv_events:
-                batch = KVEventBatch(now, kv_events)
-                self.push(now + self.settings.kv_event_delay_s, _KV_EVENTS, (pod, batch))
+                if self.kv_event_drop and self.sim.kv_drops.random() < self.kv_event_drop:
+                    self.kv_gap[pod] = True  # the next batch shows it
+                else:
+                    batch = KVEventBatch(now, kv_events)
+                    event = (pod, batch, self.kv_gap[pod])
+                    self.kv_gap[pod] = False
+                    self.push(now + self.settings.kv_event_delay_s, _KV_EVENTS, event)
         self._kick(pod, now)
 
     def _wake(self, now: float, pod: int) -> None:
@@ -479,10 +488,14 @@ class SimulationRun:
         ):
             self.push(now + self.settings.scrape_interval_s, _SCRAPE, None)
 
-    def _kv_events(self, now: float, event: tuple[int, KVEventBatch]) -> None:
-        pod, batch = event
+    def _kv_events(self, now: float, event: tuple[int, KVEventBatch, bool]) -> None:
+        pod, batch, gap = event
+        address = self.sim.addresses[pod]
         for kv_index in self.kv_indexes:  # every picker subscribes to every pod's events
-            kv_index.apply(self.sim.addresses[pod], batch)
+            if gap:
+                kv_index.clear_pod(address, self.gap_clears)
+            kv_index.apply(address, batch)
+            kv_index.pod_trust(address).batch(now, lag_s=now - batch.ts, events=len(batch.events))
 
     def _train(self, now: float, _: None) -> None:
         for predictor in self.predictors:

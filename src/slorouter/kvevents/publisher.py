@@ -1,8 +1,10 @@
 """A ZMQ publisher of KV-event batches with a replay socket, on vLLM's ``ZmqEventPublisher`` protocol.
 
 Each ``publish`` sends ``[topic, seq, payload]`` on a PUB socket and keeps ``(seq, payload)`` in a ring of
-the last ``buffer_steps`` batches; a ROUTER socket answers replay requests (``[identity, b"", start seq]``)
-with every buffered batch from that sequence number on, then the end marker. As in vLLM, an endpoint with
+the last ``buffer_steps`` batches (``record`` and ``send`` are its two halves, for a caller that plays
+faults: a batch left out of the ring, or sent late, or not at all); a ROUTER socket answers replay
+requests (``[identity, b"", start seq]``) with every buffered batch from that sequence number on, then the
+end marker. As in vLLM, an endpoint with
 ``*``, ``::``, ``ipc://`` or ``inproc://`` is bound and any other is connected to; the replay endpoint is
 always bound (``bind=True`` binds the PUB endpoint too). Runs in the caller's asyncio loop (the simulated
 pods'): publishing never blocks (PUB drops at its high-water mark, as ZMQ does), replay requests are served
@@ -78,13 +80,25 @@ class ZmqEventPublisher:
 
     def publish(self, events: list[KVEvent], ts: float) -> int:
         """Send one batch; returns its sequence number."""
+        seq, payload = self.record(events, ts)
+        self.send(seq, payload)
+        return seq
+
+    def record(self, events: list[KVEvent], ts: float, *, replayable: bool = True) -> tuple[int, bytes]:
+        """Number and encode one batch, and keep it for replay unless ``replayable`` is false."""
         seq = self._seq
         self._seq += 1
         payload = encode_batch(KVEventBatch(ts, events, self._rank))
-        self._buffer.append((seq, payload))
+        if replayable:
+            self._buffer.append((seq, payload))
+        return seq, payload
+
+    def send(self, seq: int, payload: bytes) -> None:
+        """Put a recorded batch on the PUB socket (nothing once closed)."""
+        if self._pub.closed:
+            return
         with contextlib.suppress(zmq.Again):  # PUB at its high-water mark drops; the buffer still replays it
             self._pub.send_multipart((self._topic, seq_frame(seq), payload), flags=zmq.NOBLOCK)
-        return seq
 
     async def _serve_replay(self) -> None:
         replay = self._replay

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from slorouter.pool.dialects import AUTO, MODEL_SERVER_TYPES, Dialect, override, parse_spec, preset
 from slorouter.pool.kv_index import DEFAULT_MAX_BLOCKS_PER_POD
+from slorouter.pool.kv_trust import TrustThresholds
 from slorouter.pool.state import DEFAULT_FALLBACK_KV_CAPACITY_TOKENS, Endpoint
 from slorouter.validation import StrictModel
 
@@ -375,6 +376,22 @@ class PoolConfig(StrictModel):
     kv_events_max_blocks_per_pod: int = Field(default=DEFAULT_MAX_BLOCKS_PER_POD, ge=1)
     kv_events_replay_timeout_ms: float = Field(default=1000, gt=0)
     kv_events_reconnect_ms: float = Field(default=1000, gt=0)
+    # The KV-event index's trust (slorouter.pool.kv_trust; docs/design/kv-index-trust.md).
+    kv_events_lag_threshold_ms: float = Field(
+        default=2000, gt=0, allow_inf_nan=False, description="a batch this far behind now: degraded (lag)"
+    )
+    kv_events_silent_after_ms: float = Field(
+        default=5000,
+        gt=0,
+        allow_inf_nan=False,
+        description="no batch for this long while the pod's scrape shows it serving: degraded (silent)",
+    )
+    kv_events_rebuild_events: int = Field(
+        default=100_000, ge=1, description="after a clear, exact again once this many events were applied"
+    )
+    kv_events_rebuild_ms: float = Field(
+        default=300_000, gt=0, allow_inf_nan=False, description="... or once this long has passed"
+    )
     model_server_type: str = Field(
         default=AUTO, description="metric dialect of the pool's servers; auto: detected from the first scrape"
     )
@@ -399,6 +416,14 @@ class PoolConfig(StrictModel):
     @classmethod
     def _check_type(cls, value: str) -> str:
         return validate_model_server_type(value)
+
+    def kv_trust_thresholds(self) -> TrustThresholds:
+        return TrustThresholds(
+            lag_s=self.kv_events_lag_threshold_ms / 1000,
+            silent_after_s=self.kv_events_silent_after_ms / 1000,
+            rebuild_events=self.kv_events_rebuild_events,
+            rebuild_s=self.kv_events_rebuild_ms / 1000,
+        )
 
     @field_validator("engine_label_key")
     @classmethod

@@ -37,6 +37,10 @@ class MetricSpec:
         return all(labels.get(key) == value for key, value in self.labels)
 
 
+# Every server process's start (prometheus_client's process collector; Go and Rust clients too).
+PROCESS_START = MetricSpec("process_start_time_seconds")
+
+
 def parse_spec(text: str) -> MetricSpec:
     """``name`` or ``name{label="value",...}`` (quotes optional) → ``MetricSpec``; else ``ValueError``."""
     if not isinstance(text, str):
@@ -86,6 +90,8 @@ class Dialect:
     cache_block_size: tuple[MetricSpec, ...] = ()
     cache_num_blocks: tuple[MetricSpec, ...] = ()
     lora_info: MetricSpec | None = None
+    # A counter that moves while the server serves (the KV-event trust's evidence), if it has one.
+    prefix_cache_queries: tuple[MetricSpec, ...] = ()
 
     def specs(self, signal: str) -> tuple[MetricSpec, ...]:
         specs: tuple[MetricSpec, ...] = getattr(self, signal)
@@ -113,6 +119,7 @@ VLLM = Dialect(
     block_size_label="block_size",
     num_blocks_label="num_gpu_blocks",
     lora_info=parse_spec("vllm:lora_requests_info"),
+    prefix_cache_queries=_specs("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
 )
 SGLANG = Dialect(
     name="sglang",

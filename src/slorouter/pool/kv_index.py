@@ -17,8 +17,12 @@ removals, or a bound set below its real cache) is cleared, counted in ``overflow
 next events. Each pod has a slot and a hash's holders are a bitmask of slots, so ``match`` is integer ANDs
 and a hash held by one pod shares that pod's one mask object. ``remove_pod`` forgets a pod that left the
 pool (its blocks, claims and counters) and frees its slot for the next pod, lowest slots first, so the
-masks stay as narrow as the pool is large. Not thread-safe: the subscribers and the scheduler run on one
-event loop.
+masks stay as narrow as the pool is large.
+
+**Trust** (``slorouter.pool.kv_trust``): ``trust`` holds each pod's state (exact, degraded, rebuilding),
+fed by the pod's subscriber and the scrape monitor; ``trusted`` is what the precise producer asks before it
+uses a pod's blocks. A clear with a reason (``clear_pod(address, reason)``, an overflow) starts the pod's
+rebuild. Not thread-safe: the subscribers and the scheduler run on one event loop.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from slorouter.clock import Clock, MonotonicClock
 from slorouter.kvevents.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -35,6 +40,7 @@ from slorouter.kvevents.wire import (
     BlockStored,
     KVEventBatch,
 )
+from slorouter.pool.kv_trust import KVTrustBoard, PodTrust, TrustReason, TrustThresholds, TrustView
 
 # 4M tokens of 16-token blocks: 4× the cache of an 8B model on a 141 GB H200, 9× on an 80 GB H100.
 DEFAULT_MAX_BLOCKS_PER_POD = 262_144
@@ -51,6 +57,7 @@ class PodEventStats:
     unrecovered: int = 0  # gaps the replay could not fill (the pod's blocks were cleared)
     decode_errors: int = 0  # batches or frames that did not follow the protocol
     restarts: int = 0  # sequence numbers went back: the publisher restarted
+    late: int = 0  # batches that came after a later one (out of order) and were skipped
     reconnects: int = 0  # subscriber sessions that failed and were reopened
     overflows: int = 0  # clears because the pod claimed more than max_blocks_per_pod
 
@@ -64,10 +71,18 @@ class _Pod:
 
 
 class KVBlockIndex:
-    def __init__(self, max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD) -> None:
+    def __init__(
+        self,
+        max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
+        *,
+        trust: TrustThresholds | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         if max_blocks_per_pod < 1:
             raise ValueError("max_blocks_per_pod must be >= 1")
         self.max_blocks_per_pod = max_blocks_per_pod
+        self.clock: Clock = clock or MonotonicClock()
+        self.trust = KVTrustBoard(trust)
         self._holders: dict[BlockHash, int] = {}
         self._pods: dict[str, _Pod] = {}
         self._speculative: dict[BlockHash, int] = {}  # hash → bitmask of pods with a claim
@@ -84,6 +99,19 @@ class KVBlockIndex:
         """Whether any event batch of the pod was applied (then its matches come from the index)."""
         pod = self._pods.get(address)
         return pod is not None and pod.stats.batches > 0
+
+    def trusted(self, address: str) -> bool:
+        """Whether the pod's matches come from the index: it published, and its trust is ``exact``."""
+        return self.publishing(address) and self.trust.exact(address)
+
+    def trust_of(self, address: str) -> TrustView | None:
+        """The pod's trust state (None: nothing was ever recorded for it)."""
+        trust = self.trust.get(address)
+        return None if trust is None else trust.view()
+
+    def pod_trust(self, address: str) -> PodTrust:
+        """The pod's trust state machine, to feed (created on first use)."""
+        return self.trust.pod(address, self.clock.now())
 
     def block_size(self, address: str) -> int:
         pod = self._pods.get(address)
@@ -104,6 +132,7 @@ class KVBlockIndex:
 
     def remove_pod(self, address: str) -> None:
         """Forget the pod: its blocks, its speculative claims and its counters; its slot is reused."""
+        self.trust.remove(address)
         pod = self._pods.pop(address, None)
         if pod is None:
             return
@@ -121,7 +150,11 @@ class KVBlockIndex:
                 speculative.pop(key[0], None)
         heapq.heappush(self._free_slots, bit.bit_length() - 1)
 
-    def clear_pod(self, address: str) -> None:
+    def clear_pod(self, address: str, reason: TrustReason | None = None) -> None:
+        """Forget the pod's blocks; with ``reason`` (a fault, not the pod's own ``AllBlocksCleared``) the
+        pod's trust turns ``rebuilding``."""
+        if reason is not None:
+            self.pod_trust(address).cleared(self.clock.now(), reason)
         pod = self._pods.get(address)
         if pod is None:
             return
@@ -146,7 +179,7 @@ class KVBlockIndex:
                         mask = holders.get(block_hash)
                         holders[block_hash] = bit if mask is None else mask | bit
                 if len(blocks) > self.max_blocks_per_pod:
-                    self.clear_pod(address)
+                    self.clear_pod(address, TrustReason.OVERFLOW)
                     blocks = pod.blocks
                     pod.stats.overflows += 1
             elif isinstance(event, BlockRemoved):

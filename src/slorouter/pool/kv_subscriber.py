@@ -19,14 +19,24 @@ right when the stream is not:
   what is published before its subscription reaches the publisher, and a batch lost so and followed by no
   other would otherwise stay unknown.
 - **Restart** (the sequence number goes back): the publisher's engine started over with an empty cache; the
-  pod's blocks are cleared.
+  pod's blocks are cleared and the new publisher's batches before this one are asked of the replay socket
+  (a SUB socket reconnecting to it drops those). A restart the scrape shows (``KVTrustMonitor``: the
+  pod's blocks cleared for ``process-restart``) is handled alike at the next batch: the publisher's
+  batches from 0 are replayed first, whatever of them was applied before the clear. A batch whose number
+  is not above the last one's and whose timestamp is older than the last one's is no restart but a late
+  copy (delivered out of order, after its gap was replayed): skipped, counted as ``late``.
 - **Malformed** frames or payloads (``KVEventDecodeError``): counted in ``decode_errors`` and treated as an
   unrecoverable gap; nothing a publisher sends can stop the subscriber.
 - **Failure** of the session (a ZMQ error): the sockets are closed and reopened after ``reconnect_s``.
 
 ``KVSubscriberSet`` keeps one subscriber per address for a pool whose members come and go (discovery):
 a subscriber whose address leaves, or whose pod or publisher changes, is stopped and the address's entry in
-the index (blocks, claims, counters) is dropped before any new subscriber for it starts.
+the index (blocks, claims, counters) is dropped before any new subscriber for it starts; a new pod at an
+address that had one starts ``rebuilding`` (reason ``identity``).
+
+**Trust** (``slorouter.pool.kv_trust``): the subscriber tells the pod's trust state machine of each gap
+(open until replayed), each failed session (until the next one is in step), each clear and why, and each
+live batch with its lag behind the router's wall clock (the batch's ``ts`` is the publisher's wall time).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from slorouter.clock import Clock, WallClock
 from slorouter.kvevents.wire import (
     KVEventBatch,
     KVEventDecodeError,
@@ -50,6 +61,7 @@ from slorouter.kvevents.wire import (
 )
 from slorouter.pool.config import PoolConfig
 from slorouter.pool.kv_index import KVBlockIndex
+from slorouter.pool.kv_trust import TrustReason
 
 logger = logging.getLogger(__name__)
 EVERY_SEQ = 1 << 63  # the end of a replay that asks for all the publisher has
@@ -73,6 +85,7 @@ class KVEventSubscriber:
         *,
         replay_timeout_s: float = 1.0,
         reconnect_s: float = 1.0,
+        wall_clock: Clock | None = None,
     ) -> None:
         self.address = address
         self.publisher = publisher
@@ -80,8 +93,12 @@ class KVEventSubscriber:
         self.stats = index.pod_stats(address)
         self.replay_timeout_s = replay_timeout_s
         self.reconnect_s = reconnect_s
+        self.trust = index.pod_trust(address)
+        self.wall_clock: Clock = wall_clock or WallClock()
         self._ctx = zmq.asyncio.Context.instance()
         self._last_seq: int | None = None
+        self._last_ts = float("-inf")  # of the last live batch applied
+        self._process_restarts = 0  # the pod's clears for a process restart already followed
         # After joining: PUB batches up to this sequence number are the replay's again, until the deadline.
         self._joined_through: int | None = None
         self._joined_deadline = 0.0
@@ -113,6 +130,7 @@ class KVEventSubscriber:
                 raise
             except Exception:
                 self.stats.reconnects += 1
+                self.trust.session_failed(self.index.clock.now())
                 logger.exception("KV events of %s: session failed; reconnecting", self.address)
             await asyncio.sleep(self.reconnect_s)
 
@@ -152,10 +170,13 @@ class KVEventSubscriber:
         replay endpoint or answer)."""
         start = 0 if self._last_seq is None else self._last_seq + 1
         batches = await self._replay(start, EVERY_SEQ)
+        if batches is None:
+            return
+        self.trust.in_step(self.index.clock.now())
         if not batches:
             return
         if start > 0 and batches[0][0] != start:
-            self._lost(f"batches from {start} missed and not replayed")
+            self._lost(f"batches from {start} missed and not replayed", TrustReason.UNRECOVERED_GAP)
         for _, batch in batches:
             self.index.apply(self.address, batch)
         self._last_seq = self._joined_through = batches[-1][0]
@@ -166,8 +187,11 @@ class KVEventSubscriber:
         try:
             _, seq, payload = parse_message(frames)
         except KVEventDecodeError as exc:
-            self._lost(f"unreadable message: {exc}", decode_error=True)
+            self._lost(f"unreadable message: {exc}", TrustReason.DECODE_ERROR)
             return
+        if self.trust.clears[TrustReason.PROCESS_RESTART] != self._process_restarts:
+            self._process_restarts = self.trust.clears[TrustReason.PROCESS_RESTART]
+            self._last_seq = self._joined_through = None  # learn the new process's stream from its start
         if self._joined_through is not None:
             if seq <= self._joined_through and asyncio.get_running_loop().time() < self._joined_deadline:
                 return  # published while the replay was read: already applied
@@ -177,37 +201,56 @@ class KVEventSubscriber:
             if seq > 0:
                 await self._recover(0, seq, gap=False)
         elif seq <= last:
+            if self._late(payload):
+                self.stats.late += 1
+                return
             self.stats.restarts += 1
-            self.index.clear_pod(self.address)
+            self.index.clear_pod(self.address, TrustReason.SEQUENCE_RESTART)
+            if seq > 0:
+                await self._recover(0, seq, gap=False)
         elif seq > last + 1:
             await self._recover(last + 1, seq, gap=True)
         self._last_seq = seq
         self._apply(payload)
 
+    def _late(self, payload: bytes) -> bool:
+        """Whether a batch numbered at or below the last one is older than it (reordered, not restarted)."""
+        try:
+            return decode_batch(payload).ts < self._last_ts
+        except KVEventDecodeError:
+            return False  # left to _apply, which counts it
+
     def _apply(self, payload: bytes) -> None:
         try:
             batch = decode_batch(payload)
         except KVEventDecodeError as exc:
-            self._lost(str(exc), decode_error=True)
+            self._lost(str(exc), TrustReason.DECODE_ERROR)
             return
         self.index.apply(self.address, batch)
+        self._last_ts = batch.ts
+        now = self.index.clock.now()
+        self.trust.in_step(now)
+        self.trust.batch(now, lag_s=self.wall_clock.now() - batch.ts, events=len(batch.events))
 
-    def _lost(self, why: str, *, decode_error: bool = False) -> None:
-        if decode_error:
+    def _lost(self, why: str, reason: TrustReason) -> None:
+        if reason is TrustReason.DECODE_ERROR:
             self.stats.decode_errors += 1
         else:
             self.stats.unrecovered += 1
         logger.warning("KV events of %s: %s; clearing its blocks", self.address, why)
-        self.index.clear_pod(self.address)
+        self.index.clear_pod(self.address, reason)
 
     async def _recover(self, start: int, upto: int, *, gap: bool) -> None:
         """Apply batches ``start``..``upto - 1`` from the replay socket, or clear the pod if it cannot."""
         if gap:
             self.stats.gaps += 1
+            self.trust.gap_opened(self.index.clock.now())
         batches = await self._replay(start, upto)
         if batches is None or not batches or batches[0][0] != start:
             if gap:
-                self._lost(f"batches {start}..{upto - 1} missed and not replayed")
+                self._lost(
+                    f"batches {start}..{upto - 1} missed and not replayed", TrustReason.UNRECOVERED_GAP
+                )
             else:  # joined late and the buffer does not reach back to 0: take what it has
                 for _, batch in batches or []:
                     self.index.apply(self.address, batch)
@@ -215,15 +258,16 @@ class KVEventSubscriber:
         expected = start
         for seq, batch in batches:
             if seq != expected:
-                self._lost(f"replay skipped from {expected} to {seq}")
+                self._lost(f"replay skipped from {expected} to {seq}", TrustReason.UNRECOVERED_GAP)
                 return
             self.index.apply(self.address, batch)
             expected += 1
         if expected != upto:
-            self._lost(f"replay ended at {expected - 1}, before {upto - 1}")
+            self._lost(f"replay ended at {expected - 1}, before {upto - 1}", TrustReason.UNRECOVERED_GAP)
             return
         if gap:
             self.stats.replays += 1
+            self.trust.gap_closed(self.index.clock.now())
 
     async def _replay(self, start: int, upto: int) -> list[tuple[int, KVEventBatch]] | None:
         """The decoded batches ``start``..``upto - 1`` the publisher still has (None: no answer)."""
@@ -316,7 +360,11 @@ class KVSubscriberSet:
         """Start and stop subscribers so that exactly ``desired`` run (needs the running loop); returns the
         addresses (started, stopped)."""
         stopped = [a for a, (subscription, _) in self._running.items() if desired.get(a) != subscription]
+        new_pods = set()
         for address in stopped:
+            new = desired.get(address)
+            if new is not None and new.owner != self._running[address][0].owner:
+                new_pods.add(address)
             self._drop(address)
         started = []
         for address, subscription in desired.items():
@@ -329,6 +377,8 @@ class KVSubscriberSet:
                 replay_timeout_s=self.replay_timeout_s,
                 reconnect_s=self.reconnect_s,
             )
+            if address in new_pods:  # another pod at this address: its blocks are learnt afresh
+                self.index.clear_pod(address, TrustReason.IDENTITY)
             subscriber.start()
             self._running[address] = (subscription, subscriber)
             started.append(address)

@@ -24,6 +24,8 @@ Rules, where the exposition allows a choice:
   columns. A cache-info label beyond 2**53 reads as 0 ("unknown").
 - The text format requires all samples of one metric to be a single contiguous group (prometheus_client
   always writes them so); only the first group of a name is read.
+- ``process_start_time_seconds`` and the dialect's prefix-cache query counter (summed) are read when the
+  page has them, for the KV-event trust; a malformed sample of either is ignored, never a ``ParseError``.
 - A non-numeric cache-info label (vLLM reports ``num_gpu_blocks="None"`` before profiling) reads as 0,
   which means "unknown" to the consumers of those columns.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 
-from slorouter.pool.dialects import PRESETS, SIGNALS, Dialect, MetricSpec
+from slorouter.pool.dialects import PRESETS, PROCESS_START, SIGNALS, Dialect, MetricSpec
 from slorouter.pool.state import MetricsSnapshot
 
 
@@ -128,7 +130,30 @@ def _parse(text: str, dialect: Dialect) -> MetricsSnapshot:
         block_size=block_size,
         num_gpu_blocks=min(MAX_VALUE, num_blocks),
         missing=tuple(missing),
+        process_start_s=_first(text, (PROCESS_START,)),
+        prefix_cache_queries=_sum(text, dialect.prefix_cache_queries),
     )
+
+
+def _optional(text: str, specs: tuple[MetricSpec, ...]) -> list[float]:
+    """The finite samples of an optional metric (none when absent or malformed: it never fails a scrape)."""
+    spec, lines = _select(text, specs)
+    if spec is None or not lines:
+        return []
+    try:
+        return _finite(str(spec), lines)
+    except ParseError:
+        return []
+
+
+def _first(text: str, specs: tuple[MetricSpec, ...]) -> float | None:
+    values = _optional(text, specs)
+    return values[0] if values else None
+
+
+def _sum(text: str, specs: tuple[MetricSpec, ...]) -> float | None:
+    values = _optional(text, specs)
+    return math.fsum(values) if values else None
 
 
 def _describe(signal: str, dialect: Dialect, present: bool) -> str:

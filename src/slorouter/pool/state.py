@@ -66,6 +66,21 @@ class MetricsSnapshot:
     # Signals ("waiting", "running", "kv_usage") the page lacks: the pool estimates them from in-flight
     # counts.
     missing: tuple[str, ...] = ()
+    # Of the pod's process, for the KV-event trust (None: not on the page): process_start_time_seconds and
+    # the prefix-cache query counter (vllm:prefix_cache_queries_total).
+    process_start_s: float | None = None
+    prefix_cache_queries: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServingSignals:
+    """What the last scrape said of the pod's process: whether it serves (running requests, its
+    prefix-cache query counter) and when it started; ``at`` is the scrape's time."""
+
+    at: float
+    running: int | None  # None: the page lacks it
+    process_start_s: float | None
+    prefix_cache_queries: float | None
 
 
 class PoolState:
@@ -83,6 +98,7 @@ class PoolState:
         self.fallback_kv_capacity_tokens = fallback_kv_capacity_tokens
         # The dialect each endpoint's page was last read in, by address (written by the scraper).
         self.metric_dialects: dict[str, Dialect] = {}
+        self.serving: dict[str, ServingSignals] = {}  # by address, from the last scrape
         self.endpoints: list[Endpoint] = []
         self._position: dict[str, int] = {}
         self._incarnation: dict[str, int] = {}
@@ -129,6 +145,7 @@ class PoolState:
         pos = self._position.pop(address)
         del self._incarnation[address]
         self.metric_dialects.pop(address, None)
+        self.serving.pop(address, None)
         endpoint = self.endpoints.pop(pos)
         self._healthy_positions = None
         for name, column in self.columns.items():
@@ -147,6 +164,12 @@ class PoolState:
         cols["block_size"][pos] = snapshot.block_size
         cols["num_gpu_blocks"][pos] = snapshot.num_gpu_blocks
         cols["metrics_time"][pos] = at
+        self.serving[address] = ServingSignals(
+            at,
+            None if "running" in snapshot.missing else snapshot.running,
+            snapshot.process_start_s,
+            snapshot.prefix_cache_queries,
+        )
         mask = 0
         for signal in snapshot.missing:
             mask |= MISSING_BITS[signal]

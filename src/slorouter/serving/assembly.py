@@ -28,6 +28,7 @@ from slorouter.pool.config import endpoints_from_config
 from slorouter.pool.inflight import InFlightTracker
 from slorouter.pool.kv_index import KVBlockIndex
 from slorouter.pool.kv_subscriber import KVEventSubscriber, subscribers_from_config
+from slorouter.pool.kv_trust_monitor import KVTrustMonitor
 from slorouter.pool.scraper import MetricsScraper
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
@@ -73,6 +74,7 @@ class RouterCore:
     kv_subscribers: list[KVEventSubscriber] = field(default_factory=list)  # of static endpoints
     discovery: DiscoveryHandle | None = None
     kv_index: KVBlockIndex | None = None
+    kv_trust_monitor: KVTrustMonitor | None = None  # with kv_index: the scrapes' view of its trust
     discovery_metrics: DiscoveryMetrics | None = None
     tracing: Tracing | None = None  # None: tracing is off (the front-ends check it once per request)
     stats: RouterStats | None = None  # the status page's per-request figures, fed by the front-end
@@ -113,7 +115,9 @@ class RouterCore:
         discovery_metrics = None
         # Discovered pods may publish KV events (their annotations say so) whatever the config says.
         if config.pool.kubernetes is not None or any(e.kv_events is not None for e in config.pool.endpoints):
-            ctx.kv_index = KVBlockIndex(config.pool.kv_events_max_blocks_per_pod)
+            ctx.kv_index = KVBlockIndex(
+                config.pool.kv_events_max_blocks_per_pod, trust=config.pool.kv_trust_thresholds(), clock=clock
+            )
             kv_subscribers = subscribers_from_config(config.pool, ctx.kv_index)
             metrics.registry.register(KVEventsCollector(ctx.kv_index, pool))
         if config.pool.kubernetes is not None:
@@ -160,6 +164,7 @@ class RouterCore:
             predictor,
             kv_subscribers,
             kv_index=ctx.kv_index,
+            kv_trust_monitor=None if ctx.kv_index is None else KVTrustMonitor(pool, ctx.kv_index, clock),
             discovery_metrics=discovery_metrics,
             tracing=tracing,
             stats=RouterStats(clock),
@@ -191,6 +196,7 @@ class RouterCore:
             tuning=None if self.tuning is None else self.tuning.status(),
             deadlines=None if self.actions is None else self.actions.status(),
             ledger=None if self.ledger is None else LedgerStatus.of(self.ledger.summary()),
+            kv_trust=None if self.kv_index is None else self.kv_index.trust.views(),
         )
 
     async def start(self) -> None:
@@ -207,6 +213,8 @@ class RouterCore:
         self.scraper.start()
         for subscriber in self.kv_subscribers:
             subscriber.start()
+        if self.kv_trust_monitor is not None:
+            self.kv_trust_monitor.start()
         if self.predictor is not None:
             try:
                 self.predictor.start()
@@ -225,6 +233,8 @@ class RouterCore:
         await self.scraper.stop()
         for subscriber in self.kv_subscribers:
             await subscriber.stop()
+        if self.kv_trust_monitor is not None:
+            await self.kv_trust_monitor.stop()
         if self.predictor is not None:
             await self.predictor.stop()
         if self.tracing is not None:

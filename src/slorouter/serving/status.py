@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from slorouter.clock import Clock
+from slorouter.pool.kv_trust import TrustReason, TrustState, TrustView
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.features import ModelKind
@@ -29,6 +30,14 @@ STATUS_PATH = "/v1/router/status"
 STATUS_SCHEMA = "slorouter.router-status/v1"
 # Each endpoint's predicted and observed TTFT are means over its last WINDOW successful requests.
 WINDOW = 64
+
+
+class KVIndexStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """How far the endpoint's KV-event index is trusted (``slorouter.pool.kv_trust``)."""
+
+    state: TrustState
+    reason: TrustReason  # none when exact
+    for_s: float  # in this state (and for this reason) since this long
 
 
 class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +56,7 @@ class EndpointStatus(msgspec.Struct, frozen=True, kw_only=True):
     # (on all of them when none had a prediction: heuristic routing).
     predicted_ttft_ms: float | None
     observed_ttft_ms: float | None
+    kv_index: KVIndexStatus | None = None  # None: the router does not subscribe to its KV events
 
 
 class SloStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,8 +263,10 @@ class RouterStats:
         tuning: TuningStatus | None = None,
         deadlines: SloActionsStatus | None = None,
         ledger: LedgerStatus | None = None,
+        kv_trust: Mapping[str, TrustView] | None = None,
     ) -> RouterStatus:
-        """The page now: the pool's current endpoints (an endpoint that left is no longer shown)."""
+        """The page now: the pool's current endpoints (an endpoint that left is no longer shown);
+        ``kv_trust``: the KV-event trust of the subscribed endpoints, on the same clock."""
         now = self.clock.now()
         columns = {
             name: pool.columns[name].tolist()
@@ -265,6 +277,7 @@ class RouterStats:
             stats = self._endpoints.get(endpoint.address) or _EndpointStats(0)
             scraped = columns["metrics_time"][i]
             predicted, observed = stats.means()
+            trust = None if kv_trust is None else kv_trust.get(endpoint.address)
             endpoints.append(
                 EndpointStatus(
                     address=endpoint.address,
@@ -277,6 +290,11 @@ class RouterStats:
                     picks=stats.picks,
                     predicted_ttft_ms=predicted,
                     observed_ttft_ms=observed,
+                    kv_index=None
+                    if trust is None
+                    else KVIndexStatus(
+                        state=trust.state, reason=trust.reason, for_s=max(0.0, now - trust.since)
+                    ),
                 )
             )
         versions: Mapping[str, str | None] = predictor.versions if predictor is not None else {}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from slorouter.faults.kinds import FaultKind, FaultParam
 
-# Where a fault strikes: the generation endpoints, the /metrics page, or the pod's listening socket.
-INFERENCE, METRICS, LISTENER = "inference", "metrics", "listener"
+# Where a fault strikes: the generation endpoints, the /metrics page, the pod's listening socket, or each
+# batch of its KV events (with --kv-events-port).
+INFERENCE, METRICS, LISTENER, KV_EVENTS = "inference", "metrics", "listener", "kv-events"
 
 
 _AFTER_TOKENS = FaultParam(int, 0, 0, 1_000_000, "stream this many tokens first (streams only)")
 _MAX_BYTES = 1 << 30
+_REPLAYABLE = FaultParam(int, 1, 0, 1, "1: the replay socket has the batch; 0: lost for good")
 
 FAULTS: dict[str, FaultKind] = {
     "kill-mid-stream": FaultKind(
@@ -58,6 +60,21 @@ FAULTS: dict[str, FaultKind] = {
     ),
     "metrics-hang": FaultKind(METRICS, "GET /metrics never answers (until the client goes away)"),
     "metrics-garbage": FaultKind(METRICS, "GET /metrics answers 200 with a page that is not Prometheus text"),
+    "kv-events-drop": FaultKind(
+        KV_EVENTS,
+        "leave a step's KV-event batch off the PUB socket (its number is used: the subscriber sees a gap); "
+        "the replay socket still has it unless replayable=0",
+        {"replayable": _REPLAYABLE},
+    ),
+    "kv-events-delay": FaultKind(
+        KV_EVENTS,
+        "send a step's KV-event batch delay_s seconds late, stamped with its step's time (batches not "
+        "delayed overtake it)",
+        {"delay_s": FaultParam(float, None, 0.001, 3600, "how late the batch is sent")},
+    ),
+    "kv-events-reorder": FaultKind(
+        KV_EVENTS, "hold a step's KV-event batch back and send it right after the next one"
+    ),
     "metrics-flap": FaultKind(
         METRICS,
         "GET /metrics answers 500 for period_s seconds, then normally for period_s seconds, and so on",

@@ -8,13 +8,16 @@ vLLM's block pool reports them. ``drain`` returns the events since the last drai
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
 
+from slorouter.faults.plan import FaultPlan
 from slorouter.kvevents.publisher import ZmqEventPublisher
 from slorouter.kvevents.wire import MEDIUM_GPU, BlockRemoved, BlockStored, KVEvent
 from slorouter.sim.engine import Engine
+from slorouter.sim.faults import KV_EVENTS
 from slorouter.sim.kv_cache import KVBlockManager, KVSequence
 
 _TOKEN_DTYPE = np.dtype("<u4")
@@ -83,14 +86,45 @@ class KVEventRecorder:
 
 
 class PodKVEvents:
-    """A simulated pod's KV-event publishing: its engine's recorder and the ZMQ publisher of its batches."""
+    """A simulated pod's KV-event publishing: its engine's recorder and the ZMQ publisher of its batches,
+    which plays the pod's ``kv-events`` faults (``slorouter.sim.faults``) on each batch."""
 
-    def __init__(self, engine: Engine, publisher: ZmqEventPublisher) -> None:
+    def __init__(self, engine: Engine, publisher: ZmqEventPublisher, faults: FaultPlan | None = None) -> None:
         self.recorder = KVEventRecorder.attach(engine.kv_blocks)
         self.publisher = publisher
+        self.faults = faults
+        self._held: tuple[int, bytes] | None = None  # a batch kv-events-reorder holds back
+        self._late: set[asyncio.TimerHandle] = set()  # batches kv-events-delay sends later
 
     def flush(self) -> None:
         """Publish what the engine changed since the last flush (called after every step)."""
         events = self.recorder.drain()
-        if events:
-            self.publisher.publish(events, time.time())
+        if not events:
+            return
+        fault = self.faults.draw(KV_EVENTS) if self.faults else None
+        publisher = self.publisher
+        replayable = fault is None or fault.name != "kv-events-drop" or bool(fault.param("replayable"))
+        seq, payload = publisher.record(events, time.time(), replayable=replayable)
+        held, self._held = self._held, None
+        if fault is None:
+            publisher.send(seq, payload)
+        elif fault.name == "kv-events-delay":
+            self._send_later(fault.param("delay_s"), seq, payload)
+        elif fault.name == "kv-events-reorder":
+            self._held = (seq, payload)
+        if held is not None:
+            publisher.send(*held)
+
+    def _send_later(self, delay_s: float, seq: int, payload: bytes) -> None:
+        def send() -> None:
+            self._late.discard(handle)
+            self.publisher.send(seq, payload)
+
+        handle = asyncio.get_running_loop().call_later(delay_s, send)
+        self._late.add(handle)
+
+    async def close(self) -> None:
+        for handle in self._late:
+            handle.cancel()
+        self._late.clear()
+        await self.publisher.close()

@@ -11,6 +11,7 @@ writes them.
 from __future__ import annotations
 
 import bisect
+import time
 
 from slorouter.sim.engine import Engine, Finished, FirstToken
 from slorouter.sim.gauges import GaugeReporter
@@ -91,6 +92,8 @@ class PodMetrics:
         self._model_name = model_name
         self._engine = engine
         self.gauges = GaugeReporter(engine)  # late or coarse gauges, as the engine's profile says
+        # As prometheus_client's process collector reports it: a restarted pod shows a new value.
+        self.process_start_s = time.time()
         labels = {"model_name": model_name, "engine": "0"}
         self._label_text = "{" + _labels(labels) + "}"
         self._success_labels = "{" + _labels({**labels, "finished_reason": "length"}) + "}"
@@ -157,6 +160,11 @@ class PodMetrics:
             f"vllm:request_success_total{self._success_labels} {float(engine.num_finished_total)!r}\n"
         )
         parts.append(self._static)
+        parts.append(
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            f"process_start_time_seconds {self.process_start_s!r}\n"
+        )
         parts.append(self.ttft.render())
         parts.append(self.e2e.render())
         parts.append(self.queue.render())

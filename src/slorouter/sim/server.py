@@ -160,7 +160,7 @@ class SimPod:
 
     def publish_kv_events(self, publisher: ZmqEventPublisher) -> None:
         """Publish the engine's KV events (one batch per step that changed its prefix cache)."""
-        self.kv_events = PodKVEvents(self.engine, publisher)
+        self.kv_events = PodKVEvents(self.engine, publisher, self.faults)
         publisher.start()
 
     async def close(self) -> None:
@@ -180,7 +180,7 @@ class SimPod:
                 await self._driver
             self._driver = None
         if self.kv_events is not None:
-            await self.kv_events.publisher.close()
+            await self.kv_events.close()
 
     # ------------------------------------------------------------------------------------------ driver
 

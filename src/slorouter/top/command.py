@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "top",
         help="live view of a running gateway or picker",
         description="A live terminal view of a running router: per endpoint its in-flight requests, queue, "
-        "KV-cache use, predicted against observed TTFT and share of the picks; the request rate, errors, "
+        "KV-cache use, predicted against observed TTFT, share of the picks and (with KV events) its prefix "
+        "index's trust; the request rate, errors, "
         "sheds, SLO attainment, routes and the predictor's state. Reads GET /v1/router/status and /metrics.",
     )
     parser.add_argument(

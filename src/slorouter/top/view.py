@@ -8,7 +8,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from slorouter.serving.status import LedgerStatus, TuningStatus
+from slorouter.pool.kv_trust import TrustState
+from slorouter.serving.status import KVIndexStatus, LedgerStatus, TuningStatus
 from slorouter.top.source import Reading
 
 ROUTES = ("predicted", "explore", "heuristic", "fallback")  # the x-slorouter-route values, in this order
@@ -27,6 +28,19 @@ def _duration(seconds: float) -> str:
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f} ms"
+
+
+_TRUST_STYLE = {TrustState.EXACT: "green", TrustState.DEGRADED: "red", TrustState.REBUILDING: "yellow"}
+
+
+def _kv_index(status: KVIndexStatus | None) -> Text:
+    """``exact``, or the state, why and for how long (``degraded lag 12s``)."""
+    if status is None:
+        return Text("—", "dim")
+    if status.state is TrustState.EXACT:
+        return Text("exact", _TRUST_STYLE[status.state])
+    label = f"{status.state.value} {status.reason.value} {_duration(status.for_s)}"
+    return Text(label, _TRUST_STYLE[status.state])
 
 
 def _share(part: float, whole: float) -> str:
@@ -118,9 +132,13 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
     table.add_column("TTFT obs", justify="right")
     table.add_column("TTFT cov", justify="right")
     table.add_column("picks", justify="right")
+    kv_events = any(e.kv_index is not None for e in status.endpoints)
+    if kv_events:
+        table.add_column("prefix index", no_wrap=True)
     total_picks = sum(e.picks for e in status.endpoints)
     for endpoint in status.endpoints:
         stale = endpoint.metrics_age_s is None or endpoint.metrics_age_s > 5
+        extra = [_kv_index(endpoint.kv_index)] if kv_events else []
         table.add_row(
             endpoint.address,
             Text("●", "green") if endpoint.healthy else Text("✕", "red"),
@@ -132,13 +150,16 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
             _ms(endpoint.observed_ttft_ms),
             _coverage(ledger, endpoint.address),
             _share(endpoint.picks, total_picks),
+            *extra,
         )
-    caption = Text(
-        "queue, running, KV: the last scrape (dim: older than 5 s)\n"
+    notes = "queue, running, KV: the last scrape (dim: older than 5 s)\n"
+    notes += (
         f"TTFT: mean over each endpoint's last {status.window} requests · picks: since the router started\n"
-        "TTFT cov: share of the TTFTs of the ledger's window under their predicted quantile (red: drifting)",
-        "dim",
+        "TTFT cov: share of the TTFTs of the ledger's window under their predicted quantile (red: drifting)"
     )
+    if kv_events:
+        notes += "\nprefix index: its KV-event index's trust; not exact: routed on the approximate estimate"
+    caption = Text(notes, "dim")
     return Group(*lines, table, caption)
 
 

@@ -4,9 +4,11 @@
 ``precise-prefix-cache-producer`` computes, for each candidate that publishes KV events, the block hashes
 the pod itself gives the request's prompt (its block size, its hash chain over its tokens) and counts the
 leading ones the pod's events say it holds (``KVBlockIndex``, fed by the subscribers or, in the benchmark,
-by the simulated engines). For a candidate that publishes nothing it keeps the approximate index's
-estimate: the producer *is* an ``approx-prefix-cache-producer`` (same parameters, same index of what was sent
-where), and overwrites its figures where the real ones exist. It writes the same data keys, so
+by the simulated engines). For a candidate that publishes nothing, or whose index is not ``exact``
+(``slorouter.pool.kv_trust``: a gap not yet replayed, a failed session, late or silent events, a rebuild
+after a clear), it keeps the approximate index's estimate: the producer *is* an
+``approx-prefix-cache-producer`` (same parameters, same index of what was sent where), and overwrites its
+figures where the real ones exist. It writes the same data keys, so
 ``prefix-cache-scorer``, ``token-load-scorer``, the affinity filter and the latency plugins read the real
 cache unchanged; ``prefix_match_from_events`` says which candidates' figures are real.
 
@@ -144,7 +146,7 @@ class PrecisePrefixCacheProducer(ApproxPrefixCacheProducer):
         by_block_size: dict[int, list[int]] = {}
         reported = candidates.column("block_size").tolist()
         for i, address in enumerate(addresses):
-            if index.publishing(address):
+            if index.trusted(address):
                 size = index.block_size(address) or int(reported[i]) or self.params.block_size_tokens
                 by_block_size.setdefault(size, []).append(i)
         if not by_block_size:
