@@ -18,6 +18,11 @@ logged once, and ``on_drift`` is called (the router asks for a retrain). Back in
 Coverage is judged on the quantile routing used, not on the served one: the live-coverage factor moves the
 served quantile until it covers again, which would hide the very drift the ledger is for.
 
+**Fallback.** An endpoint drifting for ``fallback_after_s`` more is *distrusted* (``distrusts``): the
+latency producer then routes the requests that have it among their candidates by the heuristic profile, and
+still adds their predictions' outcomes here, so that the ledger sees the model recover; back in band, the
+endpoint is trusted again.
+
 The request path pays for one tuple appended to a deque; the figures are computed when asked (a scrape,
 the status page) and at each drift check.
 """
@@ -136,8 +141,8 @@ class PredictionLedger:
     def add(
         self, endpoint: str, objective: str, kind: ModelKind, predicted_ms: float, actual_ms: float
     ) -> None:
-        """One outcome of a request routed with predictions: ``predicted_ms`` the quantile routing used for
-        ``endpoint``, the one that served it."""
+        """One outcome of a request that was predicted for: ``predicted_ms`` the quantile routing used (or
+        would have, for a request the fallback routed) for ``endpoint``, the one that served it."""
         if not (predicted_ms > 0.0 and actual_ms > 0.0 and math.isfinite(predicted_ms * actual_ms)):
             return
         now = self.clock.now()
