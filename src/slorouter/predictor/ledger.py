@@ -130,6 +130,8 @@ class PredictionLedger:
         self.on_drift = on_drift
         self._members = members  # the pool's endpoints now: the drift of one that left is forgotten
         self._entries = _Entries()
+        # Per (endpoint, kind), the outcomes in the window and those covered: the drift check reads these.
+        self._counts: dict[tuple[str, ModelKind], list[int]] = {}
         self._drift: dict[tuple[str, ModelKind], _Drift] = {}
         self._next_check = -math.inf
         self.drifts = 0
@@ -152,9 +154,13 @@ class PredictionLedger:
         entries.rows.append(
             (endpoint, objective, _KIND_INDEX[kind], predicted_ms, predicted_ms * factor, actual_ms)
         )
+        counts = self._counts.get((endpoint, kind))
+        if counts is None:
+            counts = self._counts[endpoint, kind] = [0, 0]
+        counts[0] += 1
+        counts[1] += actual_ms <= predicted_ms
         if len(entries.rows) > self.settings.max_entries:
-            entries.at.popleft()
-            entries.rows.popleft()
+            self._drop_oldest()
         if now >= self._next_check:
             self._next_check = now + self.settings.check_interval_s
             self.check(now)
@@ -162,8 +168,17 @@ class PredictionLedger:
     def _expire(self, now: float) -> None:
         entries, horizon = self._entries, now - self.settings.window_s
         while entries.at and entries.at[0] < horizon:
-            entries.at.popleft()
-            entries.rows.popleft()
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        self._entries.at.popleft()
+        endpoint, _, kind, predicted, _, actual = self._entries.rows.popleft()
+        key = (endpoint, MODEL_KINDS[kind])
+        counts = self._counts[key]
+        counts[0] -= 1
+        counts[1] -= actual <= predicted
+        if not counts[0]:
+            del self._counts[key]
 
     def _columns(self) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         rows = self._entries.rows
@@ -207,19 +222,8 @@ class PredictionLedger:
             members = set(self._members())
             for key in [k for k in self._drift if k[0] not in members]:
                 del self._drift[key]
-        endpoints, _, kinds, predicted, _, actual = self._columns()
         s = self.settings
-        coverage: dict[tuple[str, ModelKind], float] = {}
-        if endpoints:
-            names = np.asarray(endpoints, dtype=object)
-            covered = actual <= predicted
-            for name in set(endpoints):
-                mine = names == name
-                for kind in MODEL_KINDS:
-                    chosen = mine & (kinds == _KIND_INDEX[kind])
-                    n = int(chosen.sum())
-                    if n >= s.min_outcomes:
-                        coverage[name, kind] = float(covered[chosen].mean())
+        coverage = {key: covered / n for key, (n, covered) in self._counts.items() if n >= s.min_outcomes}
         for key in set(coverage) | set(self._drift):
             value = coverage.get(key)
             drift = self._drift.get(key)
@@ -286,18 +290,20 @@ class PredictionLedger:
 def _grouped(
     names: list[str], kinds: np.ndarray, predicted: np.ndarray, point: np.ndarray, actual: np.ndarray
 ) -> dict[str, dict[ModelKind, Accuracy]]:
+    """The figures per (name, kind): one sort of the window by group, then a slice per group."""
     result: dict[str, dict[ModelKind, Accuracy]] = {}
     if not names:
         return result
-    labels = np.asarray(names, dtype=object)
-    for name in sorted(set(names)):
-        mine = labels == name
-        for kind in MODEL_KINDS:
-            chosen = mine & (kinds == _KIND_INDEX[kind])
-            if chosen.any():
-                result.setdefault(name, {})[kind] = _accuracy(
-                    predicted[chosen], point[chosen], actual[chosen]
-                )
+    codes: dict[str, int] = {}
+    inverse = np.fromiter((codes.setdefault(name, len(codes)) for name in names), np.int64, len(names))
+    labels = list(codes)
+    groups = inverse * len(MODEL_KINDS) + kinds
+    order = np.argsort(groups, kind="stable")
+    bounds = np.flatnonzero(np.diff(groups[order])) + 1
+    for chosen in np.split(order, bounds):
+        group = int(groups[chosen[0]])
+        name, kind = str(labels[group // len(MODEL_KINDS)]), MODEL_KINDS[group % len(MODEL_KINDS)]
+        result.setdefault(name, {})[kind] = _accuracy(predicted[chosen], point[chosen], actual[chosen])
     return result
 
 
