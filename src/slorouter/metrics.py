@@ -500,6 +500,45 @@ class LatencyMetrics:
         )
 
 
+TTFT_REGRET_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+AVOIDABLE_PREFILL_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+REGRET_LABELS = ("profile", "reason")
+
+
+class RegretMetrics:
+    """Routing regret (``audit.regret``), by the primary profile and the pick's reason (``PickReason``).
+    Loop-local: observe from the loop that serves ``/metrics``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.achieved = LoopCounter(
+            "slorouter_routing_prefix_tokens_achieved",
+            "Prompt tokens the chosen endpoint held in its prefix cache at the pick.",
+            REGRET_LABELS,
+            registry=r,
+        )
+        self.reachable = LoopCounter(
+            "slorouter_routing_prefix_tokens_reachable",
+            "The most prompt tokens any candidate held in its prefix cache at the pick.",
+            REGRET_LABELS,
+            registry=r,
+        )
+        self.avoidable = LoopHistogram(
+            "slorouter_routing_avoidable_prefill_tokens",
+            "Per pick, reachable minus achieved prefix tokens: the prefill the choice cost (_count: picks).",
+            REGRET_LABELS,
+            buckets=AVOIDABLE_PREFILL_BUCKETS,
+            registry=r,
+        )
+        self.ttft_regret = LoopHistogram(
+            "slorouter_routing_ttft_regret_seconds",
+            "Per pick with TTFT estimates, the chosen endpoint's expected TTFT minus the best candidate's.",
+            REGRET_LABELS,
+            buckets=TTFT_REGRET_BUCKETS,
+            registry=r,
+        )
+
+
 class PredictorCollector(Collector):
     """Predictor readiness and, where the backend knows them, the model versions it serves."""
 

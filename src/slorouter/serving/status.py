@@ -22,6 +22,7 @@ from slorouter.clock import Clock
 from slorouter.pool.state import PoolState
 from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.warm_start import WarmStartReport
+from slorouter.serving.regret import RegretStatus
 
 STATUS_PATH = "/v1/router/status"
 STATUS_SCHEMA = "slorouter.router-status/v1"
@@ -113,6 +114,7 @@ class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: list[EndpointStatus]
     tuning: TuningStatus | None = None  # None: the router does not tune itself
     deadlines: SloActionsStatus | None = None  # None: no objective has a deadline
+    regret: RegretStatus | None = None  # None: audit.regret is off
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -204,6 +206,7 @@ class RouterStats:
         queued: int | None,
         tuning: TuningStatus | None = None,
         deadlines: SloActionsStatus | None = None,
+        regret: RegretStatus | None = None,
     ) -> RouterStatus:
         """The page now: the pool's current endpoints (an endpoint that left is no longer shown)."""
         now = self.clock.now()
@@ -249,4 +252,5 @@ class RouterStats:
             endpoints=endpoints,
             tuning=tuning,
             deadlines=deadlines,
+            regret=regret,
         )
