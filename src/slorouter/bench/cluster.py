@@ -308,7 +308,8 @@ class ClusterSimulator:
         tracker = InFlightTracker(pool)
         flow = self._flow_control
         controller = flow.build(pool, self.clock) if flow is not None else None
-        director = Director(pool, setup, tracker, self.clock, flow_control=controller)
+        # Every pick keeps its record: the run reports its routing regret (records draw no random numbers).
+        director = Director(pool, setup, tracker, self.clock, flow_control=controller, record_picks=True)
         deadlines = self._deadlines
         actions = None if deadlines is None else SloActions(deadlines.objectives, deadlines.hedging)
         return RouterStack(pool, tracker, director, predictor, kv_index, actions=actions)

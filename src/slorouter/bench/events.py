@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slorouter.api.replies import TEXT
+from slorouter.bench.pool_regret import cached_prompt_tokens
 from slorouter.bench.records import CANCELLED, OK, REJECTED, SHED, UNFINISHED, RunRecords, empty_column
 from slorouter.bench.workloads import BenchRequest
 from slorouter.bench.workloads.request import objective_of
@@ -26,7 +27,9 @@ from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
 from slorouter.flowcontrol.controller import Ticket
 from slorouter.kvevents.wire import KVEventBatch
 from slorouter.pool.config import LOWER_FIRST
+from slorouter.scheduling.pick_record import PickRecord
 from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.regret import regret_of
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.engine_priority import engine_value
 from slorouter.serving.exchange import Exchange
@@ -96,6 +99,11 @@ class SimulationRun:
             pod_profiles=[p.name for p in simulator.profiles],
             picker=simulator.assign_pickers(n),
             queued_s=empty_column(n),
+            achieved_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            reachable_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            ttft_regret_ms=empty_column(n),
+            true_achieved_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            true_reachable_prefix_tokens=np.full(n, -1, dtype=np.int64),
         )
         if n and np.any(np.diff(rec.arrival) < 0):
             raise ValueError("requests must be sorted by arrival time")
@@ -323,6 +331,20 @@ class SimulationRun:
         if self.on_change:
             self._changed(k, now)
 
+    def _regret(self, i: int, record: PickRecord | None, prompt: bytes, pod: int) -> None:
+        """Request ``i``'s routing regret: the router's (its pick record) and the pool's (the engines' caches
+        now, before the request is added)."""
+        rec = self.rec
+        if record is not None:
+            regret = regret_of(record)
+            rec.achieved_prefix_tokens[i] = regret.achieved_prefix_tokens
+            rec.reachable_prefix_tokens[i] = regret.reachable_prefix_tokens
+            if regret.ttft_regret_ms is not None:
+                rec.ttft_regret_ms[i] = regret.ttft_regret_ms
+        held = cached_prompt_tokens(self.engines, prompt)
+        rec.true_achieved_prefix_tokens[i] = held[pod]
+        rec.true_reachable_prefix_tokens[i] = max(held)
+
     def _send(
         self, stack: RouterStack, i: int, inference: InferenceRequest, admission: Admission, now: float
     ) -> None:
@@ -350,6 +372,7 @@ class SimulationRun:
                 rec.predicted_tpot_ms[i] = tpot
                 rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
         prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
+        self._regret(i, lifecycle.result.record, prompt, pod)
         try:
             self.engines[pod].add_request(
                 i, prompt, inference.max_tokens, now + self.net, self._engine_priority(inference)

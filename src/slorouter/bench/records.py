@@ -42,6 +42,14 @@ class RunRecords:
     picker: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     # Seconds each request waited in flow control before its pick (0 without it; NaN if never picked).
     queued_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    # Routing regret at each pick (``slorouter.scheduling.regret``), in the router's view: the prompt tokens
+    # the chosen pod held and the most any candidate held (-1: no record), the TTFT regret (NaN: none); and
+    # in the pool's: the tokens the engines' prefix caches held at that instant (-1: never picked).
+    achieved_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    reachable_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ttft_regret_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    true_achieved_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    true_reachable_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     virtual_s: float = 0.0
     wall_s: float = 0.0
     steps: int = 0
