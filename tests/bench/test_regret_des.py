@@ -15,29 +15,16 @@ from slorouter.bench.workloads import BenchRequest
 from slorouter.sim.engine import Engine
 from slorouter.sim.profiles import get_profile
 from slorouter.tokenizer import encode_bytes
+from tests.sim.conftest import drive
 
 PROMPT = "The shared context of every turn. " * 120  # ~1,000 tokens
-
-
-def _finish(engine: Engine, prompt: bytes) -> None:
-    engine.add_request(0, prompt, 2, 0.0)
-    now, done = 0.0, False
-    while not done:
-        step = engine.plan_step(now)
-        if step is None:
-            next_time = engine.next_ready_time()
-            assert next_time is not None
-            now = next_time
-            continue
-        done = bool(engine.commit_step(step).finished)
-        now = step.end
 
 
 def test_cached_prompt_tokens_reads_each_engines_prefix_cache():
     profile = get_profile("llama3-8b-h100")
     warm, cold = Engine(profile, jitter_sigma=0.0), Engine(profile, jitter_sigma=0.0)
     prompt = encode_bytes(PROMPT)
-    _finish(warm, prompt)
+    drive(warm, [(0, prompt, 2, 0.0)])
     held = cached_prompt_tokens([warm, cold], prompt)
     tokens = len(prompt) // 4
     block = warm.kv_blocks.block_size
