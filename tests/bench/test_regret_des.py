@@ -38,6 +38,7 @@ def _records(n: int):
         true_achieved_prefix_tokens = np.array([90, 0, 0, 40][:n])
         true_reachable_prefix_tokens = np.array([90, 80, 0, 90][:n])
         ttft_regret_ms = np.array([0.0, 30.0, np.nan, 12.0][:n])
+        pick_reason = np.array([0, 0, -1, 1][:n])  # score, score, no record, affinity
 
     return Rec()
 
@@ -51,6 +52,9 @@ def test_regret_summary_formulas():
         "pool_reuse_achieved": round(90 / 170, 4),
         "pool_avoidable_prefill_tok_s": 8.0,
         "ttft_regret_ms_mean": 15.0,
+        "regret_by_reason": {
+            "score": {"picks": 2, "avoidable_prefill_tok_s": 10.0, "ttft_regret_ms_mean": 15.0}
+        },
     }
 
 

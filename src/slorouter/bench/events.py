@@ -19,7 +19,16 @@ import numpy as np
 
 from slorouter.api.replies import TEXT
 from slorouter.bench.pool_regret import cached_prompt_tokens
-from slorouter.bench.records import CANCELLED, OK, REJECTED, SHED, UNFINISHED, RunRecords, empty_column
+from slorouter.bench.records import (
+    CANCELLED,
+    OK,
+    PICK_REASONS,
+    REJECTED,
+    SHED,
+    UNFINISHED,
+    RunRecords,
+    empty_column,
+)
 from slorouter.bench.workloads import BenchRequest
 from slorouter.bench.workloads.request import objective_of
 from slorouter.director import NOT_QUEUED, Admission
@@ -104,6 +113,7 @@ class SimulationRun:
             ttft_regret_ms=empty_column(n),
             true_achieved_prefix_tokens=np.full(n, -1, dtype=np.int64),
             true_reachable_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            pick_reason=np.full(n, -1, dtype=np.int8),
         )
         if n and np.any(np.diff(rec.arrival) < 0):
             raise ValueError("requests must be sorted by arrival time")
@@ -339,6 +349,7 @@ class SimulationRun:
             regret = regret_of(record)
             rec.achieved_prefix_tokens[i] = regret.achieved_prefix_tokens
             rec.reachable_prefix_tokens[i] = regret.reachable_prefix_tokens
+            rec.pick_reason[i] = PICK_REASONS.index(record.reason)
             if regret.ttft_regret_ms is not None:
                 rec.ttft_regret_ms[i] = regret.ttft_regret_ms
         held = cached_prompt_tokens(self.engines, prompt)

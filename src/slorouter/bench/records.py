@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from slorouter.scheduling.types import PickReason
+
 # Request outcomes (``RunRecords.status``): HTTP-like codes, plus UNFINISHED for requests still running
 # when the simulation stopped.
 OK = 200
@@ -16,6 +18,7 @@ SHED = 429
 NO_ENDPOINT = 503
 CANCELLED = 504  # the router cancelled it at its deadline (objectives' deadline.action cancel)
 UNFINISHED = -1
+PICK_REASONS: tuple[PickReason, ...] = tuple(PickReason)
 
 
 @dataclass(slots=True)
@@ -50,6 +53,8 @@ class RunRecords:
     ttft_regret_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     true_achieved_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     true_reachable_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # The pick's reason, as its index in ``PICK_REASONS`` (-1: no record).
+    pick_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
     virtual_s: float = 0.0
     wall_s: float = 0.0
     steps: int = 0

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from slorouter.bench.records import OK, REJECTED, SHED, RunRecords
+from slorouter.bench.records import OK, PICK_REASONS, REJECTED, SHED, RunRecords
 
 _HUGE = 1e300  # stands in for ∞ so that interpolating next to an unfinished request gives "∞", not NaN
 
@@ -59,10 +59,25 @@ def regret_summary(rec: RunRecords, picked: np.ndarray, window: float) -> dict[s
         out[f"{prefix}reuse_achieved"] = round(got / most, 4) if most else None
         out[f"{prefix}avoidable_prefill_tok_s"] = round((most - got) / window, 1)
     if len(rec.ttft_regret_ms) == len(picked):
-        regret = rec.ttft_regret_ms[picked]
-        regret = regret[~np.isnan(regret)]
-        out["ttft_regret_ms_mean"] = round(float(regret.mean()), 2) if len(regret) else None
+        out["ttft_regret_ms_mean"] = _nan_mean(rec.ttft_regret_ms[picked])
+    if len(rec.pick_reason) == len(picked):
+        by_reason = {}
+        for code, reason in enumerate(PICK_REASONS):
+            these = picked & (rec.pick_reason == code)
+            if these.any():
+                avoidable = rec.reachable_prefix_tokens[these] - rec.achieved_prefix_tokens[these]
+                by_reason[reason.value] = {
+                    "picks": int(these.sum()),
+                    "avoidable_prefill_tok_s": round(int(avoidable.sum()) / window, 1),
+                    "ttft_regret_ms_mean": _nan_mean(rec.ttft_regret_ms[these]),
+                }
+        out["regret_by_reason"] = by_reason
     return out
+
+
+def _nan_mean(values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return round(float(values.mean()), 2) if len(values) else None
 
 
 def summarize_run(
