@@ -41,7 +41,7 @@ SCHEDULER_BUCKETS = (
 )  # fmt: skip
 
 
-class _HistogramSeries:
+class HistogramSeries:
     """One label set of a ``LoopHistogram``: per-bucket counts (not cumulative) and the sum."""
 
     __slots__ = ("_bounds", "counts", "sum")
@@ -56,7 +56,7 @@ class _HistogramSeries:
         self.sum += value
 
 
-class _CounterSeries:
+class CounterSeries:
     __slots__ = ("value",)
 
     def __init__(self) -> None:
@@ -88,16 +88,16 @@ class LoopHistogram(Collector):
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
         self._le = [_float_to_go_string(b) for b in self.bounds] + ["+Inf"]
-        self._series: dict[tuple[str, ...], _HistogramSeries] = {}
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values: str) -> _HistogramSeries:
+    def labels(self, *values: str) -> HistogramSeries:
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         series = self._series.get(values)
         if series is None:
-            series = self._series[values] = _HistogramSeries(self.bounds)
+            series = self._series[values] = HistogramSeries(self.bounds)
         return series
 
     def observe(self, value: float) -> None:
@@ -129,16 +129,16 @@ class LoopCounter(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], _CounterSeries] = {}
+        self._series: dict[tuple[str, ...], CounterSeries] = {}
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values: str) -> _CounterSeries:
+    def labels(self, *values: str) -> CounterSeries:
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         series = self._series.get(values)
         if series is None:
-            series = self._series[values] = _CounterSeries()
+            series = self._series[values] = CounterSeries()
         return series
 
     def inc(self, amount: float = 1.0) -> None:

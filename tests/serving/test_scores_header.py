@@ -33,7 +33,7 @@ def _record(scores, chosen, runner_up, ttft=None, prefix=None) -> PickRecord:
 def test_order_is_chosen_runner_up_then_by_score_and_filtered_last():
     # A picker that did not take the top score: chosen 3, runner-up 0 (the best of the others).
     record = _record([0.9, NAN, 0.5, 0.2, 0.7], chosen=3, runner_up=0)
-    assert listing_order(record).tolist() == [3, 0, 4, 2, 1]
+    assert listing_order(record, record.scores.tolist()) == [3, 0, 4, 2, 1]
 
 
 def test_entries_and_their_bound():

@@ -60,17 +60,16 @@ def prefix_tokens_held(request: InferenceRequest, candidates: Candidates) -> np.
     block_size = candidates.attrs.get(PREFIX_BLOCK_SIZE_TOKENS)
     if matched is None or block_size is None:
         return np.zeros(len(candidates), dtype=np.int64)
-    held = np.asarray(matched, dtype=np.int64) * np.asarray(block_size, dtype=np.int64)
-    return np.minimum(held, request.prompt_tokens)
+    return np.minimum(matched * block_size, request.prompt_tokens)
 
 
 def expected_ttft(candidates: Candidates) -> tuple[np.ndarray | None, TtftSource]:
     predicted = candidates.attrs.get(PREDICTED_TTFT_MS)
     if predicted is not None:
-        return np.asarray(predicted, dtype=np.float64), TtftSource.PREDICTOR
+        return predicted, TtftSource.PREDICTOR
     expected = candidates.attrs.get(EXPECTED_TTFT_MS)
     if expected is not None:
-        return np.asarray(expected, dtype=np.float64), TtftSource.LOAD_MODEL
+        return expected, TtftSource.LOAD_MODEL
     return None, TtftSource.NONE
 
 
@@ -86,27 +85,34 @@ def record_pick(
     """The record of a profile that was ``given`` some candidates, scored those its filters kept
     (``scored``, with ``total``) and chose ``scored``'s candidate ``chosen``. ``reason``: what a filter said
     (None: nothing), refined here: a narrowed set without a reason is ``FILTER``, a chosen candidate below
-    the top score is ``PICKER``."""
+    the top score is ``PICKER``. ``total`` is not copied: the profile is done with it."""
     n = len(given)
-    scores = np.full(n, np.nan)
+    # A few numpy calls at most: on the handful of candidates most pools have, each call's overhead is the
+    # cost (a profile's totals never hold NaN, so plain comparisons suffice).
+    total_array = total if isinstance(total, np.ndarray) else np.array(total, dtype=np.float64)
+    runner_up = NO_RUNNER_UP
+    if len(total_array) > 1:
+        kept = total_array[chosen]
+        total_array[chosen] = -np.inf
+        runner_up = int(total_array.argmax())
+        best_other = total_array[runner_up]
+        total_array[chosen] = kept
+        if best_other > kept and reason in (None, PickReason.FILTER):
+            reason = PickReason.PICKER
     if len(scored) == n:  # no filter removed a candidate: the same order (subset keeps order)
-        index = np.arange(n)
+        scores = total_array
     else:
         # Where each scored candidate sits among the given ones (pool positions are unique).
         where = np.empty(int(given.positions.max()) + 1, dtype=np.int64)
         where[given.positions] = np.arange(n)
         index = where[scored.positions]
-    total_array = np.asarray(total, dtype=np.float64)
-    scores[index] = total_array
-    runner_up = NO_RUNNER_UP
-    if len(total_array) > 1:
-        others = total_array.copy()
-        others[chosen] = -np.inf
-        runner_up = int(index[int(np.argmax(others))])
+        scores = np.full(n, np.nan)
+        scores[index] = total_array
+        chosen = int(index[chosen])
+        if runner_up != NO_RUNNER_UP:
+            runner_up = int(index[runner_up])
     if reason is None:
         reason = PickReason.FILTER if len(scored) < n else PickReason.SCORE
-    if reason in (PickReason.SCORE, PickReason.FILTER) and total_array[chosen] < total_array.max():
-        reason = PickReason.PICKER
     ttft_ms, source = expected_ttft(given)
     return PickRecord(
         profile=profile,
@@ -116,7 +122,7 @@ def record_pick(
         ttft_source=source,
         prefix_tokens=prefix_tokens_held(request, given),
         prompt_tokens=request.prompt_tokens,
-        chosen=int(index[chosen]),
+        chosen=chosen,
         runner_up=runner_up,
         reason=reason,
     )

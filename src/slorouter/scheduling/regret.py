@@ -11,9 +11,8 @@ room, for a request of flow control's priority lane), before the profile's filte
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from slorouter.scheduling.pick_record import PickRecord
 
@@ -30,17 +29,15 @@ class Regret:
 
 
 def regret_of(record: PickRecord) -> Regret:
-    achieved = int(record.prefix_tokens[record.chosen])
-    reachable = int(record.prefix_tokens.max())
-    return Regret(ttft_regret_of(record), achieved, reachable)
+    prefix = record.prefix_tokens.tolist()
+    return Regret(ttft_regret_of(record), prefix[record.chosen], max(prefix))
 
 
 def ttft_regret_of(record: PickRecord) -> float | None:
-    ttft = record.ttft_ms
-    if ttft is None:
+    if record.ttft_ms is None:
         return None
-    chosen = float(ttft[record.chosen])
-    if not np.isfinite(chosen):
+    ttft = record.ttft_ms.tolist()  # plain floats: cheaper than numpy calls on a handful of candidates
+    chosen = ttft[record.chosen]
+    if not math.isfinite(chosen):
         return None
-    finite = ttft[np.isfinite(ttft)]
-    return max(0.0, chosen - float(finite.min()))
+    return max(0.0, chosen - min(t for t in ttft if math.isfinite(t)))

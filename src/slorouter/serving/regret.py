@@ -11,9 +11,28 @@ from dataclasses import dataclass
 
 import msgspec
 
-from slorouter.metrics import RegretMetrics
+from slorouter.metrics import HistogramSeries, RegretMetrics
 from slorouter.scheduling.pick_record import PickRecord
 from slorouter.scheduling.regret import Regret, regret_of
+
+
+class _LabelSeries:
+    """The series of one (profile, reason); the TTFT histogram's only once a pick has a TTFT estimate, so a
+    pipeline without estimates shows none."""
+
+    __slots__ = ("_ttft", "achieved", "avoidable", "metrics", "reachable")
+
+    def __init__(self, metrics: RegretMetrics, profile: str, reason: str) -> None:
+        self.metrics = metrics
+        self.achieved = metrics.achieved.labels(profile, reason)
+        self.reachable = metrics.reachable.labels(profile, reason)
+        self.avoidable = metrics.avoidable.labels(profile, reason)
+        self._ttft: HistogramSeries | None = None
+
+    def ttft_regret(self, profile: str, reason: str) -> HistogramSeries:
+        if self._ttft is None:
+            self._ttft = self.metrics.ttft_regret.labels(profile, reason)
+        return self._ttft
 
 
 class RegretTotals(msgspec.Struct, kw_only=True):
@@ -62,6 +81,7 @@ class RegretLedger:
     def __post_init__(self) -> None:
         self.totals = RegretTotals()
         self.by_reason: dict[str, RegretTotals] = {}
+        self._children: dict[tuple[str, str], _LabelSeries] = {}
 
     def observe(self, record: PickRecord) -> Regret:
         regret = regret_of(record)
@@ -71,15 +91,22 @@ class RegretLedger:
         if totals is None:
             totals = self.by_reason[reason] = RegretTotals()
         totals.add(regret)
-        metrics = self.metrics
-        if metrics is not None:
-            labels = (record.profile, reason)
-            metrics.achieved.labels(*labels).inc(regret.achieved_prefix_tokens)
-            metrics.reachable.labels(*labels).inc(regret.reachable_prefix_tokens)
-            metrics.avoidable.labels(*labels).observe(regret.avoidable_prefill_tokens)
+        if self.metrics is not None:
+            series = self._series(record.profile, reason)
+            series.achieved.inc(regret.achieved_prefix_tokens)
+            series.reachable.inc(regret.reachable_prefix_tokens)
+            series.avoidable.observe(regret.avoidable_prefill_tokens)
             if regret.ttft_regret_ms is not None:
-                metrics.ttft_regret.labels(*labels).observe(regret.ttft_regret_ms / 1000.0)
+                series.ttft_regret(record.profile, reason).observe(regret.ttft_regret_ms / 1000.0)
         return regret
+
+    def _series(self, profile: str, reason: str) -> _LabelSeries:
+        """One label pair's series, looked up once (``.labels()`` costs more than an update)."""
+        series = self._children.get((profile, reason))
+        if series is None:
+            assert self.metrics is not None
+            series = self._children[(profile, reason)] = _LabelSeries(self.metrics, profile, reason)
+        return series
 
     def status(self) -> RegretStatus:
         totals = self.totals

@@ -9,9 +9,8 @@ filter removed last. The cut ones are counted in ``x-slorouter-scores-omitted``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from slorouter.scheduling.pick_record import NO_RUNNER_UP, PickRecord
 
@@ -32,30 +31,34 @@ class PickScores:
     scored: tuple[tuple[str, float], ...]  # (address, score) of the listed candidates a filter kept
 
 
-def listing_order(record: PickRecord) -> np.ndarray:
-    """Candidate indices in header order: chosen, runner-up, the others by score, filtered ones last."""
-    rank = np.where(np.isnan(record.scores), np.inf, -record.scores)
-    if record.runner_up != NO_RUNNER_UP:
-        rank[record.runner_up] = -np.inf
-    order = np.argsort(rank, kind="stable")
-    return np.concatenate(([record.chosen], order[order != record.chosen]))
+def listing_order(record: PickRecord, scores: list[float]) -> list[int]:
+    """Candidate indices in header order: chosen, runner-up, the others by score, filtered ones last
+    (``scores``: the record's, as a list)."""
+    chosen, runner_up = record.chosen, record.runner_up
+    head = [chosen] if runner_up == NO_RUNNER_UP else [chosen, runner_up]
+    rest = [i for i in range(len(scores)) if i != chosen and i != runner_up]
+    rest.sort(key=lambda i: -scores[i] if scores[i] == scores[i] else math.inf)  # stable; NaN last
+    return head + rest
 
 
 def pick_scores(record: PickRecord, max_candidates: int) -> PickScores:
-    order = listing_order(record)[:max_candidates].tolist()
     scores = record.scores.tolist()
+    order = listing_order(record, scores)[:max_candidates]
     prefix = record.prefix_tokens.tolist()
     ttft = None if record.ttft_ms is None else record.ttft_ms.tolist()
+    endpoints = record.endpoints
     entries = []
     scored = []
     for i in order:
-        address = record.endpoints[i].address
+        address = endpoints[i].address
         score = scores[i]
-        entry = f"{address};filtered" if score != score else f"{address};score={score:.3f}"
         if score == score:
+            entry = f"{address};score={score:.3f}"
             scored.append((address, score))
-        if ttft is not None and np.isfinite(ttft[i]):
+        else:
+            entry = f"{address};filtered"
+        if ttft is not None and math.isfinite(ttft[i]):
             entry += f";ttft={ttft[i]:.1f}"
         entries.append(f"{entry};prefix={prefix[i]}")
-    runner_up = None if record.runner_up == NO_RUNNER_UP else record.endpoints[record.runner_up].address
-    return PickScores(",".join(entries), runner_up, len(record) - len(order), tuple(scored))
+    runner_up = None if record.runner_up == NO_RUNNER_UP else endpoints[record.runner_up].address
+    return PickScores(",".join(entries), runner_up, len(scores) - len(order), tuple(scored))
