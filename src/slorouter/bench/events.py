@@ -36,9 +36,7 @@ from slorouter.flowcontrol.config import FAIRNESS_ID_HEADER as FAIRNESS_HEADER
 from slorouter.flowcontrol.controller import Ticket
 from slorouter.kvevents.wire import KVEventBatch
 from slorouter.pool.config import LOWER_FIRST
-from slorouter.scheduling.pick_record import PickRecord
 from slorouter.scheduling.plugin import Termination
-from slorouter.scheduling.regret import regret_of
 from slorouter.scheduling.types import InferenceRequest, SchedulingError
 from slorouter.serving.engine_priority import engine_value
 from slorouter.serving.exchange import Exchange
@@ -341,12 +339,13 @@ class SimulationRun:
         if self.on_change:
             self._changed(k, now)
 
-    def _regret(self, i: int, record: PickRecord | None, prompt: bytes, pod: int) -> None:
-        """Request ``i``'s routing regret: the router's (its pick record) and the pool's (the engines' caches
-        now, before the request is added)."""
+    def _regret(self, i: int, exchange: Exchange, prompt: bytes, pod: int) -> None:
+        """Request ``i``'s routing regret: the router's (the exchange's, from its pick record) and the pool's
+        (the engines' caches now, before the request is added)."""
         rec = self.rec
-        if record is not None:
-            regret = regret_of(record)
+        regret, lifecycle = exchange.regret, exchange.lifecycle
+        if regret is not None and lifecycle is not None and lifecycle.result.record is not None:
+            record = lifecycle.result.record
             rec.achieved_prefix_tokens[i] = regret.achieved_prefix_tokens
             rec.reachable_prefix_tokens[i] = regret.reachable_prefix_tokens
             rec.pick_reason[i] = PICK_REASONS.index(record.reason)
@@ -383,7 +382,7 @@ class SimulationRun:
                 rec.predicted_tpot_ms[i] = tpot
                 rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
         prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
-        self._regret(i, lifecycle.result.record, prompt, pod)
+        self._regret(i, exchange, prompt, pod)
         try:
             self.engines[pod].add_request(
                 i, prompt, inference.max_tokens, now + self.net, self._engine_priority(inference)

@@ -29,6 +29,7 @@ from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.regret import Regret
 from slorouter.scheduling.types import InferenceRequest, SchedulingError, SchedulingResult
 from slorouter.serving.audit import PickAudit
 from slorouter.serving.engine_priority import EnginePriority
@@ -143,6 +144,7 @@ class Exchange:
         "lifecycle",
         "path",
         "plan",
+        "regret",
         "request",
         "trace",
         "tried",
@@ -156,6 +158,7 @@ class Exchange:
         self.admission: Admission = NOT_QUEUED
         self.lifecycle: RequestLifecycle | None = None
         self.facts: RoutingFacts | None = None
+        self.regret: Regret | None = None  # the first pick's routing regret, when audit.regret is on
         self.tried: list[str] = []
         self.plan: Plan | None = None
         self.copy: RequestLifecycle | None = None
@@ -775,15 +778,14 @@ class Exchange:
         self._observer = None
         self._kept = None
         facts = self.facts = RoutingFacts.of(lifecycle, front.scores_listed)
-        regret = None
         record = lifecycle.result.record
         ledger = None if front.audit is None else front.audit.regret
         if ledger is not None and record is not None and not self.tried:
-            regret = ledger.observe(record)
+            self.regret = ledger.observe(record)
         if self.trace is not None:
             pick = facts.span_attributes()
-            if regret is not None:
-                pick.update(regret_attributes(regret))
+            if self.regret is not None:
+                pick.update(regret_attributes(self.regret))
             self.trace.end_schedule(pick)
             self.trace.set(pick)
         return lifecycle
