@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from slorouter.config import parse_config
+from slorouter.gateway.runtime import Router
 from slorouter.serving.status import STATUS_PATH, decode_status
 from slorouter.sim.server import SimCluster
 from tests.gateway.conftest import start_router
-from tests.gateway.test_tracing import by_name, start_traced_router
 
 PROMPT = "The same long system prompt for every turn. " * 40  # ~450 tokens: 28 blocks of 16
 
@@ -75,21 +78,24 @@ async def test_nothing_is_added_when_the_section_is_off(cluster: SimCluster, rou
 
 async def test_the_span_carries_the_scores_and_the_regret(cluster: SimCluster, http):
     exporter = InMemorySpanExporter()
-    audit = {"regret": True, "scores_header": True}
-    router = await start_traced_router(list(cluster.addresses), exporter, audit=audit)
+    data: dict[str, Any] = {
+        "gateway": {"host": "127.0.0.1", "port": 0},
+        "pool": {"endpoints": list(cluster.addresses), "scrape_interval_ms": 20},
+        "tracing": {"enabled": True, "sampling": {"samplerArg": 1.0}},
+        "audit": {"regret": True, "scores_header": True},
+    }
+    router = Router.build(parse_config(data), span_exporter=exporter)
+    await router.start()
     try:
         body = {"model": cluster.model, "prompt": PROMPT, "max_tokens": 2}
         async with http.post(f"http://{router.address}/v1/completions", json=body) as resp:
             assert resp.status == 200
             await resp.read()
             header = resp.headers["x-slorouter-scores"]
-        await router.stop()
-        spans = by_name(exporter.get_finished_spans())
-        request = next(span for name, span in spans.items() if span.parent is None)
-        attributes = dict(request.attributes or {})
-        assert attributes["slorouter.scores"] == header
-        assert attributes["slorouter.pick_reason"] == "score"
-        assert attributes["slorouter.regret.reachable_prefix_tokens"] == 0  # the first request: all cold
-        assert len(header.split(",")) == 3
     finally:
-        await router.stop()
+        await router.stop()  # exports the spans still batched
+    (request,) = [span for span in exporter.get_finished_spans() if span.parent is None]
+    attributes = dict(request.attributes or {})
+    assert attributes["slorouter.scores"] == header and len(header.split(",")) == 3
+    assert attributes["slorouter.pick_reason"] == "score"
+    assert attributes["slorouter.regret.reachable_prefix_tokens"] == 0  # the first request: all cold
