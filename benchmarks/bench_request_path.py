@@ -14,7 +14,9 @@ moves):
 
 A tree is ``NAME=SRC``: the ``src`` directory of a checkout (a ``git worktree add`` of the commit before a
 change, say); its routers run with ``PYTHONPATH=SRC``. The simulated pods, wrk and the load generator are
-this checkout's, shared by every setup.
+this checkout's, shared by every setup. ``--tree-config NAME=FILE.yaml`` adds the YAML mapping's sections to
+that tree's router configuration (one tree twice, with a feature off and on: ``--tree off=src --tree on=src
+--tree-config on=audit.yaml``).
 
     git worktree add /tmp/before <commit>
     .venv/bin/python benchmarks/bench_request_path.py --tree before=/tmp/before/src --tree after=src \\
@@ -31,6 +33,7 @@ import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -58,13 +61,18 @@ class Setup:
 
 
 def start_setups(
-    stack: ExitStack, directory: Path, endpoints: list[str], trees: dict[str, str]
+    stack: ExitStack,
+    directory: Path,
+    endpoints: list[str],
+    trees: dict[str, str],
+    extra: dict[str, dict[str, Any]],
 ) -> list[Setup]:
     setups = []
     for tree, src in trees.items():
         env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
         gw_port, grpc_port = free_port(), free_port()
         config = {"gateway": {"host": "127.0.0.1", "port": gw_port}, "pool": {"endpoints": endpoints}}
+        config.update(extra.get(tree, {}))
         path = directory / f"{tree}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         serve = [*SLOROUTER, "serve", "--config", str(path), "--log-level", "WARNING"]
@@ -80,7 +88,9 @@ def start_setups(
     return setups
 
 
-def measure(args: argparse.Namespace, case: str, trees: dict[str, str]) -> dict[str, list[float]]:
+def measure(
+    args: argparse.Namespace, case: str, trees: dict[str, str], extra: dict[str, dict[str, Any]]
+) -> dict[str, list[float]]:
     """CPU ms per request of each setup's router, one value per round."""
     streamed = case == "streamed"
     pods = args.stream_pods if streamed else args.pods
@@ -93,7 +103,7 @@ def measure(args: argparse.Namespace, case: str, trees: dict[str, str]) -> dict[
         sim = [*SLOROUTER, "sim", "--pods", str(pods), "--port", str(sim_port), "--profile", profile,
                "--model", model]  # fmt: skip
         stack.enter_context(logged_process(sim, [sim_port + i for i in range(pods)]))
-        setups = start_setups(stack, directory, endpoints, trees)
+        setups = start_setups(stack, directory, endpoints, trees, extra)
 
         def load(setup: Setup, seconds: float) -> float:
             """Requests answered."""
@@ -133,6 +143,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=SRC",
                         help="a source tree to run the routers from (twice or more)")  # fmt: skip
+    parser.add_argument("--tree-config", action="append", default=[], metavar="NAME=FILE.yaml",
+                        help="sections added to that tree's router configuration")  # fmt: skip
     parser.add_argument("--case", choices=["one-token", "streamed", "both"], default="both")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="one-token: seconds of wrk per round")
@@ -152,9 +164,18 @@ def main() -> None:
         trees[name] = src
     if len(trees) < 2:
         parser.error("give --tree at least twice, to compare")
+    extra: dict[str, dict[str, Any]] = {}
+    for spec in args.tree_config:
+        name, sep, path = spec.partition("=")
+        if not sep or name not in trees or not Path(path).is_file():
+            parser.error(f"--tree-config {spec!r}: expected NAME=FILE.yaml, NAME one of the trees")
+        sections = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(sections, dict):
+            parser.error(f"--tree-config {spec!r}: the file must hold a mapping of configuration sections")
+        extra[name] = sections
     cases = ["one-token", "streamed"] if args.case == "both" else [args.case]
     for case in cases:
-        report(case, measure(args, case, trees), trees)
+        report(case, measure(args, case, trees, extra), trees)
     print(f"\nmedians of {args.rounds} rounds; heuristic profile; one-token: wrk 64 connections for "
           f"{args.seconds:g} s; streamed: {args.stream_rate:g} req/s for {args.stream_seconds:g} s, "
           f"{args.prompt_tokens}-token prompts, {args.output_tokens}-token replies")  # fmt: skip

@@ -7,7 +7,11 @@ reported separately. Prompts mix ~200-character chats and ~4,000-character promp
 few long system prompts; a warm-up pass fills the prefix index first. Load signals change between requests
 as a scraper would change them.
 
-    .venv/bin/python benchmarks/bench_scheduler.py [--requests N] [--endpoints 16,100] [--json PATH]
+    .venv/bin/python benchmarks/bench_scheduler.py [--requests N] [--endpoints 16,100] [--json PATH] [--audit]
+
+``--audit``: each decision also keeps its pick record (``audit`` in the router's YAML) and computes its
+routing regret and the scores header (8 candidates), as a router with ``audit.regret`` and
+``audit.scores_header`` does.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import numpy as np
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.scheduling.loader import SchedulerSetup, build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
-from slorouter.scheduling.types import Candidates, InferenceRequest
+from slorouter.scheduling.regret import regret_of
+from slorouter.scheduling.types import Candidates, CycleState, InferenceRequest
+from slorouter.serving.scores_header import pick_scores
 
 TARGET_P99_MS = 0.5
+AUDIT_LISTED = 8  # audit.scores_max_candidates' default
 LONG_PROMPT_SHARE = 0.5
 SYSTEM_PROMPTS = 24
 SYSTEM_PROMPT_CHARS = 3_800
@@ -88,20 +95,25 @@ def request_for(i: int, prompt: str) -> InferenceRequest:
     )
 
 
-def run_one(setup: SchedulerSetup, pool: PoolState, request: InferenceRequest) -> tuple[int, int]:
+def run_one(
+    setup: SchedulerSetup, pool: PoolState, request: InferenceRequest, audit: bool = False
+) -> tuple[int, int]:
     """One request through producers, scheduler and pre-request; returns (decision ns, pre-request ns)."""
     started = time.perf_counter_ns()
     candidates = Candidates.healthy(pool)
     for producer in setup.data_producers:
         producer.produce(request, candidates)
-    result = setup.scheduler.schedule(request, candidates)
+    result = setup.scheduler.schedule(request, candidates, CycleState(record=audit))
+    if result.record is not None:
+        regret_of(result.record)
+        pick_scores(result.record, AUDIT_LISTED)
     decided = time.perf_counter_ns()
     for hook in setup.pre_request:
         hook.pre_request(request, result)
     return decided - started, time.perf_counter_ns() - decided
 
 
-def bench(endpoints: int, requests: int, warmup: int, seed: int) -> Result:
+def bench(endpoints: int, requests: int, warmup: int, seed: int, audit: bool = False) -> Result:
     rng = np.random.default_rng(seed)
     pool = make_pool(endpoints, rng)
     setup = build_scheduler_setup(None, PluginContext(rng=np.random.default_rng(seed), pool=pool))
@@ -113,7 +125,7 @@ def bench(endpoints: int, requests: int, warmup: int, seed: int) -> Result:
     for i, prompt in enumerate(prompts):
         scrape(pool, addresses[i % endpoints], rng)  # the scraper refreshes one endpoint per request
         request = request_for(i, prompt)
-        decision, pre_request = run_one(setup, pool, request)
+        decision, pre_request = run_one(setup, pool, request, audit)
         if i >= warmup:
             decision_ns[i - warmup] = decision
             pre_request_ns[i - warmup] = pre_request
@@ -158,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoints", default="16,100", help="comma-separated pool sizes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the results as JSON to this path")
+    parser.add_argument("--audit", action="store_true", help="keep pick records, compute regret and scores")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.endpoints.split(",")]
-    results = [bench(n, args.requests, args.warmup, args.seed) for n in sizes]
+    results = [bench(n, args.requests, args.warmup, args.seed, args.audit) for n in sizes]
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join([".venv/bin/python", "benchmarks/bench_scheduler.py", *given])
     print(markdown(results, command))

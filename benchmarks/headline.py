@@ -4,12 +4,16 @@
     .venv/bin/python benchmarks/headline.py table OUT_DIR
     .venv/bin/python benchmarks/headline.py plot OUT_DIR docs/img/headline-ttft-p90.png
     .venv/bin/python benchmarks/headline.py accuracy OUT_DIR
+    .venv/bin/python benchmarks/headline.py regret OUT_DIR
 
 ``run`` calls ``slorouter bench`` once per point (a workload, a pool and one load below saturation), every
 built-in policy on the same arrivals, and writes ``OUT_DIR/NAME/results.json``. ``table`` prints the
 Markdown table of the results page (TTFT p90 of every policy, the median over the seeds with their range,
 and each point's best policy); ``plot`` draws it, TTFT p90 relative to the best policy at each point;
-``accuracy`` prints predicted-latency's prediction quality at each point. The runs are deterministic: the
+``accuracy`` prints predicted-latency's prediction quality at each point; ``regret`` each policy's routing
+regret at each point (docs/routing-audit.md): the share of the reachable prefix reuse it achieved and the
+avoidable prefill tokens per second, in the pool's view (the engines' caches at each pick) and the
+router's (its own prefix index; – for a policy without one). The runs are deterministic: the
 same command gives the same figures on any machine.
 """
 
@@ -136,6 +140,33 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def regret(out: Path) -> str:
+    """Per point and policy: reuse achieved and avoidable prefill tok/s, the pool's view / the router's."""
+    lines = [
+        "| workload, pool, load | policy | reuse achieved (pool / router) | avoidable prefill tok/s "
+        "(pool / router) | TTFT regret ms (router) | TTFT p90 ms |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+
+    def cell(value: Any, spec: str) -> str:
+        return "–" if value is None else format(value, spec)
+
+    for point, runs in load(out):
+        for name in POLICIES:
+            run = runs.get(name)
+            if run is None or "pool_reuse_achieved" not in run:
+                continue
+            reuse = f"{cell(run['pool_reuse_achieved'], '.3f')} / {cell(run['reuse_achieved'], '.3f')}"
+            indexed = run["reuse_achieved"] is not None
+            router_avoidable = cell(run["avoidable_prefill_tok_s"] if indexed else None, ",.0f")
+            avoidable = f"{cell(run['pool_avoidable_prefill_tok_s'], ',.0f')} / {router_avoidable}"
+            ttft = cell(run.get("ttft_regret_ms_mean"), ".1f")
+            lines.append(
+                f"| {label(point)} | {name} | {reuse} | {avoidable} | {ttft} | {fmt(run['ttft_p90_ms'])} |"
+            )
+    return "\n".join(lines)
+
+
 def accuracy(out: Path) -> str:
     """predicted-latency's MAPE (point prediction) and served-p90 coverage per point (seed medians)."""
     lines = [
@@ -220,6 +251,8 @@ def main() -> None:
     plot_p.add_argument("image", type=Path)
     accuracy_p = sub.add_parser("accuracy", help="print predicted-latency's prediction quality")
     accuracy_p.add_argument("out", type=Path)
+    regret_p = sub.add_parser("regret", help="print each policy's routing regret")
+    regret_p.add_argument("out", type=Path)
     args = parser.parse_args()
 
     if args.command == "run":
@@ -235,6 +268,8 @@ def main() -> None:
         print(table(args.out))
     elif args.command == "accuracy":
         print(accuracy(args.out))
+    elif args.command == "regret":
+        print(regret(args.out))
     else:
         plot(args.out, args.image)
 

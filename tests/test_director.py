@@ -28,7 +28,7 @@ from slorouter.scheduling.plugin import (
     TargetPrediction,
     Termination,
 )
-from slorouter.scheduling.types import InferenceRequest, NoCandidatesError
+from slorouter.scheduling.types import InferenceRequest, NoCandidatesError, PickReason
 
 ADDRESSES = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
 
@@ -339,3 +339,13 @@ def test_a_lane_request_with_the_scheduler_pick_avoids_endpoints_without_lane_ro
     assert picked and ADDRESSES[0] not in picked
     only = director.schedule(_request(), exclude=set(ADDRESSES[1:]), admission=lane)
     assert only.target.address == ADDRESSES[0]  # no candidate has lane room: all of them stay
+
+
+def test_a_lane_that_narrowed_the_candidates_is_the_picks_reason():
+    director, lane, other = _lane_director("scheduler")
+    director.record_picks = True
+    lane_record = director.schedule(_request(), admission=lane).record
+    assert lane_record is not None and lane_record.reason is PickReason.LANE
+    assert len(lane_record) == len(ADDRESSES) - 1  # measured among the endpoints with lane room
+    other_record = director.schedule(_request(), admission=other).record
+    assert other_record is not None and other_record.reason is not PickReason.LANE

@@ -442,6 +442,35 @@ class TuningConfig(StrictModel):
     guard: TuningGuardConfig = Field(default_factory=TuningGuardConfig)
 
 
+MAX_SCORES_HEADER_CANDIDATES = 64
+
+
+class AuditConfig(StrictModel):
+    """Routing decisions an operator can audit (docs/routing-audit.md): off by default, and a request pays
+    nothing for it while both are off."""
+
+    regret: bool = Field(
+        default=False,
+        description="record each pick: routing regret by profile and reason on /metrics and the status page",
+    )
+    scores_header: bool = Field(
+        default=False,
+        description="each candidate's score, expected TTFT and cached prefix, and the runner-up, in the "
+        "x-slorouter-scores response header, the request's span and (picker) Envoy's dynamic metadata",
+    )
+    scores_max_candidates: int = Field(
+        default=8,
+        ge=2,
+        le=MAX_SCORES_HEADER_CANDIDATES,
+        description="candidates in the scores header: the chosen one, the runner-up, then the best-scored; "
+        "the rest are cut (x-slorouter-scores-omitted says how many)",
+    )
+
+    @property
+    def records_picks(self) -> bool:
+        return self.regret or self.scores_header
+
+
 class Config(StrictModel):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     pool: PoolConfig | None = None
@@ -468,6 +497,9 @@ class Config(StrictModel):
     )
     hedging: HedgingConfig = Field(
         default_factory=HedgingConfig, description="the budget and delay of hedged requests"
+    )
+    audit: AuditConfig = Field(
+        default_factory=AuditConfig, description="routing regret and scores on the wire (off by default)"
     )
 
     @property

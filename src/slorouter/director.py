@@ -30,8 +30,10 @@ from slorouter.scheduling.types import (
     DROPPED_REASON_HEADER,
     AdmissionDeniedError,
     Candidates,
+    CycleState,
     InferenceRequest,
     NoCandidatesError,
+    PickReason,
     Route,
     SchedulingError,
     SchedulingResult,
@@ -90,8 +92,11 @@ class Director:
         *,
         latency_metrics: LatencyMetrics | None = None,
         flow_control: FlowController | None = None,
+        record_picks: bool = False,
     ) -> None:
         self.flow_control = flow_control
+        # Each pick keeps a ``PickRecord`` (routing regret, the scores header ask for it): off, none is built.
+        self.record_picks = record_picks
         self.pool = pool
         self.setup = setup
         self.tracker = tracker
@@ -176,7 +181,8 @@ class Director:
         on without that producer's data (and without the producers not yet started). A request released by
         flow control's priority lane is picked among the endpoints with lane room (``_lane_candidates``).
         """
-        candidates = self._lane_candidates(self._candidates_or_raise(exclude), admission)
+        healthy = self._candidates_or_raise(exclude)
+        candidates = self._lane_candidates(healthy, admission)
         deadline = self.clock.now() + self.setup.data_producer_timeout_s
         for producer in self.setup.data_producers:
             remaining = deadline - self.clock.now()
@@ -192,7 +198,7 @@ class Director:
             except Exception:
                 # A broken producer degrades routing (its signal is missing), never availability.
                 log.exception("data producer %r failed; scheduling without its data", producer)
-        return self._admit_and_schedule(request, candidates)
+        return self._admit_and_schedule(request, candidates, len(candidates) < len(healthy))
 
     def schedule(
         self, request: InferenceRequest, exclude: Collection[str] = (), admission: Admission = NOT_QUEUED
@@ -202,7 +208,8 @@ class Director:
         Every producer must finish at once (in-process prediction); one that would wait on I/O is a
         configuration error here.
         """
-        candidates = self._lane_candidates(self._candidates_or_raise(exclude), admission)
+        healthy = self._candidates_or_raise(exclude)
+        candidates = self._lane_candidates(healthy, admission)
         for producer in self.setup.data_producers:
             try:
                 pending = producer.produce(request, candidates)
@@ -214,7 +221,7 @@ class Director:
                 raise RuntimeError(
                     f"data producer {producer!r} waits on I/O; use schedule_async from an event loop"
                 )
-        return self._admit_and_schedule(request, candidates)
+        return self._admit_and_schedule(request, candidates, len(candidates) < len(healthy))
 
     def dispatch(
         self, request: InferenceRequest, result: SchedulingResult, admission: Admission = NOT_QUEUED
@@ -277,7 +284,9 @@ class Director:
             candidates = candidates.subset(order[:1])
         return candidates
 
-    def _admit_and_schedule(self, request: InferenceRequest, candidates: Candidates) -> SchedulingResult:
+    def _admit_and_schedule(
+        self, request: InferenceRequest, candidates: Candidates, lane_narrowed: bool
+    ) -> SchedulingResult:
         metrics = self.latency_metrics
         try:
             for admitter in self.setup.admitters:
@@ -286,9 +295,12 @@ class Director:
             if metrics is not None:
                 metrics.shed.labels(*metrics.model_labels(request.model, request.target_model)).inc()
             raise
-        result = self.setup.scheduler.schedule(request, candidates)
+        result = self.setup.scheduler.schedule(request, candidates, CycleState(record=self.record_picks))
         if metrics is not None and result.route is Route.EXPLORE:
             metrics.explorations.inc()
+        record = result.record
+        if lane_narrowed and record is not None and record.reason is not PickReason.EXPLORATION:
+            record.reason = PickReason.LANE
         return result
 
     def _skipped(self, producer: DataProducer, why: str) -> None:

@@ -42,7 +42,7 @@ SCHEDULER_BUCKETS = (
 )  # fmt: skip
 
 
-class _HistogramSeries:
+class HistogramSeries:
     """One label set of a ``LoopHistogram``: per-bucket counts (not cumulative) and the sum."""
 
     __slots__ = ("_bounds", "counts", "sum")
@@ -57,7 +57,7 @@ class _HistogramSeries:
         self.sum += value
 
 
-class _CounterSeries:
+class CounterSeries:
     __slots__ = ("value",)
 
     def __init__(self) -> None:
@@ -89,16 +89,16 @@ class LoopHistogram(Collector):
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
         self._le = [_float_to_go_string(b) for b in self.bounds] + ["+Inf"]
-        self._series: dict[tuple[str, ...], _HistogramSeries] = {}
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values: str) -> _HistogramSeries:
+    def labels(self, *values: str) -> HistogramSeries:
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         series = self._series.get(values)
         if series is None:
-            series = self._series[values] = _HistogramSeries(self.bounds)
+            series = self._series[values] = HistogramSeries(self.bounds)
         return series
 
     def observe(self, value: float) -> None:
@@ -130,16 +130,16 @@ class LoopCounter(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], _CounterSeries] = {}
+        self._series: dict[tuple[str, ...], CounterSeries] = {}
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values: str) -> _CounterSeries:
+    def labels(self, *values: str) -> CounterSeries:
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         series = self._series.get(values)
         if series is None:
-            series = self._series[values] = _CounterSeries()
+            series = self._series[values] = CounterSeries()
         return series
 
     def inc(self, amount: float = 1.0) -> None:
@@ -522,6 +522,45 @@ class LatencyMetrics:
             "slorouter_training_samples",
             "Training samples recorded from completed requests, by model.",
             ("model",),
+            registry=r,
+        )
+
+
+TTFT_REGRET_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+AVOIDABLE_PREFILL_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+REGRET_LABELS = ("profile", "reason")
+
+
+class RegretMetrics:
+    """Routing regret (``audit.regret``), by the primary profile and the pick's reason (``PickReason``).
+    Loop-local: observe from the loop that serves ``/metrics``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.achieved = LoopCounter(
+            "slorouter_routing_prefix_tokens_achieved",
+            "Prompt tokens the chosen endpoint held in its prefix cache at the pick.",
+            REGRET_LABELS,
+            registry=r,
+        )
+        self.reachable = LoopCounter(
+            "slorouter_routing_prefix_tokens_reachable",
+            "The most prompt tokens any candidate held in its prefix cache at the pick.",
+            REGRET_LABELS,
+            registry=r,
+        )
+        self.avoidable = LoopHistogram(
+            "slorouter_routing_avoidable_prefill_tokens",
+            "Per pick, reachable minus achieved prefix tokens: the prefill the choice cost (_count: picks).",
+            REGRET_LABELS,
+            buckets=AVOIDABLE_PREFILL_BUCKETS,
+            registry=r,
+        )
+        self.ttft_regret = LoopHistogram(
+            "slorouter_routing_ttft_regret_seconds",
+            "Per pick with TTFT estimates, the chosen endpoint's expected TTFT minus the best candidate's.",
+            REGRET_LABELS,
+            buckets=TTFT_REGRET_BUCKETS,
             registry=r,
         )
 

@@ -87,6 +87,9 @@ def test_the_observed_response_path_skips_the_response_in_the_picking_filter_and
         "x-slorouter-predicted-ttft-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-predicted-ttft-ms)%",
         "x-slorouter-predicted-tpot-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-predicted-tpot-ms)%",
         "x-slorouter-queued-ms": "%DYNAMIC_METADATA(slorouter:x-slorouter-queued-ms)%",
+        "x-slorouter-scores": "%DYNAMIC_METADATA(slorouter:x-slorouter-scores)%",
+        "x-slorouter-runner-up": "%DYNAMIC_METADATA(slorouter:x-slorouter-runner-up)%",
+        "x-slorouter-scores-omitted": "%DYNAMIC_METADATA(slorouter:x-slorouter-scores-omitted)%",
     }
     policy = _cluster(config, "pool")["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"

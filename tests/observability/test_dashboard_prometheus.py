@@ -207,6 +207,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
                 "interactive": {"priority": 1, "deadline": {"action": "hedge"}},
             },
             "flowControl": {"enabled": True, "saturationDetector": {"maxInflightRequestsPerEndpoint": 2}},
+            "audit": {"regret": True},
         }
         (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
         gateway = _spawn(

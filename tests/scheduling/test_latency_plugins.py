@@ -26,7 +26,7 @@ from slorouter.scheduling.plugins.latency import (
     headroom_bucket_scores,
 )
 from slorouter.scheduling.plugins.latency_producer import compute_headroom
-from slorouter.scheduling.types import AdmissionDeniedError, CycleState, Route
+from slorouter.scheduling.types import AdmissionDeniedError, CycleState, PickReason, Route
 from tests.helpers.scheduling import addresses, candidates_of, make_ctx, make_pool, make_request
 
 
@@ -164,7 +164,9 @@ def test_affinity_parameter_validation(bad):
 def test_tier_filter_keeps_the_positive_tier():
     f = _plugin(SloHeadroomTierFilter, epsilonExploreNeg=0)
     cands = _with_predictions(candidates_of(make_pool(3)), [100.0, 300.0, 150.0], ttft=200)
-    assert _kept(f.filter(CycleState(), make_request(), cands)) == [addresses(3)[0], addresses(3)[2]]
+    cycle = CycleState()
+    assert _kept(f.filter(cycle, make_request(), cands)) == [addresses(3)[0], addresses(3)[2]]
+    assert cycle.reason is PickReason.SLO_TIER
 
 
 def test_tier_filter_dimensions():
@@ -215,7 +217,10 @@ def test_band_filter_keeps_the_candidates_within_the_band_of_the_best():
     cands = _with_predictions(candidates_of(make_pool(4)), [100.0, 134.0, 136.0, 400.0])
     cycle = CycleState()
     assert _kept(f.filter(cycle, make_request(), cands)) == addresses(4)[:2]  # ≤ 100 · 1.25 + 10
-    assert cycle.route is Route.PREDICTED
+    assert cycle.route is Route.PREDICTED and cycle.reason is PickReason.LATENCY_BAND
+    everyone = CycleState()
+    f.filter(everyone, make_request(), _with_predictions(candidates_of(make_pool(2)), [100.0, 101.0]))
+    assert everyone.reason is None  # kept every candidate: no reason of its own
 
 
 def test_band_filter_without_predictions_keeps_all_and_marks_the_fallback():

@@ -74,7 +74,9 @@ from slorouter.predictor.model_store import ModelMetadata, ModelStore
 from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.plugin import PluginContext
+from slorouter.serving.audit import PickAudit
 from slorouter.serving.exchange import FrontEnd
+from slorouter.serving.regret import RegretLedger
 from slorouter.serving.slo_actions import SloActions, totals
 from slorouter.serving.switch_guard import SwitchGuard
 from slorouter.serving.traffic_window import TrafficWindow, WindowEntry
@@ -163,7 +165,8 @@ class RouterStack:
     front: FrontEnd = field(init=False)
 
     def __post_init__(self) -> None:
-        self.front = FrontEnd(self.director, "bench", actions=self.actions)
+        audit = PickAudit(regret=RegretLedger())  # every run reports its routing regret
+        self.front = FrontEnd(self.director, "bench", actions=self.actions, audit=audit)
 
 
 class ClusterSimulator:
@@ -336,7 +339,8 @@ class ClusterSimulator:
         tracker = InFlightTracker(pool)
         flow = self._flow_control
         controller = flow.build(pool, self.clock) if flow is not None else None
-        director = Director(pool, setup, tracker, self.clock, flow_control=controller)
+        # Pick records draw no random numbers: the picks are those of a director without them.
+        director = Director(pool, setup, tracker, self.clock, flow_control=controller, record_picks=True)
         deadlines = self._deadlines
         actions = None if deadlines is None else SloActions(deadlines.objectives, deadlines.hedging)
         return RouterStack(pool, tracker, director, predictor, kv_index, actions=actions, ledger=ledger)

@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slorouter.api.replies import TEXT
-from slorouter.bench.records import CANCELLED, OK, REJECTED, SHED, UNFINISHED, RunRecords, empty_column
+from slorouter.bench.pool_regret import cached_prompt_tokens
+from slorouter.bench.records import (
+    CANCELLED,
+    OK,
+    PICK_REASONS,
+    REJECTED,
+    SHED,
+    UNFINISHED,
+    RunRecords,
+    empty_column,
+)
 from slorouter.bench.workloads import BenchRequest
 from slorouter.bench.workloads.request import objective_of
 from slorouter.director import NOT_QUEUED, Admission
@@ -97,6 +107,12 @@ class SimulationRun:
             pod_profiles=[p.name for p in simulator.profiles],
             picker=simulator.assign_pickers(n),
             queued_s=empty_column(n),
+            achieved_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            reachable_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            ttft_regret_ms=empty_column(n),
+            true_achieved_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            true_reachable_prefix_tokens=np.full(n, -1, dtype=np.int64),
+            pick_reason=np.full(n, -1, dtype=np.int8),
         )
         if n and np.any(np.diff(rec.arrival) < 0):
             raise ValueError("requests must be sorted by arrival time")
@@ -332,6 +348,22 @@ class SimulationRun:
         if self.on_change:
             self._changed(k, now)
 
+    def _regret(self, i: int, exchange: Exchange, prompt: bytes, pod: int) -> None:
+        """Request ``i``'s routing regret: the router's (the exchange's, from its pick record) and the pool's
+        (the engines' caches now, before the request is added)."""
+        rec = self.rec
+        regret, lifecycle = exchange.regret, exchange.lifecycle
+        if regret is not None and lifecycle is not None and lifecycle.result.record is not None:
+            record = lifecycle.result.record
+            rec.achieved_prefix_tokens[i] = regret.achieved_prefix_tokens
+            rec.reachable_prefix_tokens[i] = regret.reachable_prefix_tokens
+            rec.pick_reason[i] = PICK_REASONS.index(record.reason)
+            if regret.ttft_regret_ms is not None:
+                rec.ttft_regret_ms[i] = regret.ttft_regret_ms
+        held = cached_prompt_tokens(self.engines, prompt)
+        rec.true_achieved_prefix_tokens[i] = held[pod]
+        rec.true_reachable_prefix_tokens[i] = max(held)
+
     def _send(
         self, stack: RouterStack, i: int, inference: InferenceRequest, admission: Admission, now: float
     ) -> None:
@@ -359,6 +391,7 @@ class SimulationRun:
                 rec.predicted_tpot_ms[i] = tpot
                 rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
         prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
+        self._regret(i, exchange, prompt, pod)
         try:
             self.engines[pod].add_request(
                 i, prompt, inference.max_tokens, now + self.net, self._engine_priority(inference)

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from slorouter.scheduling.types import PickReason
+
 # Request outcomes (``RunRecords.status``): HTTP-like codes, plus UNFINISHED for requests still running
 # when the simulation stopped.
 OK = 200
@@ -16,6 +18,7 @@ SHED = 429
 NO_ENDPOINT = 503
 CANCELLED = 504  # the router cancelled it at its deadline (objectives' deadline.action cancel)
 UNFINISHED = -1
+PICK_REASONS: tuple[PickReason, ...] = tuple(PickReason)
 
 
 @dataclass(slots=True)
@@ -42,6 +45,16 @@ class RunRecords:
     picker: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     # Seconds each request waited in flow control before its pick (0 without it; NaN if never picked).
     queued_s: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    # Routing regret at each pick (``slorouter.scheduling.regret``), in the router's view: the prompt tokens
+    # the chosen pod held and the most any candidate held (-1: no record), the TTFT regret (NaN: none); and
+    # in the pool's: the tokens the engines' prefix caches held at that instant (-1: never picked).
+    achieved_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    reachable_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ttft_regret_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    true_achieved_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    true_reachable_prefix_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # The pick's reason, as its index in ``PICK_REASONS`` (-1: no record).
+    pick_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
     virtual_s: float = 0.0
     wall_s: float = 0.0
     steps: int = 0

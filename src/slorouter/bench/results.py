@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from slorouter.bench.records import OK, REJECTED, SHED, RunRecords
+from slorouter.bench.records import OK, PICK_REASONS, REJECTED, SHED, RunRecords
 
 _HUGE = 1e300  # stands in for ∞ so that interpolating next to an unfinished request gives "∞", not NaN
 
@@ -39,6 +39,45 @@ def _ms(values: np.ndarray, q: float) -> float | None:
 
 def _finite_or_none(value: float, digits: int = 4) -> float | None:
     return None if math.isnan(value) else round(value, digits)
+
+
+def regret_summary(rec: RunRecords, picked: np.ndarray, window: float) -> dict[str, Any]:
+    """Routing regret over the ``picked`` requests: the share of the reachable prefix reuse achieved and the
+    avoidable prefill tokens per second, in the router's view (``reuse_achieved``; None when it indexes no
+    prefix) and in the pool's (``pool_``: the engines' caches at the pick), and the mean TTFT regret (ms;
+    None without TTFT estimates). Empty for records without these columns."""
+    out: dict[str, Any] = {}
+    views = (
+        ("", rec.achieved_prefix_tokens, rec.reachable_prefix_tokens),
+        ("pool_", rec.true_achieved_prefix_tokens, rec.true_reachable_prefix_tokens),
+    )
+    for prefix, achieved, reachable in views:
+        if len(reachable) != len(picked):
+            continue
+        chosen = picked & (reachable >= 0)
+        got, most = int(achieved[chosen].sum()), int(reachable[chosen].sum())
+        out[f"{prefix}reuse_achieved"] = round(got / most, 4) if most else None
+        out[f"{prefix}avoidable_prefill_tok_s"] = round((most - got) / window, 1)
+    if len(rec.ttft_regret_ms) == len(picked):
+        out["ttft_regret_ms_mean"] = _nan_mean(rec.ttft_regret_ms[picked])
+    if len(rec.pick_reason) == len(picked):
+        by_reason = {}
+        for code, reason in enumerate(PICK_REASONS):
+            these = picked & (rec.pick_reason == code)
+            if these.any():
+                avoidable = rec.reachable_prefix_tokens[these] - rec.achieved_prefix_tokens[these]
+                by_reason[reason.value] = {
+                    "picks": int(these.sum()),
+                    "avoidable_prefill_tok_s": round(int(avoidable.sum()) / window, 1),
+                    "ttft_regret_ms_mean": _nan_mean(rec.ttft_regret_ms[these]),
+                }
+        out["regret_by_reason"] = by_reason
+    return out
+
+
+def _nan_mean(values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return round(float(values.mean()), 2) if len(values) else None
 
 
 def summarize_run(
@@ -97,6 +136,7 @@ def summarize_run(
         goodput_rps=round(float((met & has_slo).sum() if slo_requests else finished.sum()) / window, 3),
         prefix_cache_hit_rate=_finite_or_none(cached_tokens / prompt_tokens if prompt_tokens else math.nan),
     )
+    summary.update(regret_summary(rec, admitted, window))
     # How the router spread the load: each pod's share of the admitted requests, and the busiest one's.
     served_by = np.bincount(rec.pod[admitted], minlength=len(rec.pod_profiles)).astype(np.float64)
     shares = served_by / served_by.sum() if served_by.sum() else served_by

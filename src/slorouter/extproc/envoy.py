@@ -73,6 +73,7 @@ from slorouter.serving.headers import (
     PREDICTED_TTFT_HEADER,
     ROUTE_HEADER,
 )
+from slorouter.serving.scores_header import RUNNER_UP_HEADER, SCORES_HEADER, SCORES_OMITTED_HEADER
 from slorouter.serving.slo_actions import DEADLINE_EXCEEDED, TTFT_DEADLINE_MESSAGE
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,9 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
                 PREDICTED_TTFT_HEADER,
                 PREDICTED_TPOT_HEADER,
                 QUEUED_HEADER,
+                SCORES_HEADER,
+                RUNNER_UP_HEADER,
+                SCORES_OMITTED_HEADER,
             )
         ]
         pool_route["response_headers_to_add"] = _headers_to_add(added)

@@ -3,7 +3,7 @@ picker decides is in ``extproc.stream``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -12,6 +12,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from slorouter.http.errors import error_body
+from slorouter.serving.scores_header import ENDPOINT_SCORES_KEY
 
 
 class ProtocolError(Exception):
@@ -180,10 +181,17 @@ def _header_options(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderV
 
 
 def _destination_metadata(
-    endpoints: list[str], observed: Iterable[tuple[str, str]] = ()
+    endpoints: list[str],
+    observed: Iterable[tuple[str, str]] = (),
+    scores: Sequence[tuple[str, float]] = (),
 ) -> struct_pb2.Struct:
     metadata = struct_pb2.Struct()
-    metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = ",".join(endpoints)
+    lb = metadata.fields[LB_NAMESPACE].struct_value.fields
+    lb[DESTINATION].string_value = ",".join(endpoints)
+    if scores:
+        scored = lb[ENDPOINT_SCORES_KEY].struct_value.fields
+        for address, score in scores:
+            scored[address].number_value = score
     fields = None
     for key, value in observed:
         if fields is None:
@@ -198,11 +206,12 @@ def routed_headers(
     remove_headers: Iterable[str] = (),
     response_mode: ext_proc.ProcessingMode | None = None,
     observed: Iterable[tuple[str, str]] = (),
+    scores: Sequence[tuple[str, float]] = (),
 ) -> ext_proc.ProcessingResponse:
     """The answer to the request headers once the pick is made: the destination header (the pick only,
-    which an ``ORIGINAL_DST`` cluster can parse) and ``envoy.lb`` metadata with the ordered list; with an
-    observed response path, ``observed`` (the request key, the routing response headers) as ``slorouter``
-    metadata."""
+    which an ``ORIGINAL_DST`` cluster can parse) and ``envoy.lb`` metadata with the ordered list (and
+    ``scores``, address → total score, when the scores header is on); with an observed response path,
+    ``observed`` (the request key, the routing response headers) as ``slorouter`` metadata."""
     common = ext_proc.CommonResponse(
         header_mutation=ext_proc.HeaderMutation(
             set_headers=_header_options([(DESTINATION, endpoints[0]), *set_headers]),
@@ -211,7 +220,7 @@ def routed_headers(
     )
     response = ProcessingResponse(
         request_headers=ext_proc.HeadersResponse(response=common),
-        dynamic_metadata=_destination_metadata(endpoints, observed),
+        dynamic_metadata=_destination_metadata(endpoints, observed, scores),
     )
     if response_mode is not None:
         response.mode_override.CopyFrom(response_mode)
@@ -223,6 +232,7 @@ def routed_body(
     set_headers: Iterable[tuple[str, str]] = (),
     remove_headers: Iterable[str] = (),
     observed: Iterable[tuple[str, str]] = (),
+    scores: Sequence[tuple[str, float]] = (),
     *,
     body: bytes | None = None,
 ) -> ext_proc.ProcessingResponse:
@@ -239,7 +249,7 @@ def routed_body(
         common.body_mutation.body = body
     return ProcessingResponse(
         request_body=ext_proc.BodyResponse(response=common),
-        dynamic_metadata=_destination_metadata(endpoints, observed),
+        dynamic_metadata=_destination_metadata(endpoints, observed, scores),
     )
 
 

@@ -109,6 +109,7 @@ class EndpointPicker:
             engine_priority=core.engine_priority,
             actions=core.actions,
             data_plane_hedges=data_plane_hedges,
+            audit=core.audit,
         )
         processor = ExternalProcessor(picker)
         core.metrics.registry.register(_StreamsCollector(processor))

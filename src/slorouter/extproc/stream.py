@@ -46,6 +46,7 @@ from slorouter.http.errors import SSE_DONE, RequestError, sse_error_event
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.audit import PickAudit
 from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
@@ -103,6 +104,7 @@ class Picker:
     # The data plane retries on the pick's fallbacks (override_host), so a hedge reaches another endpoint;
     # False (an ORIGINAL_DST cluster, which retries on the same one): no hedge is armed.
     data_plane_hedges: bool = True
+    audit: PickAudit | None = None  # routing regret and scores on the wire (None: neither)
 
     def __post_init__(self) -> None:
         self.front = FrontEnd(
@@ -115,6 +117,7 @@ class Picker:
             self.window,
             actions=self.actions,
             engine_priority=self.engine_priority,
+            audit=self.audit,
         )
         self.api_keys = BearerTokens(self.config.accepted_api_keys)
         # Observed response path: the routed requests whose observer has not claimed them yet, by key.
@@ -351,19 +354,23 @@ class PickerStream:
             observed = [(messages.REQUEST_KEY, self._key)]
             observed += [(k, v) for k, v in exchange.facts.headers() if k != ENDPOINT_HEADER]
             observed += plan_metadata
+        facts = exchange.facts
+        scores = () if facts is None or facts.scores is None else facts.scores.scored
         if self._request_mode == messages.FULL_DUPLEX_STREAMED:
             # Envoy forwards a body streamed back without a content-length (chunked to an HTTP/1.1 upstream).
             return [
-                messages.routed_headers(endpoints, set_headers, remove, self._mode_override(), observed),
+                messages.routed_headers(
+                    endpoints, set_headers, remove, self._mode_override(), observed, scores
+                ),
                 *messages.streamed_body(sent, request=True),
             ]
         if sent is body:
-            return [messages.routed_body(endpoints, set_headers, remove, observed)]
+            return [messages.routed_body(endpoints, set_headers, remove, observed, scores)]
         # BUFFERED: the body is replaced, and Envoy rejects a replacement whose length differs from the
         # content-length it forwards.
         if "content-length" in self._headers:
             set_headers.append(("content-length", str(len(sent))))
-        return [messages.routed_body(endpoints, set_headers, remove, observed, body=sent)]
+        return [messages.routed_body(endpoints, set_headers, remove, observed, scores, body=sent)]
 
     def _keep_slo(
         self, exchange: Exchange, fallbacks: int

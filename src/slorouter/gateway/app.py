@@ -29,6 +29,7 @@ from slorouter.http.upstream import UpstreamClient, UpstreamError
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
 from slorouter.scheduling.types import SchedulingError
+from slorouter.serving.audit import PickAudit
 from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.exchange import Exchange, FrontEnd
 from slorouter.serving.headers import ENDPOINT_HEADER
@@ -64,6 +65,7 @@ class Gateway:
         window: TrafficWindow | None = None,
         actions: SloActions | None = None,
         engine_priority: EnginePriority | None = None,
+        audit: PickAudit | None = None,
     ) -> None:
         """``stats``: where the relay records finished requests for the status page; ``status``: the page
         (``GET /v1/router/status``; not served without it); ``traffic``: the recording of ``--record``
@@ -89,6 +91,7 @@ class Gateway:
             window,
             actions=actions,
             engine_priority=engine_priority,
+            audit=audit,
         )
         self._status = status
 

@@ -67,6 +67,7 @@ class Router:
             window=None if core.tuning is None else core.tuning.window,
             actions=core.actions,
             engine_priority=core.engine_priority,
+            audit=core.audit,
         )
         return cls(core, gateway, traffic=traffic)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slorouter.scheduling.datakeys import PREDICTED_TTFT_MS
+from slorouter.scheduling.pick_record import PickRecord, record_pick
 from slorouter.scheduling.plugin import Filter, ListPicker, ListScorer, Picker, Plugin, ProfileHandler, Scorer
 from slorouter.scheduling.types import (
     Candidates,
@@ -19,6 +20,7 @@ from slorouter.scheduling.types import (
     InferenceRequest,
     NoCandidatesError,
     NoEndpointPickedError,
+    PickReason,
     ProfileRunResult,
     Route,
     SchedulingError,
@@ -87,12 +89,14 @@ class SchedulerProfile:
     ) -> ProfileRunResult | str:
         """The picked targets, or why there are none."""
         cycle.route = None
+        cycle.reason = None
+        given = candidates
         for filt in self.filters:
             candidates = filt.filter(cycle, request, candidates)
             if len(candidates) == 0:
                 return f"filter {_label(filt)} removed every candidate"
         if self._list_picker is not None and len(candidates) <= LIST_PATH_MAX_CANDIDATES:
-            return self._run_list(cycle, request, candidates, self._list_picker)
+            return self._run_list(cycle, request, given, candidates, self._list_picker)
         total = self.total_scores(cycle, request, candidates)
         chosen = self.picker.pick(cycle, request, candidates, total)
         if len(chosen) == 0:
@@ -103,10 +107,16 @@ class SchedulerProfile:
             scores=total[chosen].tolist(),
             route=cycle.route or Route.HEURISTIC,
             predicted_ttft_ms=_predicted_ttft(candidates, chosen_list),
+            record=self._record(cycle, request, given, candidates, total, chosen_list[0]),
         )
 
     def _run_list(
-        self, cycle: CycleState, request: InferenceRequest, candidates: Candidates, picker: ListPicker
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        given: Candidates,
+        candidates: Candidates,
+        picker: ListPicker,
     ) -> ProfileRunResult | str:
         """The small-set path of ``run_or_explain`` after the filters: the same result, in plain Python."""
         total = self.total_scores_list(cycle, request, candidates)
@@ -118,7 +128,22 @@ class SchedulerProfile:
             scores=[total[i] for i in chosen],
             route=cycle.route or Route.HEURISTIC,
             predicted_ttft_ms=_predicted_ttft(candidates, chosen),
+            record=self._record(cycle, request, given, candidates, total, chosen[0]),
         )
+
+    def _record(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        given: Candidates,
+        scored: Candidates,
+        total: np.ndarray | list[float],
+        chosen: int,
+    ) -> PickRecord | None:
+        if not cycle.record:
+            return None
+        reason = PickReason.EXPLORATION if cycle.explored else cycle.reason
+        return record_pick(self.name, request, given, scored, total, chosen, reason)
 
     def total_scores_list(
         self, cycle: CycleState, request: InferenceRequest, candidates: Candidates

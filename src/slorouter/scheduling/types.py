@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from slorouter.pool.state import Endpoint, PoolState
+
+if TYPE_CHECKING:
+    from slorouter.scheduling.pick_record import PickRecord
 
 
 @dataclass(slots=True)
@@ -128,32 +131,55 @@ class Route(StrEnum):
     FALLBACK = "fallback"  # prediction was wanted but unavailable: heuristics decided
 
 
+class PickReason(StrEnum):
+    """Why the chosen endpoint was chosen, as far as the pipeline can tell (most specific first).
+
+    The value is the ``reason`` label of the regret series and the status page's key.
+    """
+
+    SCORE = "score"  # the highest total score among every candidate: no filter narrowed them
+    AFFINITY = "affinity"  # the affinity filter kept only the cache-warm candidates
+    LOAD_GATE = "load-gate"  # the affinity filter's TTFT load gate opened: the warm ones were too slow
+    LATENCY_BAND = "latency-band"  # the latency band filter kept the candidates near the best prediction
+    SLO_TIER = "slo-tier"  # the SLO tier filter kept the candidates predicted to meet the SLO
+    EXPLORATION = "exploration"  # an epsilon-greedy exploration instead of the exploit path
+    LANE = "lane"  # flow control's priority lane narrowed the candidates before the profile ran
+    FILTER = "filter"  # another filter narrowed the candidates
+    PICKER = "picker"  # the picker did not take the top score (random, weighted or round-robin pickers)
+
+
 class CycleState(dict[str, Any]):
     """Scratch space shared by the plugins of one scheduling cycle.
 
     ``route``: a plugin that decides how its profile picks (the latency scorer) sets it while the profile
     runs; the profile copies it into its result (``Route.HEURISTIC`` when nobody set it). ``explored``: an
     epsilon-greedy plugin sets it when it explored instead of exploiting, so that the plugins after it mark
-    the pick ``Route.EXPLORE`` and learn nothing from it as an exploited one.
+    the pick ``Route.EXPLORE`` and learn nothing from it as an exploited one. ``reason``: a filter that
+    narrowed the candidates (or chose not to) says why, for the pick's record. ``record``: the cycle keeps a
+    ``PickRecord`` of each profile's pick (in its result's ``record``); off, the profiles build none.
     """
 
-    __slots__ = ("explored", "route")
+    __slots__ = ("explored", "reason", "record", "route")
 
-    def __init__(self) -> None:
+    def __init__(self, *, record: bool = False) -> None:
         super().__init__()
         self.route: Route | None = None
         self.explored = False
+        self.reason: PickReason | None = None
+        self.record = record
 
 
 @dataclass(slots=True)
 class ProfileRunResult:
     """What one profile picked: target endpoints, best first, their total scores, and their predicted TTFT
-    (ms, before the live-coverage factor) when the candidates were predicted."""
+    (ms, before the live-coverage factor) when the candidates were predicted; ``record`` when the cycle
+    asked for one."""
 
     targets: list[Endpoint]
     scores: list[float] = field(default_factory=list)
     route: Route = Route.HEURISTIC
     predicted_ttft_ms: list[float] | None = None
+    record: PickRecord | None = None  # every candidate's view of the pick, when the cycle asked for it
 
 
 @dataclass(slots=True)
@@ -176,6 +202,11 @@ class SchedulingResult:
     @property
     def route(self) -> Route:
         return self.primary.route
+
+    @property
+    def record(self) -> PickRecord | None:
+        """The primary profile's pick record (None unless the cycle asked for one)."""
+        return self.primary.record
 
 
 # On a request the router turned away (429): why (an admitter's reason, or flow control's).

@@ -45,6 +45,7 @@ from slorouter.predictor.trainer import TrainerConfig
 from slorouter.scheduling.loader import build_scheduler_setup
 from slorouter.scheduling.pipelines import PREDICTED_LATENCY_SCHEDULER_CONFIG, SELF_TUNING_SCHEDULER_CONFIG
 from slorouter.scheduling.plugin import CandidateSwitch, PluginContext
+from slorouter.serving.audit import PickAudit
 from slorouter.serving.command_line import STATE_DIR_CHANGE
 from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.self_tuning import SelfTuning
@@ -82,6 +83,7 @@ class RouterCore:
     actions: SloActions | None = None  # an objective has a deadline: the plans and their counts
     engine_priority: EnginePriority | None = None  # pool.engine_priority: what the model servers are sent
     ledger: PredictionLedger | None = None  # a predictor: each routed request's prediction and outcome
+    audit: PickAudit | None = None  # the audit section: routing regret, scores on the wire
 
     @classmethod
     def build(
@@ -141,8 +143,15 @@ class RouterCore:
         flow_control = None
         if config.flow_control_enabled:
             flow_control = config.flow_control.build(pool, clock, FlowControlMetrics(metrics.registry))
+        audit = PickAudit.from_config(config.audit, metrics.registry)
         director = Director(
-            pool, setup, tracker, clock, latency_metrics=ctx.metrics, flow_control=flow_control
+            pool,
+            setup,
+            tracker,
+            clock,
+            latency_metrics=ctx.metrics,
+            flow_control=flow_control,
+            record_picks=audit is not None,
         )
         tracker.register_metrics(metrics.registry)
         scraper = MetricsScraper.from_config(pool, clock, config.pool)
@@ -172,6 +181,7 @@ class RouterCore:
             actions=actions if actions.enabled else None,
             engine_priority=EnginePriority.from_config(config),
             ledger=ctx.ledger,
+            audit=audit,
         )
 
     @property
@@ -197,6 +207,7 @@ class RouterCore:
             deadlines=None if self.actions is None else self.actions.status(),
             ledger=None if self.ledger is None else LedgerStatus.of(self.ledger.summary()),
             kv_trust=None if self.kv_index is None else self.kv_index.trust.views(),
+            regret=None if self.audit is None or self.audit.regret is None else self.audit.regret.status(),
         )
 
     async def start(self) -> None:

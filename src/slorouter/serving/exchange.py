@@ -30,7 +30,9 @@ from slorouter.api.stream import StreamObserver, observe_body
 from slorouter.director import NOT_QUEUED, Admission, Director, RequestLifecycle
 from slorouter.metrics import GatewayMetrics
 from slorouter.scheduling.plugin import Termination
+from slorouter.scheduling.regret import Regret
 from slorouter.scheduling.types import InferenceRequest, SchedulingError, SchedulingResult
+from slorouter.serving.audit import PickAudit
 from slorouter.serving.engine_priority import EnginePriority
 from slorouter.serving.headers import RoutingFacts
 from slorouter.serving.outcome import OutcomeRecorder
@@ -49,6 +51,7 @@ from slorouter.serving.status import RouterStats
 from slorouter.serving.tracing import (
     outcome_attributes,
     parsed_attributes,
+    regret_attributes,
     request_attributes,
     upstream_attributes,
 )
@@ -77,6 +80,7 @@ class FrontEnd:
     window: TrafficWindow | None = None  # recent traffic, for the tuner
     actions: SloActions | None = None  # deadlines and hedges (None: none configured)
     engine_priority: EnginePriority | None = None  # None: no model server is sent a priority
+    audit: PickAudit | None = None  # routing regret and scores on the wire (None: neither)
     outcomes: OutcomeRecorder | None = field(init=False)
     ids: RequestIds = field(init=False, default_factory=RequestIds)
 
@@ -93,6 +97,11 @@ class FrontEnd:
                 traffic=self.traffic,
             )
         )
+
+    @property
+    def scores_listed(self) -> int | None:
+        """How many candidates the scores header lists; None: it is off."""
+        return None if self.audit is None else self.audit.scores_max_candidates
 
     def exchange(self, method: str, path: str, trace_context: Mapping[str, str] | None = None) -> Exchange:
         """A new exchange for an inference request on ``path``; its span starts now when tracing is on
@@ -136,6 +145,7 @@ class Exchange:
         "lifecycle",
         "path",
         "plan",
+        "regret",
         "request",
         "trace",
         "tried",
@@ -149,6 +159,7 @@ class Exchange:
         self.admission: Admission = NOT_QUEUED
         self.lifecycle: RequestLifecycle | None = None
         self.facts: RoutingFacts | None = None
+        self.regret: Regret | None = None  # the first pick's routing regret, when audit.regret is on
         self.tried: list[str] = []
         self.plan: Plan | None = None
         self.copy: RequestLifecycle | None = None
@@ -478,7 +489,7 @@ class Exchange:
         if winner is not primary:
             self.tried.append(primary.target.address)
             self.lifecycle = winner
-            self.facts = RoutingFacts.of(winner)
+            self.facts = RoutingFacts.of(winner, self.front.scores_listed)
         if self.trace is not None:
             self.trace.set({"slorouter.hedge": outcome.value})
 
@@ -495,7 +506,7 @@ class Exchange:
             self.front.metrics.upstream_failures.labels(address, phase).inc()
         if lifecycle is primary:
             self.lifecycle = copy
-            self.facts = RoutingFacts.of(copy)
+            self.facts = RoutingFacts.of(copy, self.front.scores_listed)
 
     def copies_failed(self) -> None:
         """Both copies failed: counted (the front-end answers with the last failure)."""
@@ -764,15 +775,22 @@ class Exchange:
         self.admission.release()  # the room reserved for it goes back
 
     def _dispatch(self, lifecycle: RequestLifecycle) -> RequestLifecycle:
-        window = self.front.window
+        front = self.front
+        window = front.window
         if window is not None and not self.tried:
             window.picked(lifecycle.request.received_at)
         self.lifecycle = lifecycle
         self._observer = None
         self._kept = None
-        facts = self.facts = RoutingFacts.of(lifecycle)
+        facts = self.facts = RoutingFacts.of(lifecycle, front.scores_listed)
+        record = lifecycle.result.record
+        ledger = None if front.audit is None else front.audit.regret
+        if ledger is not None and record is not None and not self.tried:
+            self.regret = ledger.observe(record)
         if self.trace is not None:
             pick = facts.span_attributes()
+            if self.regret is not None:
+                pick.update(regret_attributes(self.regret))
             self.trace.end_schedule(pick)
             self.trace.set(pick)
         return lifecycle

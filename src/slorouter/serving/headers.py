@@ -8,6 +8,13 @@ from dataclasses import dataclass
 
 from slorouter.director import RequestLifecycle
 from slorouter.flowcontrol.types import QUEUED_HEADER
+from slorouter.serving.scores_header import (
+    RUNNER_UP_HEADER,
+    SCORES_HEADER,
+    SCORES_OMITTED_HEADER,
+    PickScores,
+    pick_scores,
+)
 
 ENDPOINT_HEADER = "x-slorouter-endpoint"
 ROUTE_HEADER = "x-slorouter-route"
@@ -31,10 +38,14 @@ class RoutingFacts:
     predicted_ttft_ms: float | None = None
     predicted_tpot_ms: float | None = None
     queued_ms: float | None = None  # None: flow control did not hold it (or there is none)
+    scores: PickScores | None = None  # audit.scores_header: the candidates' scores
+    pick_reason: str | None = None  # with ``scores``: why the choice was made (a PickReason)
 
     @classmethod
-    def of(cls, lifecycle: RequestLifecycle) -> RoutingFacts:
+    def of(cls, lifecycle: RequestLifecycle, scores_max_candidates: int | None = None) -> RoutingFacts:
+        """``scores_max_candidates``: list that many candidates' scores (None: none)."""
         predicted = lifecycle.prediction
+        record = lifecycle.result.record if scores_max_candidates is not None else None
         return cls(
             lifecycle.target.address,
             str(lifecycle.route),
@@ -42,6 +53,8 @@ class RoutingFacts:
             None if predicted is None else predicted.ttft_ms,
             None if predicted is None else predicted.tpot_ms,
             None if lifecycle.admission.ticket is None else lifecycle.queued_s * 1000,
+            None if record is None else pick_scores(record, scores_max_candidates or 0),
+            None if record is None else record.reason.value,
         )
 
     def headers(self) -> list[tuple[str, str]]:
@@ -55,6 +68,17 @@ class RoutingFacts:
                 headers.append((PREDICTED_TPOT_HEADER, f"{self.predicted_tpot_ms:.2f}"))
         if self.queued_ms is not None:
             headers.append((QUEUED_HEADER, f"{self.queued_ms:.1f}"))
+        if self.scores is not None:
+            headers += self._score_headers(self.scores)
+        return headers
+
+    @staticmethod
+    def _score_headers(scores: PickScores) -> list[tuple[str, str]]:
+        headers = [(SCORES_HEADER, scores.header)]
+        if scores.runner_up is not None:
+            headers.append((RUNNER_UP_HEADER, scores.runner_up))
+        if scores.omitted:
+            headers.append((SCORES_OMITTED_HEADER, str(scores.omitted)))
         return headers
 
     def head_lines(self, fixed: dict[tuple[str, str, str | None], bytes]) -> bytes:
@@ -73,6 +97,9 @@ class RoutingFacts:
                 lines += b"%s: %.2f\r\n" % (_PREDICTED_TPOT, self.predicted_tpot_ms)
         if self.queued_ms is not None:
             lines += b"%s: %.1f\r\n" % (_QUEUED, self.queued_ms)
+        if self.scores is not None:
+            text = "".join(f"{name}: {value}\r\n" for name, value in self._score_headers(self.scores))
+            lines += text.encode("latin-1")
         return lines
 
     def span_attributes(self) -> AttributeDict:
@@ -86,4 +113,13 @@ class RoutingFacts:
                 attributes["slorouter.predicted_tpot_ms"] = self.predicted_tpot_ms
         if self.queued_ms is not None:
             attributes["slorouter.queued_ms"] = self.queued_ms
+        scores = self.scores
+        if scores is not None:
+            attributes["slorouter.scores"] = scores.header
+            if scores.runner_up is not None:
+                attributes["slorouter.runner_up"] = scores.runner_up
+            if scores.omitted:
+                attributes["slorouter.scores_omitted"] = scores.omitted
+        if self.pick_reason is not None:
+            attributes["slorouter.pick_reason"] = self.pick_reason
         return attributes

@@ -25,6 +25,7 @@ from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.features import ModelKind
 from slorouter.predictor.ledger import Accuracy, LedgerSummary
 from slorouter.predictor.warm_start import WarmStartReport
+from slorouter.serving.regret import RegretStatus
 
 STATUS_PATH = "/v1/router/status"
 STATUS_SCHEMA = "slorouter.router-status/v1"
@@ -171,6 +172,7 @@ class RouterStatus(msgspec.Struct, frozen=True, kw_only=True):
     tuning: TuningStatus | None = None  # None: the router does not tune itself
     deadlines: SloActionsStatus | None = None  # None: no objective has a deadline
     ledger: LedgerStatus | None = None  # None: no predictor
+    regret: RegretStatus | None = None  # None: audit.regret is off
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -264,6 +266,7 @@ class RouterStats:
         deadlines: SloActionsStatus | None = None,
         ledger: LedgerStatus | None = None,
         kv_trust: Mapping[str, TrustView] | None = None,
+        regret: RegretStatus | None = None,
     ) -> RouterStatus:
         """The page now: the pool's current endpoints (an endpoint that left is no longer shown);
         ``kv_trust``: the KV-event trust of the subscribed endpoints, on the same clock."""
@@ -320,4 +323,5 @@ class RouterStats:
             tuning=tuning,
             deadlines=deadlines,
             ledger=ledger,
+            regret=regret,
         )

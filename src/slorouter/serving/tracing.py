@@ -4,6 +4,7 @@ outcome; the pick's are ``RoutingFacts.span_attributes``."""
 from __future__ import annotations
 
 from slorouter.director import RequestLifecycle
+from slorouter.scheduling.regret import Regret
 from slorouter.scheduling.types import InferenceRequest
 from slorouter.serving.headers import AttributeDict
 
@@ -45,4 +46,15 @@ def outcome_attributes(lifecycle: RequestLifecycle) -> AttributeDict:
     attributes: AttributeDict = {"slorouter.output_tokens": response.tokens}
     if response.first_token_at is not None:
         attributes["slorouter.ttft_ms"] = (response.first_token_at - response.dispatched_at) * 1000
+    return attributes
+
+
+def regret_attributes(regret: Regret) -> AttributeDict:
+    """The pick's routing regret (``audit.regret``)."""
+    attributes: AttributeDict = {
+        "slorouter.regret.achieved_prefix_tokens": regret.achieved_prefix_tokens,
+        "slorouter.regret.reachable_prefix_tokens": regret.reachable_prefix_tokens,
+    }
+    if regret.ttft_regret_ms is not None:
+        attributes["slorouter.regret.ttft_ms"] = regret.ttft_regret_ms
     return attributes

@@ -86,6 +86,14 @@ class KVBlockManager:
         """The hash chain of the prompt's full blocks (``prompt``: packed uint32 token ids)."""
         return block_hashes(prompt, self.block_size)
 
+    def cached_prefix_blocks(self, hashes: list[int]) -> int:
+        """How many of ``hashes``' leading blocks the prefix cache holds now (a read: nothing changes)."""
+        cached = self._cached
+        for j, block_hash in enumerate(hashes):
+            if block_hash not in cached:
+                return j
+        return len(hashes)
+
     # ------------------------------------------------------------------------------------ admission
 
     def lookup_prefix(self, seq: KVSequence, num_tokens: int) -> list[int]:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slorouter.pool.kv_trust import TrustState
+from slorouter.serving.regret import RegretStatus
 from slorouter.serving.status import KVIndexStatus, LedgerStatus, TuningStatus
 from slorouter.top.source import Reading
 
@@ -120,6 +121,8 @@ def render(reading: Reading, previous: Reading | None = None) -> RenderableType:
     lines = [title, requests, slo_line, routes, predictor_line]
     if status.tuning is not None:
         lines.append(Text.assemble(("tuning ", "bold"), tuning_summary(status.tuning)))
+    if status.regret is not None:
+        lines.append(Text.assemble(("regret ", "bold"), regret_summary(status.regret)))
 
     table = Table(expand=False, header_style="bold")
     table.add_column("endpoint", no_wrap=True)
@@ -192,3 +195,15 @@ def tuning_summary(tuning: TuningStatus) -> str:
     if tuning.worker != "running":
         text += f" · tuner {tuning.worker}"
     return text
+
+
+def regret_summary(regret: RegretStatus) -> str:
+    """The regret line (audit.regret): reuse achieved, avoidable prefill, TTFT regret, picks by reason."""
+    if not regret.picks:
+        return "— (no pick yet)"
+    reuse = "—" if regret.reuse_achieved is None else f"{100 * regret.reuse_achieved:.1f}%"
+    text = f"reuse achieved {reuse} · avoidable prefill {regret.avoidable_prefill_tokens:,} tokens"
+    if regret.mean_ttft_regret_ms is not None:
+        text += f" · TTFT regret {regret.mean_ttft_regret_ms:.1f} ms"
+    reasons = sorted(regret.by_reason.items(), key=lambda item: -item[1].picks)
+    return text + " · " + ", ".join(f"{reason} {_share(t.picks, regret.picks)}" for reason, t in reasons)

@@ -37,6 +37,7 @@ from slorouter.scheduling.types import (
     Candidates,
     CycleState,
     InferenceRequest,
+    PickReason,
     Route,
 )
 
@@ -126,7 +127,11 @@ class PrefixCacheAffinityFilter(Plugin, Filter):
             if gate is not None:
                 ttft_ms, penalty_ms = gate
                 if ttft_ms[sticky].min() - ttft_ms[~sticky].min() > penalty_ms:
+                    cycle.reason = PickReason.LOAD_GATE
                     return candidates
+        if sticky.all():
+            return candidates
+        cycle.reason = PickReason.AFFINITY
         return candidates.subset(sticky)
 
 
@@ -160,7 +165,10 @@ class LatencyBandFilter(Plugin, Filter):
         p = self.params
         limit = predicted.min() * (1.0 + p.relative_band) + p.absolute_band_ms
         keep = predicted <= limit
-        return candidates if keep.all() else candidates.subset(keep)
+        if keep.all():
+            return candidates
+        cycle.reason = PickReason.LATENCY_BAND
+        return candidates.subset(keep)
 
 
 TierDimension = Literal["ttft", "tpot"]
@@ -214,6 +222,7 @@ class SloHeadroomTierFilter(Plugin, Filter):
             cycle.explored = True
             cycle.route = Route.EXPLORE
             return candidates.subset(~positive)
+        cycle.reason = PickReason.SLO_TIER
         return candidates.subset(positive)
 
 
