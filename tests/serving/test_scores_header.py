@@ -3,6 +3,8 @@ in the HTTP/1.1 lines, the header list and the span attributes."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from slorouter.scheduling.pick_record import NO_RUNNER_UP, PickRecord, TtftSource
@@ -33,7 +35,29 @@ def _record(scores, chosen, runner_up, ttft=None, prefix=None) -> PickRecord:
 def test_order_is_chosen_runner_up_then_by_score_and_filtered_last():
     # A picker that did not take the top score: chosen 3, runner-up 0 (the best of the others).
     record = _record([0.9, NAN, 0.5, 0.2, 0.7], chosen=3, runner_up=0)
-    assert listing_order(record, record.scores.tolist()) == [3, 0, 4, 2, 1]
+    assert listing_order(record, 8) == [3, 0, 4, 2, 1]
+    assert listing_order(record, 3) == [3, 0, 4]
+
+
+def test_the_numpy_order_on_a_large_pool_is_the_plain_python_one():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = 40
+        values = rng.choice([0.1, 0.5, 0.9, NAN], size=n).tolist()  # ties and filtered ones
+        kept = [i for i, v in enumerate(values) if v == v] or [0]
+        if values[kept[0]] != values[kept[0]]:
+            values[kept[0]] = 0.3
+        chosen = kept[0]
+        others = [i for i in kept if i != chosen]
+        runner_up = max(others, key=lambda i: values[i]) if others else NO_RUNNER_UP
+        record = _record(values, chosen=chosen, runner_up=runner_up)
+        head = [chosen] if runner_up == NO_RUNNER_UP else [chosen, runner_up]
+        rest = sorted(
+            (i for i in range(n) if i not in head),
+            key=lambda i: -values[i] if values[i] == values[i] else math.inf,
+        )
+        for limit in (2, 8, n):
+            assert listing_order(record, limit) == (head + rest)[:limit]
 
 
 def test_entries_and_their_bound():
