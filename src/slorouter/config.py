@@ -231,6 +231,7 @@ class RemotePredictorConfig(StrictModel):
 class LedgerConfig(StrictModel):
     """The prediction ledger: each routed request's prediction paired with its outcome, and drift."""
 
+    enabled: bool = Field(default=True, description="keep the ledger (false: no figures, drift or fallback)")
     window_s: float = Field(default=60.0, gt=0, description="outcomes older than this leave the figures")
     max_entries: int = Field(
         default=20_000, ge=100, le=1_000_000, description="at most this many outcomes kept"

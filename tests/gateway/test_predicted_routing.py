@@ -212,3 +212,16 @@ async def test_a_drift_past_fallback_after_s_routes_by_the_heuristic_profile(clu
         assert "slorouter_prediction_distrusted{endpoint=" in metrics
     finally:
         await router.stop()
+
+
+async def test_the_ledger_can_be_turned_off(cluster, http):
+    router = await start_router(
+        list(cluster.addresses), predictor={**_predictor(), "ledger": {"enabled": False}}
+    )
+    try:
+        await _warm_up(http, router, cluster.model)
+        async with http.get(f"http://{router.address}{STATUS_PATH}") as resp:
+            assert decode_status(await resp.read()).ledger is None
+        assert "slorouter_prediction_ledger" not in router.metrics.render().decode()
+    finally:
+        await router.stop()

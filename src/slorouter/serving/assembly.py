@@ -132,8 +132,9 @@ class RouterCore:
             ctx.predictor = predictor
             ctx.metrics = LatencyMetrics(metrics.registry, metrics.model_labels)
             metrics.registry.register(PredictorCollector(predictor))
-            ctx.ledger = build_ledger(config.predictor, clock, predictor, pool)
-            metrics.registry.register(LedgerCollector(ctx.ledger))
+            if config.predictor.ledger.enabled:
+                ctx.ledger = build_ledger(config.predictor, clock, predictor, pool)
+                metrics.registry.register(LedgerCollector(ctx.ledger))
             if scheduler_config is None and not config.tuning.enabled:
                 scheduler_config = PREDICTED_LATENCY_SCHEDULER_CONFIG
         if scheduler_config is None and config.tuning.enabled:
