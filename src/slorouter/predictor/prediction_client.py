@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from slorouter.predictor.wire import (
     decode_binary_predictions,
     decode_predictions,
     error_message,
+    model_versions_in,
 )
 
 log = logging.getLogger("slorouter.predictor.prediction_client")
@@ -497,18 +497,7 @@ class PredictionClient:
             server.ready = False
             server.last_error = f"/readyz: {type(exc).__name__}: {exc}"
             return
-        server.versions = served_versions(payload)
+        server.versions = model_versions_in(payload) or {}
         server.ready = status == 200
         if not server.ready:
             server.last_error = f"/readyz: HTTP {status}"
-
-
-def served_versions(payload: bytes) -> dict[str, str]:
-    """The model versions a prediction server's ``/readyz`` answer names (none when it names none)."""
-    try:
-        versions = json.loads(payload).get("model_versions")
-    except (ValueError, AttributeError):
-        return {}
-    if not isinstance(versions, dict):
-        return {}
-    return {str(kind): version for kind, version in versions.items() if isinstance(version, str)}

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from slorouter.http.auth import bearer_header
 from slorouter.predictor.features import DEFAULT_SCHEMA, MODEL_KINDS, FeatureSchema, ModelKind, rows_to_matrix
 from slorouter.predictor.pool_shape import PoolShape
-from slorouter.predictor.wire import JSON_TYPE, error_message
+from slorouter.predictor.wire import JSON_TYPE, error_message, model_versions_in
 
 log = logging.getLogger("slorouter.predictor.sample_sink")
 
@@ -257,10 +257,5 @@ class TrainingSampleSink:
 def published_versions_in(payload: bytes, before: dict[str, str]) -> dict[str, str]:
     """The model versions the training server says it publishes (its answer to a batch of samples); the
     ones known ``before`` when the answer does not say (an older training server)."""
-    try:
-        versions = json.loads(payload).get("model_versions")
-    except (ValueError, AttributeError):
-        return before
-    if not isinstance(versions, dict):
-        return before
-    return {str(kind): version for kind, version in versions.items() if isinstance(version, str)}
+    versions = model_versions_in(payload)
+    return before if versions is None else versions

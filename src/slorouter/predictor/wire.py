@@ -130,3 +130,15 @@ def error_message(payload: bytes) -> str:
         return str(json.loads(payload)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return payload[:200].decode(errors="replace")
+
+
+def model_versions_in(payload: bytes) -> dict[str, str] | None:
+    """The ``model_versions`` a predictor server's JSON answer names (a prediction server's ``/readyz``, the
+    training server's answer to samples), kinds to version strings; None when it names none."""
+    try:
+        versions = json.loads(payload).get("model_versions")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(versions, dict):
+        return None
+    return {str(kind): version for kind, version in versions.items() if isinstance(version, str)}
