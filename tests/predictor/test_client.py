@@ -597,7 +597,7 @@ def test_a_server_serving_a_superseded_model_is_stale_and_passed_over(caplog: py
     assert registry.get_sample_value("slorouter_prediction_server_stale", {"server": "http://b"}) == 0.0
 
 
-def test_a_version_never_seen_published_counts_from_when_the_client_started_watching():
+def test_a_version_never_seen_published_counts_from_when_it_was_first_seen_served():
     client = PredictionClient(["http://a"], stale_after_s=10.0)
     now = [100.0]
     client._now = lambda: now[0]  # type: ignore[method-assign]
@@ -611,6 +611,25 @@ def test_a_version_never_seen_published_counts_from_when_the_client_started_watc
     now[0] += 1.0
     client.check_versions()
     assert server.stale
+
+
+def test_a_server_that_keeps_up_with_a_fast_trainer_is_never_stale():
+    # The trainer publishes faster than the client checks: the server is a version behind at every check,
+    # on versions the client never saw published, but none of them is stale_after_s old.
+    client = PredictionClient(["http://a"], stale_after_s=10.0)
+    now = [0.0]
+    client._now = lambda: now[0]  # type: ignore[method-assign]
+    published = {"ttft": "v0"}
+    client.published_versions = lambda: published
+    server = client.servers[0]
+    server.ready = True
+    for i in range(1, 60):
+        published["ttft"] = f"v{2 * i}"
+        server.versions = {"ttft": f"v{2 * i - 1}"}
+        now[0] += 1.0
+        client.check_versions()
+        assert not server.stale, i
+    assert len(client._current_at) <= 2  # what is neither published nor served is forgotten
 
 
 JSON_VALUES = st.recursive(

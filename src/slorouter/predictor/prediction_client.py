@@ -160,8 +160,8 @@ class PredictionClient:
         # serving others for stale_after_s is stale (``check_versions``).
         self.published_versions: Callable[[], Mapping[str, str]] = dict
         self.stale_after_s = stale_after_s
-        self._current_at: dict[tuple[str, str], float] = {}  # (kind, version): last seen published
-        self._watching_since: float | None = None
+        # (kind, version): when last seen published, or first seen served if never seen published
+        self._current_at: dict[tuple[str, str], float] = {}
         self.stats = ClientStats()
         self._metrics = _ClientMetrics(registry) if registry is not None else None
         self._session = session
@@ -448,24 +448,25 @@ class PredictionClient:
     def check_versions(self) -> None:
         """Compare each ready server's model versions with the training server's (``published_versions``):
         a server serving a model the training server superseded ``stale_after_s`` ago or longer (one this
-        client never saw published counts from when it started watching) is stale: logged once,
-        ``slorouter_prediction_server_stale``, and it gets predictions only when no current server is ready,
-        until it catches up. A server that reloads within ``stale_after_s`` of each publication never is."""
+        client never saw published counts from when it first saw it served: the trainer may publish and
+        supersede a version between two checks) is stale: logged once, ``slorouter_prediction_server_stale``,
+        and it gets predictions only when no current server is ready, until it catches up. A server that
+        reloads within ``stale_after_s`` of each publication never is."""
         published = self.published_versions()
         now = self._now()
-        if self._watching_since is None:
-            self._watching_since = now
         current_at = self._current_at
         for kind, version in published.items():
             current_at[kind, version] = now
+        served = {(kind, s.versions.get(kind, "")) for s in self.servers if s.ready for kind in published}
+        for key in served:
+            current_at.setdefault(key, now)
         for server in self.servers:
             superseded = [
                 kind
                 for kind, version in published.items()
                 if server.ready
                 and server.versions.get(kind) != version
-                and now - current_at.get((kind, server.versions.get(kind, "")), self._watching_since)
-                >= self.stale_after_s
+                and now - current_at[kind, server.versions.get(kind, "")] >= self.stale_after_s
             ]
             if not superseded:
                 if server.stale:
@@ -483,9 +484,8 @@ class PredictionClient:
                 )
             if self._metrics is not None:
                 self._metrics.stale.labels(server.url).set(1 if server.stale else 0)
-        if now - self._watching_since >= self.stale_after_s:  # older entries say what an absent one says
-            for key in [k for k, at in current_at.items() if now - at > self.stale_after_s]:
-                del current_at[key]
+        for key in [k for k in current_at if k not in served and published.get(k[0]) != k[1]]:
+            del current_at[key]  # neither served nor published: nothing to judge by it
 
     async def _probe(self, server: ServerState) -> None:
         assert self._transport is not None
