@@ -387,9 +387,10 @@ class SimulationRun:
             # The point prediction is the model's: without the live-coverage factor of the served quantile.
             point_factor = stack.predictor.predictor.point_factor
             rec.point_ttft_ms[i] = prediction.model_ttft_ms * point_factor("ttft")
-            if tpot is not None and tpot > 0:  # 0: no TPOT model yet (the producer's "unconstrained")
+            model_tpot = prediction.model_tpot_ms  # None: no TPOT model (yet: the producer's 0)
+            if model_tpot is not None:
                 rec.predicted_tpot_ms[i] = tpot
-                rec.point_tpot_ms[i] = tpot / prediction.tpot_coverage_factor * point_factor("tpot")
+                rec.point_tpot_ms[i] = model_tpot * point_factor("tpot")
         prompt = encode_bytes(inference.prompt_text)  # what the HTTP simulator's tokenizer gives the engine
         self._regret(i, exchange, prompt, pod)
         try:

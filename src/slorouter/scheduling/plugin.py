@@ -197,6 +197,12 @@ class TargetPrediction:
         """The model's own TTFT quantile: ``ttft_ms`` without the live-coverage factor."""
         return self.ttft_ms / self.ttft_coverage_factor
 
+    @property
+    def model_tpot_ms(self) -> float | None:
+        """The model's own TPOT quantile: ``tpot_ms`` without the live-coverage factor; None when TPOT is not
+        modelled (or not yet: 0)."""
+        return self.tpot_ms / self.tpot_coverage_factor if self.tpot_ms else None
+
 
 @dataclass(frozen=True, slots=True)
 class PreRequestResult:

@@ -232,7 +232,7 @@ def _predicted(prediction: TargetPrediction | None) -> dict[str, float | None]:
     live-coverage factor of the served figures): what the prediction ledger pairs with the outcome."""
     if prediction is None:
         return {"predicted_ttft_ms": None, "predicted_tpot_ms": None}
-    tpot = prediction.tpot_ms / prediction.tpot_coverage_factor if prediction.tpot_ms else None
+    tpot = prediction.model_tpot_ms
     return {
         "predicted_ttft_ms": round(prediction.model_ttft_ms, 3),
         "predicted_tpot_ms": None if tpot is None else round(tpot, 3),
