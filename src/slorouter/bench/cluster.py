@@ -68,7 +68,6 @@ from slorouter.pool.kv_trust import TrustThresholds
 from slorouter.pool.shared_inflight import SharedInFlightBoard, SharedInFlightView
 from slorouter.pool.state import Endpoint, MetricsSnapshot, PoolState
 from slorouter.predictor.embedded import EmbeddedPredictor
-from slorouter.predictor.features import ModelKind
 from slorouter.predictor.ledger import LedgerSettings, PredictionLedger
 from slorouter.predictor.model_store import ModelMetadata, ModelStore
 from slorouter.predictor.trainer import TrainerConfig
@@ -321,12 +320,7 @@ class ClusterSimulator:
         kv_index = KVBlockIndex(trust=kv_trust, clock=self.clock) if kv_events else None
         ledger = None
         if predictor is not None and self.settings.ledger is not None:
-            ledger = PredictionLedger(
-                self.clock,
-                self.settings.ledger,
-                point_factor=predictor.point_factor,
-                on_drift=_retrain_on_drift(predictor),
-            )
+            ledger = PredictionLedger.of_backend(self.clock, self.settings.ledger, predictor)
         ctx = PluginContext(
             clock=self.clock,
             rng=np.random.default_rng(seed if k == 0 else [seed, k]),
@@ -497,12 +491,3 @@ class ClusterSimulator:
                 for kind, status in self.predictor.trainer.status()["models"].items()
             }
         return facts
-
-
-def _retrain_on_drift(predictor: EmbeddedPredictor) -> Callable[[str, ModelKind], None]:
-    """The ledger's ``on_drift``: the drifting kind is retrained at the predictor's next chance."""
-
-    def retrain(_endpoint: str, kind: ModelKind) -> None:
-        predictor.retrain_soon(kind)
-
-    return retrain

@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from slorouter.clock import Clock
+from slorouter.predictor.backend import LatencyPredictorBackend
 from slorouter.predictor.features import MODEL_KINDS, ModelKind
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,21 @@ class PredictionLedger:
         self._next_check = -math.inf
         self.drifts = 0
         self.distrusted: frozenset[str] = frozenset()
+
+    @classmethod
+    def of_backend(
+        cls,
+        clock: Clock,
+        settings: LedgerSettings,
+        backend: LatencyPredictorBackend,
+        members: Callable[[], Iterable[str]] | None = None,
+    ) -> PredictionLedger:
+        """The ledger of ``backend``'s predictions: its point factors, and a drift asks it for a retrain."""
+
+        def retrain(_endpoint: str, kind: ModelKind) -> None:
+            backend.retrain_soon(kind)
+
+        return cls(clock, settings, point_factor=backend.point_factor, on_drift=retrain, members=members)
 
     def __len__(self) -> int:
         return len(self._entries.rows)

@@ -327,12 +327,8 @@ def build_ledger(
         fallback_after_s=ledger.fallback_after_s,
         check_interval_s=min(5.0, ledger.drift_after_s / 2),
     )
-    return PredictionLedger(
-        clock,
-        settings,
-        point_factor=predictor.point_factor,
-        on_drift=lambda _endpoint, kind: predictor.retrain_soon(kind),
-        members=lambda: (e.address for e in pool.endpoints),
+    return PredictionLedger.of_backend(
+        clock, settings, predictor, members=lambda: (e.address for e in pool.endpoints)
     )
 
 
