@@ -70,12 +70,18 @@ def drift_ledger(clock: ManualClock, asked: list[tuple[str, str]], **kw: float) 
 
 
 def feed(
-    book: PredictionLedger, clock: ManualClock, seconds: float, actual: float, endpoint: str = "a"
+    book: PredictionLedger,
+    clock: ManualClock,
+    seconds: float,
+    actual: float,
+    endpoint: str = "a",
+    served: float | None = None,
 ) -> None:
-    """One outcome per second against a 100 ms predicted quantile."""
+    """One outcome per second against a 100 ms predicted quantile (served as ``served``: the same by
+    default)."""
     for _ in range(int(seconds)):
         clock.advance(1.0)
-        book.add(endpoint, "none", "ttft", 100.0, actual)
+        book.add(endpoint, "none", "ttft", 100.0, actual, served)
 
 
 def test_an_endpoint_out_of_band_for_drift_after_s_drifts_once_and_recovers(caplog):
@@ -189,6 +195,16 @@ def test_a_drift_that_outlasts_fallback_after_s_distrusts_the_endpoint_until_bac
     registry = CollectorRegistry()
     registry.register(LedgerCollector(book))
     assert "slorouter_prediction_distrusted{" not in generate_latest(registry).decode()
+
+
+def test_a_drift_the_live_coverage_factor_makes_up_for_is_reported_but_keeps_routing_by_prediction():
+    clock = ManualClock()
+    settings = LedgerSettings(min_outcomes=10, drift_after_s=30.0, fallback_after_s=60.0, coverage_high=1.0)
+    book = PredictionLedger(clock, settings)
+    feed(book, clock, 180, 500.0, served=600.0)  # the quantile misses, the served figure covers
+    assert book.summary().drifting == {"a": ["ttft"]} and not book.distrusts(["a"])
+    feed(book, clock, 60, 500.0, served=400.0)  # the factor no longer makes up for it
+    assert book.distrusts(["a"])
 
 
 def test_without_fallback_after_s_a_drift_never_changes_routing():

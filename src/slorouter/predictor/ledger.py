@@ -18,10 +18,14 @@ logged once, and ``on_drift`` is called (the router asks for a retrain). Back in
 Coverage is judged on the quantile routing used, not on the served one: the live-coverage factor moves the
 served quantile until it covers again, which would hide the very drift the ledger is for.
 
-**Fallback.** An endpoint drifting for ``fallback_after_s`` more is *distrusted* (``distrusts``): the
-latency producer then routes the requests that have it among their candidates by the heuristic profile, and
-still adds their predictions' outcomes here, so that the ledger sees the model recover; back in band, the
-endpoint is trusted again.
+**Fallback.** An endpoint drifting for ``fallback_after_s`` more, whose *served* predictions (the live-
+coverage factor included: what the SLO tiers and the admitter act on) are out of band as well, is
+*distrusted* (``distrusts``): the latency producer then routes the requests that have it among their
+candidates by the heuristic profile, and still adds their predictions' outcomes here, so that the ledger
+sees the model recover; back in band, the endpoint is trusted again. A drift the live-coverage factor makes
+up for (a model off by the same factor on every endpoint, e.g. one trained in a quieter hour) is reported
+and retrained, but keeps routing: the heuristic profile would give up what the predictions still do well
+(the admitter's shedding first of all).
 
 The request path pays for one tuple appended to a deque; the figures are computed when asked (a scrape,
 the status page) and at each drift check.
@@ -106,12 +110,14 @@ class _Drift:
     out_since: float | None = None  # when the coverage left the band (None: in band)
     drifting: bool = False
     since: float = 0.0  # when it began drifting
+    served_coverage: float = 1.0  # the served predictions' coverage at the last check
 
 
 @dataclass(slots=True)
 class _Entries:
     at: deque[float] = field(default_factory=deque)
-    rows: deque[tuple[str, str, int, float, float, float]] = field(default_factory=deque)
+    # (endpoint, objective, kind index, predicted, point, actual, served)
+    rows: deque[tuple[str, str, int, float, float, float, float]] = field(default_factory=deque)
 
 
 class PredictionLedger:
@@ -131,7 +137,8 @@ class PredictionLedger:
         self.on_drift = on_drift
         self._members = members  # the pool's endpoints now: the drift of one that left is forgotten
         self._entries = _Entries()
-        # Per (endpoint, kind), the outcomes in the window and those covered: the drift check reads these.
+        # Per (endpoint, kind), the outcomes in the window, those the predicted quantile covered and those the
+        # served one did: the drift check reads these.
         self._counts: dict[tuple[str, ModelKind], list[int]] = {}
         self._drift: dict[tuple[str, ModelKind], _Drift] = {}
         self._next_check = -math.inf
@@ -157,24 +164,35 @@ class PredictionLedger:
         return len(self._entries.rows)
 
     def add(
-        self, endpoint: str, objective: str, kind: ModelKind, predicted_ms: float, actual_ms: float
+        self,
+        endpoint: str,
+        objective: str,
+        kind: ModelKind,
+        predicted_ms: float,
+        actual_ms: float,
+        served_ms: float | None = None,
     ) -> None:
         """One outcome of a request that was predicted for: ``predicted_ms`` the quantile routing used (or
-        would have, for a request the fallback routed) for ``endpoint``, the one that served it."""
+        would have, for a request the fallback routed) for ``endpoint``, the one that served it;
+        ``served_ms`` the same with the live-coverage factor (None: ``predicted_ms``)."""
         if not (predicted_ms > 0.0 and actual_ms > 0.0 and math.isfinite(predicted_ms * actual_ms)):
             return
+        if served_ms is None or not (served_ms > 0.0 and math.isfinite(served_ms)):
+            served_ms = predicted_ms
         now = self.clock.now()
         factor = math.nan if self._point_factor is None else self._point_factor(kind)
         entries = self._entries
         entries.at.append(now)
+        point_ms = predicted_ms * factor
         entries.rows.append(
-            (endpoint, objective, _KIND_INDEX[kind], predicted_ms, predicted_ms * factor, actual_ms)
+            (endpoint, objective, _KIND_INDEX[kind], predicted_ms, point_ms, actual_ms, served_ms)
         )
         counts = self._counts.get((endpoint, kind))
         if counts is None:
-            counts = self._counts[endpoint, kind] = [0, 0]
+            counts = self._counts[endpoint, kind] = [0, 0, 0]
         counts[0] += 1
         counts[1] += actual_ms <= predicted_ms
+        counts[2] += actual_ms <= served_ms
         if len(entries.rows) > self.settings.max_entries:
             self._drop_oldest()
         if now >= self._next_check:
@@ -188,11 +206,12 @@ class PredictionLedger:
 
     def _drop_oldest(self) -> None:
         self._entries.at.popleft()
-        endpoint, _, kind, predicted, _, actual = self._entries.rows.popleft()
+        endpoint, _, kind, predicted, _, actual, served = self._entries.rows.popleft()
         key = (endpoint, MODEL_KINDS[kind])
         counts = self._counts[key]
         counts[0] -= 1
         counts[1] -= actual <= predicted
+        counts[2] -= actual <= served
         if not counts[0]:
             del self._counts[key]
 
@@ -201,7 +220,7 @@ class PredictionLedger:
         if not rows:
             empty = np.empty(0)
             return [], [], empty.astype(np.int64), empty, empty, empty
-        endpoints, objectives, kinds, predicted, point, actual = zip(*rows, strict=True)
+        endpoints, objectives, kinds, predicted, point, actual, _ = zip(*rows, strict=True)
         return (
             list(endpoints),
             list(objectives),
@@ -239,7 +258,12 @@ class PredictionLedger:
             for key in [k for k in self._drift if k[0] not in members]:
                 del self._drift[key]
         s = self.settings
-        coverage = {key: covered / n for key, (n, covered) in self._counts.items() if n >= s.min_outcomes}
+        coverage: dict[tuple[str, ModelKind], float] = {}
+        served_coverage: dict[tuple[str, ModelKind], float] = {}
+        for key, (n, covered, served_covered) in self._counts.items():
+            if n >= s.min_outcomes:
+                coverage[key] = covered / n
+                served_coverage[key] = served_covered / n
         for key in set(coverage) | set(self._drift):
             value = coverage.get(key)
             drift = self._drift.get(key)
@@ -249,6 +273,7 @@ class PredictionLedger:
                 continue
             if drift is None:
                 drift = self._drift[key] = _Drift()
+            drift.served_coverage = served_coverage[key]
             if s.coverage_low <= value <= s.coverage_high:
                 if drift.drifting:
                     log.info("prediction drift over: %s's %s coverage %.2f is back in band", *key, value)
@@ -280,18 +305,28 @@ class PredictionLedger:
         self._update_distrust(now)
 
     def _update_distrust(self, now: float) -> None:
-        after = self.settings.fallback_after_s
-        distrusted = frozenset(
-            endpoint
+        s = self.settings
+        after = s.fallback_after_s
+        if after is None:
+            return
+        unserved = {
+            endpoint: drift.served_coverage
             for (endpoint, _), drift in self._drift.items()
-            if after is not None and drift.drifting and now - drift.since >= after
-        )
+            if drift.drifting
+            and now - drift.since >= after
+            and not s.coverage_low <= drift.served_coverage <= s.coverage_high
+        }
+        distrusted = frozenset(unserved)
         for endpoint in sorted(distrusted - self.distrusted):
             log.warning(
-                "prediction drift on %s outlasted the retrain by %g s: requests with it among their "
-                "candidates are routed by the heuristic profile until its predictions cover again",
+                "prediction drift on %s outlasted the retrain by %g s and its served predictions cover "
+                "%.2f (band %g-%g): requests with it among their candidates are routed by the heuristic "
+                "profile until its predictions cover again",
                 endpoint,
                 after,
+                unserved[endpoint],
+                s.coverage_low,
+                s.coverage_high,
             )
         for endpoint in sorted(self.distrusted - distrusted):
             log.info("predictions for %s are trusted again: routing by prediction", endpoint)

@@ -448,6 +448,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseBodyPro
                     kind,
                     float(routed[i]),
                     latency_ms,
+                    served,
                 )
         metrics = self.ctx.metrics
         if metrics is None:
