@@ -8,13 +8,18 @@ whether an endpoint drifts, and the trainings so far. Read whether the ledger mo
 and comes back after the retrain.
 
 ``broken``: the predictor serves models it did not learn on this traffic and never trains (a trainer that
-is down, a prediction server left on the wrong models): the pool's own model (trained in a run before), a
-slower pool's, and one of this pool in a quiet hour (``--quiet-qps``: it never saw a queue) with the
-ledger's fallback (``fallback_after_s``) and without it; the heuristic profile alone for reference. TTFT
-p90 of the whole run, per seed and the median; when the quiet hour's model was distrusted.
+is down, models loaded by hand): the pool's own model (trained in a run before), and one per
+``--model-from POOL:WORKLOAD:QPS`` (by default this pool in a quiet hour, an eighth of the rate: it never
+saw a queue; and a pool of slower GPUs), each with the ledger's fallback (guard on) and without it (guard
+off); the heuristic profile alone for reference. Per case: the TTFT p90 of the requests that are not
+sheddable (per seed and the median), the requests shed, the TTFT SLO attainment, and when a TTFT model
+first drifted and an endpoint was first distrusted.
 
     .venv/bin/python benchmarks/bench_ledger.py change --seeds 0,1,2
     .venv/bin/python benchmarks/bench_ledger.py broken --seeds 0,1,2
+    .venv/bin/python benchmarks/bench_ledger.py broken --workload mixed-priority --qps 40 \
+        --pool "2x qwen3-32b-h100-tp2" --model-from "2x qwen3-32b-h100-tp2:mixed-priority:5" \
+        --model-from "4x llama3-8b-h100:new-user:3"
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ import argparse
 import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from slorouter.bench.cluster import ClusterSettings, ClusterSimulator
-from slorouter.bench.policies import resolve_policy
+from slorouter.bench.policies import Policy, resolve_policy
 from slorouter.bench.pool import parse_pool
+from slorouter.bench.records import OK, SHED, RunRecords
 from slorouter.bench.workloads import BenchRequest, generate
 from slorouter.predictor.embedded import EmbeddedPredictor
 from slorouter.predictor.ledger import LedgerSettings, PredictionLedger
@@ -56,6 +63,7 @@ class Timeline:
     def __init__(self, ledger: PredictionLedger, version: Callable[[], str | None] = lambda: None) -> None:
         self.points: list[tuple[float, float | None, float | None, bool, bool]] = []
         self.versions: list[tuple[float, str | None]] = []  # the TTFT model served at each check
+        self.drifting: list[tuple[float, set[str]]] = []  # the kinds drifting at each check
         check = ledger.check
 
         def recorded(now: float) -> None:
@@ -68,6 +76,7 @@ class Timeline:
             mapes = [(a.mape, a.outcomes) for a in ttft if a.mape is not None]
             mape = sum(m * n for m, n in mapes) / sum(n for _, n in mapes) if mapes else None
             self.points.append((now, coverage, mape, bool(summary.drifting), bool(summary.distrusted)))
+            self.drifting.append((now, {k for kinds in summary.drifting.values() for k in kinds}))
 
         ledger.check = recorded  # type: ignore[method-assign]
 
@@ -123,61 +132,125 @@ def change(
 
 
 def _models(
-    profiles_spec: str, qps: float, duration_s: float, seed: int
+    profiles_spec: str, policy: Policy, workload: str, qps: float, duration_s: float, seed: int
 ) -> list[tuple[bytes, ModelMetadata]]:
-    """The models predicted-latency trained on ``profiles_spec`` serving ``new-user`` for ``duration_s``."""
-    with ClusterSimulator.of_policy(parse_pool(profiles_spec), POLICY, seed=seed) as sim:
-        sim.run(generate("new-user", qps=qps, duration_s=duration_s, seed=seed + 100))
+    """The models ``policy`` trained on ``profiles_spec`` serving ``workload`` at ``qps``, ``duration_s``."""
+    with ClusterSimulator.of_policy(parse_pool(profiles_spec), policy, seed=seed) as sim:
+        sim.run(generate(workload, qps=qps, duration_s=duration_s, seed=seed + 100))
         stack = sim.pickers[0]
         assert stack.predictor is not None
         store = ModelStore(stack.predictor.model_dir)
         return [m for m in (store.load("ttft"), store.load("tpot")) if m is not None]
 
 
-def broken(seeds: Sequence[int], qps: float, duration_s: float, quiet_qps: float) -> None:
-    profiles = parse_pool(POOL)
-    print(f"new-user at {qps:g} req/s on {POOL} for {duration_s:g} s; models served without training")
-    cases = (
-        "own model",
-        f"{OTHER_POOL}'s model",
-        f"quiet hour's model ({quiet_qps:g} req/s), fallback",
-        f"quiet hour's model ({quiet_qps:g} req/s), no fallback",
-        HEURISTIC.name,
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a served model was trained: a pool, its traffic and rate."""
+
+    pool: str
+    workload: str
+    qps: float
+
+    @classmethod
+    def parse(cls, text: str) -> Source:
+        pool, workload, qps = text.rsplit(":", 2)
+        return cls(pool, workload, float(qps))
+
+    def label(self, pool: str, workload: str, qps: float) -> str:
+        if (self.pool, self.workload, self.qps) == (pool, workload, qps):
+            return "this pool's own model"
+        where = "this pool" if self.pool == pool else self.pool
+        what = "this traffic" if self.workload == workload else self.workload
+        return f"{where}, {what} at {self.qps:g} req/s"
+
+
+@dataclass(slots=True)
+class Outcome:
+    ttft_p90_ms: float  # of the requests that are not sheddable
+    shed: int
+    attainment: float | None  # share of the requests with a TTFT SLO served within it
+    drift_at_s: float | None  # the first drift of a TTFT model
+    distrusted_at_s: float | None
+
+
+def _outcome(requests: Sequence[BenchRequest], rec: RunRecords, timeline: Timeline | None) -> Outcome:
+    kept = np.array([r.priority >= 0 for r in requests])
+    ttft_ms = rec.ttft_s * 1000
+    p90 = float(np.nanpercentile(np.where(kept, ttft_ms, np.nan), 90))
+    slo = rec.slo_ttft_ms
+    with_slo = np.isfinite(slo)
+    attainment = None
+    if with_slo.any():
+        met = (rec.status == OK) & (np.nan_to_num(ttft_ms, nan=np.inf) <= slo)
+        attainment = float(met[with_slo].mean())
+    drift = distrusted = None
+    if timeline is not None:
+        drift = next((t for t, kinds in timeline.drifting if "ttft" in kinds), None)
+        distrusted = next((p[0] for p in timeline.points if p[4]), None)
+    return Outcome(p90, int((rec.status == SHED).sum()), attainment, drift, distrusted)
+
+
+def broken(
+    seeds: Sequence[int],
+    pool: str,
+    workload: str,
+    qps: float,
+    duration_s: float,
+    policy_name: str,
+    sources: Sequence[Source],
+) -> None:
+    profiles = parse_pool(pool)
+    policy = resolve_policy(policy_name)
+    own = Source(pool, workload, qps)
+    print(
+        f"{workload} at {qps:g} req/s on {pool} for {duration_s:g} s, {policy.name}; models trained in a run "
+        f"before (120 s), loaded by hand, never retrained; ledger defaults, fallback on and off"
     )
-    p90: dict[str, list[float]] = {case: [] for case in cases}
-    began: list[float] = []
+    cases: list[tuple[str, Source | None, float | None]] = [(own.label(pool, workload, qps), own, None)]
+    for source in sources:
+        label = source.label(pool, workload, qps)
+        cases.append((f"{label}, guard on", source, LEDGER.fallback_after_s))
+        cases.append((f"{label}, guard off", source, None))
+    cases.append((f"{HEURISTIC.name} (no model)", None, None))
+    results: dict[str, list[Outcome]] = {label: [] for label, _, _ in cases}
     for seed in seeds:
-        models = {
-            cases[0]: _models(POOL, qps, 120.0, seed),
-            cases[1]: _models(OTHER_POOL, qps * 0.6, 120.0, seed),
-            cases[2]: _models(POOL, quiet_qps, 120.0, seed),
-        }
-        models[cases[3]] = models[cases[2]]
-        requests = generate("new-user", qps=qps, duration_s=duration_s, seed=seed)
-        for case in cases:
-            if case == HEURISTIC.name:
+        requests = generate(workload, qps=qps, duration_s=duration_s, seed=seed)
+        trained: dict[Source, list[tuple[bytes, ModelMetadata]]] = {}
+        for label, case_source, fallback in cases:
+            if case_source is None:
                 with ClusterSimulator.of_policy(profiles, HEURISTIC, seed=seed) as sim:
-                    rec = sim.run(requests)
-            else:
-                fallback = None if case.endswith("no fallback") else LEDGER.fallback_after_s
-                ledger = dataclasses.replace(LEDGER, fallback_after_s=fallback)
-                settings = ClusterSettings(ledger=ledger, training=False)
-                with ClusterSimulator.of_policy(profiles, POLICY, settings=settings, seed=seed) as sim:
-                    sim.load_models(models[case])
-                    stack = sim.pickers[0]
-                    assert stack.ledger is not None
-                    timeline = Timeline(stack.ledger)
-                    rec = sim.run(requests)
-                if case == cases[2]:
-                    fallen = [p[0] for p in timeline.points if p[4]]
-                    began.append(fallen[0] if fallen else float("nan"))
-            p90[case].append(float(np.nanpercentile(rec.ttft_s * 1000, 90)))
-    print("\n| models served | TTFT p90 ms (median) | per seed |")
-    print("|---|---:|---|")
-    for case in cases:
-        values = p90[case]
-        print(f"| {case} | {statistics.median(values):,.0f} | {', '.join(f'{v:,.0f}' for v in values)} |")
-    print(f"\nthe quiet hour's model distrusted from {', '.join(f'{b:.0f}' for b in began)} s (per seed)")
+                    results[label].append(_outcome(requests, sim.run(requests), None))
+                continue
+            source = case_source
+            if source not in trained:
+                trained[source] = _models(source.pool, policy, source.workload, source.qps, 120.0, seed)
+            ledger = dataclasses.replace(LEDGER, fallback_after_s=fallback)
+            settings = ClusterSettings(ledger=ledger, training=False)
+            with ClusterSimulator.of_policy(profiles, policy, settings=settings, seed=seed) as sim:
+                sim.load_models(trained[source])
+                stack = sim.pickers[0]
+                assert stack.ledger is not None
+                timeline = Timeline(stack.ledger)
+                results[label].append(_outcome(requests, sim.run(requests), timeline))
+    print(
+        "\n| models served | TTFT p90 ms, not sheddable (median; per seed) | shed | TTFT SLO attainment "
+        "| TTFT drift from s | distrusted from s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, _, _ in cases:
+        outcomes = results[label]
+        p90 = [o.ttft_p90_ms for o in outcomes]
+        print(
+            f"| {label} | {statistics.median(p90):,.0f} ({' / '.join(f'{v:,.0f}' for v in p90)}) "
+            f"| {_fmt(_median([float(o.shed) for o in outcomes]), ',.0f')} "
+            f"| {_fmt(_median([o.attainment for o in outcomes]), '.3f')} "
+            f"| {_times([o.drift_at_s for o in outcomes])} "
+            f"| {_times([o.distrusted_at_s for o in outcomes])} |"
+        )
+
+
+def _times(values: Sequence[float | None]) -> str:
+    return " / ".join("—" if v is None else f"{v:.0f}" for v in values)
 
 
 def _ttft_version(predictor: EmbeddedPredictor) -> Callable[[], str | None]:
@@ -210,15 +283,28 @@ def main() -> None:
     change_parser.add_argument("--step-s", type=float, default=15.0)
     broken_parser = sub.add_parser("broken")
     broken_parser.add_argument("--seeds", default="0,1,2")
+    broken_parser.add_argument("--pool", default=POOL)
+    broken_parser.add_argument("--workload", default="new-user")
     broken_parser.add_argument("--qps", type=float, default=25.0)
-    broken_parser.add_argument("--quiet-qps", type=float, default=3.0)
-    broken_parser.add_argument("--duration-s", type=float, default=240.0)
+    broken_parser.add_argument("--duration-s", type=float, default=180.0)
+    broken_parser.add_argument("--policy", default=POLICY.name)
+    broken_parser.add_argument(
+        "--model-from",
+        action="append",
+        type=Source.parse,
+        metavar="POOL:WORKLOAD:QPS",
+        help="a model trained there (repeat); default: this pool in a quiet hour, and a slower pool's",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.what == "change":
         change(seeds, args.qps, args.qps_after, args.switch_s, args.duration_s, args.step_s)
     else:
-        broken(seeds, args.qps, args.duration_s, args.quiet_qps)
+        sources = args.model_from or [
+            Source(args.pool, args.workload, args.qps / 8),
+            Source(OTHER_POOL, args.workload, args.qps * 0.6),
+        ]
+        broken(seeds, args.pool, args.workload, args.qps, args.duration_s, args.policy, sources)
 
 
 if __name__ == "__main__":
