@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slorouter.pool.state import MetricsSnapshot
 from slorouter.scheduling.datakeys import (
@@ -19,6 +21,8 @@ from slorouter.scheduling.pick_record import (
     TtftSource,
     expected_ttft,
     prefix_tokens_held,
+    runner_up_in_array,
+    runner_up_in_list,
 )
 from slorouter.scheduling.plugin import PluginParams
 from slorouter.scheduling.plugins.pickers import MaxScorePicker, PickerParams, RoundRobinPicker
@@ -163,3 +167,15 @@ def test_a_cold_pod_chosen_shows_the_prefix_it_left_behind():
     record = _record(_scheduler([0.1, 0.9]), candidates, make_request(prompt_tokens=64))
     regret = regret_of(record)
     assert (record.chosen, regret.achieved_prefix_tokens, regret.avoidable_prefill_tokens) == (1, 0, 64)
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.5]), min_size=1, max_size=20).flatmap(
+        lambda totals: st.tuples(st.just(totals), st.integers(0, len(totals) - 1))
+    )
+)
+def test_the_list_path_finds_the_same_runner_up_as_numpy(case):
+    totals, chosen = case
+    array = np.array(totals)
+    assert runner_up_in_list(totals, chosen) == runner_up_in_array(array, chosen)
+    assert array.tolist() == totals  # the chosen total is put back

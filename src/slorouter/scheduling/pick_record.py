@@ -73,6 +73,27 @@ def expected_ttft(candidates: Candidates) -> tuple[np.ndarray | None, TtftSource
     return None, TtftSource.NONE
 
 
+def runner_up_in_array(total: np.ndarray, chosen: int) -> tuple[int, float]:
+    """The best-scored candidate after ``chosen`` (the first of equals) and its total."""
+    if len(total) < 2:
+        return NO_RUNNER_UP, -np.inf
+    kept = total[chosen]
+    total[chosen] = -np.inf
+    runner_up = int(total.argmax())
+    best_other = float(total[runner_up])
+    total[chosen] = kept
+    return runner_up, best_other
+
+
+def runner_up_in_list(total: list[float], chosen: int) -> tuple[int, float]:
+    """``runner_up_in_array`` over a list (the same answer, without numpy)."""
+    runner_up, best_other = NO_RUNNER_UP, -np.inf
+    for i, value in enumerate(total):
+        if value > best_other and i != chosen:
+            runner_up, best_other = i, value
+    return runner_up, best_other
+
+
 def record_pick(
     profile: str,
     request: InferenceRequest,
@@ -87,18 +108,16 @@ def record_pick(
     (None: nothing), refined here: a narrowed set without a reason is ``FILTER``, a chosen candidate below
     the top score is ``PICKER``. ``total`` is not copied: the profile is done with it."""
     n = len(given)
-    # A few numpy calls at most: on the handful of candidates most pools have, each call's overhead is the
-    # cost (a profile's totals never hold NaN, so plain comparisons suffice).
-    total_array = total if isinstance(total, np.ndarray) else np.array(total, dtype=np.float64)
-    runner_up = NO_RUNNER_UP
-    if len(total_array) > 1:
-        kept = total_array[chosen]
-        total_array[chosen] = -np.inf
-        runner_up = int(total_array.argmax())
-        best_other = total_array[runner_up]
-        total_array[chosen] = kept
-        if best_other > kept and reason in (None, PickReason.FILTER):
-            reason = PickReason.PICKER
+    # A profile's totals never hold NaN, so plain comparisons suffice. The list path's totals (a handful of
+    # candidates) are searched in plain Python, where numpy's per-call overhead would be the cost.
+    if isinstance(total, np.ndarray):
+        total_array = total
+        runner_up, best_other = runner_up_in_array(total_array, chosen)
+    else:
+        runner_up, best_other = runner_up_in_list(total, chosen)
+        total_array = np.array(total, dtype=np.float64)
+    if runner_up != NO_RUNNER_UP and best_other > total[chosen] and reason in (None, PickReason.FILTER):
+        reason = PickReason.PICKER
     if len(scored) == n:  # no filter removed a candidate: the same order (subset keeps order)
         scores = total_array
     else:
