@@ -7,13 +7,13 @@ TTFT coverage and MAPE over the ledger's window, the TTFT p90 of the requests th
 whether an endpoint drifts, and the trainings so far. Read whether the ledger moves before TTFT p90 does,
 and comes back after the retrain.
 
-``broken``: the predictor serves models it did not learn on this traffic and never trains (a trainer that
-is down, models loaded by hand): the pool's own model (trained in a run before), and one per
-``--model-from POOL:WORKLOAD:QPS`` (by default this pool in a quiet hour, an eighth of the rate: it never
-saw a queue; and a pool of slower GPUs), each with the ledger's fallback (guard on) and without it (guard
-off); the heuristic profile alone for reference. Per case: the TTFT p90 of the requests that are not
-sheddable (per seed and the median), the requests shed, the TTFT SLO attainment, and when a TTFT model
-first drifted and an endpoint was first distrusted.
+``broken``: the predictor serves models it did not learn on this traffic and never trains (a trainer that is
+down, models loaded by hand): the pool's own model (trained in a run before), and one per ``--model-from
+POOL:WORKLOAD:QPS`` (by default this pool in a quiet hour, an eighth of the rate: it never saw a queue; and
+a pool of slower GPUs), each with the ledger's fallback after ``--fallback-after-s`` (guard on; 60 s, where
+the router's default is no fallback) and without it (guard off); the heuristic profile alone for reference.
+Per case: the TTFT p90 of the requests that are not sheddable (per seed and the median), the requests shed,
+the TTFT SLO attainment, and when a TTFT model first drifted and an endpoint was first distrusted.
 
     .venv/bin/python benchmarks/bench_ledger.py change --seeds 0,1,2
     .venv/bin/python benchmarks/bench_ledger.py broken --seeds 0,1,2
@@ -198,18 +198,22 @@ def broken(
     duration_s: float,
     policy_name: str,
     sources: Sequence[Source],
+    ledger_settings: LedgerSettings,
+    fallback_after_s: float,
 ) -> None:
     profiles = parse_pool(pool)
     policy = resolve_policy(policy_name)
     own = Source(pool, workload, qps)
     print(
         f"{workload} at {qps:g} req/s on {pool} for {duration_s:g} s, {policy.name}; models trained in a run "
-        f"before (120 s), loaded by hand, never retrained; ledger defaults, fallback on and off"
+        f"before (120 s), loaded by hand, never retrained; coverage band {ledger_settings.coverage_low:g}-"
+        f"{ledger_settings.coverage_high:g}, fallback after {fallback_after_s:g} s (guard on) or never "
+        "(guard off)"
     )
     cases: list[tuple[str, Source | None, float | None]] = [(own.label(pool, workload, qps), own, None)]
     for source in sources:
         label = source.label(pool, workload, qps)
-        cases.append((f"{label}, guard on", source, LEDGER.fallback_after_s))
+        cases.append((f"{label}, guard on", source, fallback_after_s))
         cases.append((f"{label}, guard off", source, None))
     cases.append((f"{HEURISTIC.name} (no model)", None, None))
     results: dict[str, list[Outcome]] = {label: [] for label, _, _ in cases}
@@ -224,7 +228,7 @@ def broken(
             source = case_source
             if source not in trained:
                 trained[source] = _models(source.pool, policy, source.workload, source.qps, 120.0, seed)
-            ledger = dataclasses.replace(LEDGER, fallback_after_s=fallback)
+            ledger = dataclasses.replace(ledger_settings, fallback_after_s=fallback)
             settings = ClusterSettings(ledger=ledger, training=False)
             with ClusterSimulator.of_policy(profiles, policy, settings=settings, seed=seed) as sim:
                 sim.load_models(trained[source])
@@ -288,6 +292,10 @@ def main() -> None:
     broken_parser.add_argument("--qps", type=float, default=25.0)
     broken_parser.add_argument("--duration-s", type=float, default=180.0)
     broken_parser.add_argument("--policy", default=POLICY.name)
+    broken_parser.add_argument("--fallback-after-s", type=float, default=60.0, help="the guard's setting")
+    broken_parser.add_argument(
+        "--coverage-band", default=f"{LEDGER.coverage_low:g},{LEDGER.coverage_high:g}", metavar="LOW,HIGH"
+    )
     broken_parser.add_argument(
         "--model-from",
         action="append",
@@ -304,7 +312,19 @@ def main() -> None:
             Source(args.pool, args.workload, args.qps / 8),
             Source(OTHER_POOL, args.workload, args.qps * 0.6),
         ]
-        broken(seeds, args.pool, args.workload, args.qps, args.duration_s, args.policy, sources)
+        low, high = (float(v) for v in args.coverage_band.split(","))
+        settings = dataclasses.replace(LEDGER, coverage_low=low, coverage_high=high)
+        broken(
+            seeds,
+            args.pool,
+            args.workload,
+            args.qps,
+            args.duration_s,
+            args.policy,
+            sources,
+            settings,
+            args.fallback_after_s,
+        )
 
 
 if __name__ == "__main__":

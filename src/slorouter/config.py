@@ -244,10 +244,12 @@ class LedgerConfig(StrictModel):
     )
     drift_after_s: float = Field(default=30.0, gt=0, description="out of band this long: drifting")
     fallback_after_s: float | None = Field(
-        default=60.0,
+        default=None,
         ge=0,
-        description="drifting this long (after the retrain it asked for): requests with the endpoint among "
-        "their candidates are routed by the heuristic profile until it is back in band; null: never",
+        description="drifting this long (after the retrain it asked for), its served predictions out of band "
+        "too: requests with the endpoint among their candidates are routed by the heuristic profile until "
+        "it is back in band; null (the default): a drift never changes routing "
+        "(docs/design/ledger-fallback.md)",
     )
     min_outcomes: int = Field(
         default=30, ge=1, description="an endpoint is judged once its window holds this many"

@@ -18,14 +18,14 @@ logged once, and ``on_drift`` is called (the router asks for a retrain). Back in
 Coverage is judged on the quantile routing used, not on the served one: the live-coverage factor moves the
 served quantile until it covers again, which would hide the very drift the ledger is for.
 
-**Fallback.** An endpoint drifting for ``fallback_after_s`` more, whose *served* predictions (the live-
-coverage factor included: what the SLO tiers and the admitter act on) are out of band as well, is
-*distrusted* (``distrusts``): the latency producer then routes the requests that have it among their
-candidates by the heuristic profile, and still adds their predictions' outcomes here, so that the ledger
-sees the model recover; back in band, the endpoint is trusted again. A drift the live-coverage factor makes
-up for (a model off by the same factor on every endpoint, e.g. one trained in a quieter hour) is reported
-and retrained, but keeps routing: the heuristic profile would give up what the predictions still do well
-(the admitter's shedding first of all).
+**Fallback** (opt-in: ``fallback_after_s``). An endpoint drifting for ``fallback_after_s`` more, whose
+*served* predictions (the live-coverage factor included) are out of band as well, is *distrusted*
+(``distrusts``): the latency producer then routes the requests that have it among their candidates by the
+heuristic profile, and still adds their predictions' outcomes here, so that the ledger sees the model
+recover; back in band, the endpoint is trusted again. The live-coverage factor, one per kind for the whole
+pool, makes up for an error of scale every endpoint shares (a model trained in a quieter hour): such a model
+still ranks the endpoints, and falling back would give up what its predictions still do, the admitter's
+shedding first of all. Why the fallback is off by default: docs/design/ledger-fallback.md.
 
 The request path pays for one tuple appended to a deque; the figures are computed when asked (a scrape,
 the status page) and at each drift check.
@@ -63,7 +63,7 @@ class LedgerSettings:
     coverage_high: float = 1.0
     min_outcomes: int = 30
     drift_after_s: float = 30.0
-    fallback_after_s: float | None = 60.0  # drifting this long more: routed by heuristics; None: never
+    fallback_after_s: float | None = None  # drifting this long more: routed by heuristics; None: never
     check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
