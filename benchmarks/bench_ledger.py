@@ -228,6 +228,12 @@ def broken(
             source = case_source
             if source not in trained:
                 trained[source] = _models(source.pool, policy, source.workload, source.qps, 120.0, seed)
+                if not any(metadata.kind == "ttft" for _, metadata in trained[source]):
+                    # Served nothing, the run would measure the warm-up profile, not a model.
+                    raise SystemExit(
+                        f"no TTFT model was trained on {source.pool} ({source.workload} at {source.qps:g} "
+                        f"req/s, seed {seed}) in 120 s: give it a higher rate"
+                    )
             ledger = dataclasses.replace(ledger_settings, fallback_after_s=fallback)
             settings = ClusterSettings(ledger=ledger, training=False)
             with ClusterSimulator.of_policy(profiles, policy, settings=settings, seed=seed) as sim:
