@@ -42,8 +42,8 @@ from slorouter.predictor.ledger import LedgerSettings, PredictionLedger
 from slorouter.predictor.model_store import ModelMetadata, ModelStore
 
 POOL = "4x llama3-8b-h100"
-# The foreign model: trained on a pool of slower GPUs (over-predicts every endpoint alike, so it still ranks
-# them), or on this pool in a quiet hour (it never saw a queue: it under-predicts the busy endpoints).
+# broken's default foreign models besides this pool's in a quiet hour: a pool of slower GPUs' (over-predicts
+# every endpoint alike, so it still ranks them).
 OTHER_POOL = "4x llama3-8b-a100"
 POLICY = resolve_policy("predicted-latency")
 HEURISTIC = resolve_policy("token-aware")
@@ -153,8 +153,13 @@ class Source:
 
     @classmethod
     def parse(cls, text: str) -> Source:
-        pool, workload, qps = text.rsplit(":", 2)
-        return cls(pool, workload, float(qps))
+        """``POOL:WORKLOAD:QPS`` (the ``--model-from`` argument)."""
+        parts = text.rsplit(":", 2)
+        try:
+            pool, workload, qps = parts[0], parts[1], float(parts[2])
+        except (IndexError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected POOL:WORKLOAD:QPS, got {text!r}") from None
+        return cls(pool, workload, qps)
 
     def label(self, pool: str, workload: str, qps: float) -> str:
         if (self.pool, self.workload, self.qps) == (pool, workload, qps):
@@ -259,6 +264,17 @@ def broken(
         )
 
 
+def _band(text: str) -> tuple[float, float]:
+    """``LOW,HIGH`` with 0 <= LOW < HIGH <= 1 (the ``--coverage-band`` argument)."""
+    try:
+        low, high = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH, got {text!r}") from None
+    if not 0.0 <= low < high <= 1.0:
+        raise argparse.ArgumentTypeError(f"the band must have 0 <= LOW < HIGH <= 1, got {text!r}")
+    return low, high
+
+
 def _times(values: Sequence[float | None]) -> str:
     return " / ".join("—" if v is None else f"{v:.0f}" for v in values)
 
@@ -300,7 +316,11 @@ def main() -> None:
     broken_parser.add_argument("--policy", default=POLICY.name)
     broken_parser.add_argument("--fallback-after-s", type=float, default=60.0, help="the guard's setting")
     broken_parser.add_argument(
-        "--coverage-band", default=f"{LEDGER.coverage_low:g},{LEDGER.coverage_high:g}", metavar="LOW,HIGH"
+        "--coverage-band",
+        type=_band,
+        default=(LEDGER.coverage_low, LEDGER.coverage_high),
+        metavar="LOW,HIGH",
+        help="the ledger's coverage band (default: the router's)",
     )
     broken_parser.add_argument(
         "--model-from",
@@ -318,7 +338,7 @@ def main() -> None:
             Source(args.pool, args.workload, args.qps / 8),
             Source(OTHER_POOL, args.workload, args.qps * 0.6),
         ]
-        low, high = (float(v) for v in args.coverage_band.split(","))
+        low, high = args.coverage_band
         settings = dataclasses.replace(LEDGER, coverage_low=low, coverage_high=high)
         broken(
             seeds,
